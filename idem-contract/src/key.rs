@@ -1,0 +1,241 @@
+//! `key_scope`: where the idempotency key comes from, and the namespace it lives in.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::fingerprint::FieldPath;
+
+/// The header that carries the key unless the contract names another one.
+///
+/// The name follows the IETF draft "The Idempotency-Key HTTP Header Field"
+/// (draft-ietf-httpapi-idempotency-key-header).
+pub const DEFAULT_KEY_HEADER: &str = "Idempotency-Key";
+
+/// The longest key accepted, in bytes (every accepted byte is one visible ASCII character).
+pub const MAX_KEY_LEN: usize = 255;
+
+/// Property 1, `key_scope`: where the client puts its key, what a key looks like, and the
+/// namespace it lives in.
+///
+/// Written `key_scope = client` (header `Idempotency-Key`, any visible ASCII key) or with
+/// options: `key_scope = client(header = "X-Request-Key")`,
+/// `key_scope = client(body = client_reference)`, `key_scope = client(format = uuid)`.
+///
+/// Keys live in the namespace of the client's identity (given by the application) and the
+/// operation: two clients that pick the same key never see each other's results, and one
+/// client's key on two operations names two operations (DESIGN §2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KeyScope {
+    /// Whose namespace the key lives in, besides the operation.
+    pub per: Namespace,
+    /// Where the key is read from.
+    pub source: KeySource,
+    /// What a valid key looks like.
+    #[serde(default)]
+    pub format: KeyFormat,
+}
+
+/// The namespace of a key, besides the operation itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Namespace {
+    /// `client`: the client's identity, as the application establishes it.
+    Client,
+}
+
+/// Where the key is read from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "in", rename_all = "snake_case", deny_unknown_fields)]
+pub enum KeySource {
+    /// A request header; names are matched case-insensitively (RFC 9110 §5.1).
+    Header {
+        /// The header name, such as `Idempotency-Key`.
+        name: Cow<'static, str>,
+    },
+    /// A string member of the JSON request body, such as a client reference.
+    Body {
+        /// The path of the member, such as `client_reference`.
+        field: FieldPath,
+    },
+}
+
+/// What a valid key looks like, besides the rules every key follows (1 to 255 visible
+/// ASCII characters, DESIGN §4).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyFormat {
+    /// `any`: any 1 to 255 visible ASCII characters (`!` to `~`).
+    #[default]
+    Any,
+    /// `uuid`: a UUID in its hyphenated form (RFC 9562), any version.
+    Uuid,
+}
+
+/// Why a key was refused; every case is answered with 400 before any store call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyError {
+    /// The key is empty.
+    Empty,
+    /// The key is longer than [`MAX_KEY_LEN`] bytes.
+    TooLong {
+        /// The key's length in bytes.
+        len: usize,
+    },
+    /// The key has a byte outside visible ASCII (`!` to `~`): a space, a control
+    /// character, or a non-ASCII character.
+    NotVisibleAscii {
+        /// The byte offset of the first such byte.
+        at: usize,
+    },
+    /// The key is not in the declared format.
+    Format {
+        /// The declared format.
+        expected: KeyFormat,
+    },
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyError::Empty => f.write_str("the idempotency key is empty"),
+            KeyError::TooLong { len } => {
+                write!(f, "the idempotency key is {len} bytes long; the limit is {MAX_KEY_LEN} visible ASCII characters")
+            }
+            KeyError::NotVisibleAscii { at } => write!(
+                f,
+                "the idempotency key has a character that is not visible ASCII at byte {at}; keys use `!` to `~` only"
+            ),
+            KeyError::Format { expected: KeyFormat::Uuid } => {
+                f.write_str("the idempotency key must be a hyphenated UUID, such as `0191f6a4-6c1e-7c3a-9d5e-1b2c3d4e5f60`")
+            }
+            KeyError::Format { expected: KeyFormat::Any } => f.write_str("the idempotency key is malformed"),
+        }
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+impl KeyScope {
+    /// The default scope: per client, key in the `Idempotency-Key` header, any format.
+    pub const CLIENT: KeyScope = KeyScope {
+        per: Namespace::Client,
+        source: KeySource::Header {
+            name: Cow::Borrowed(DEFAULT_KEY_HEADER),
+        },
+        format: KeyFormat::Any,
+    };
+
+    /// The header that carries the key, if the key is in a header.
+    pub fn header(&self) -> Option<&str> {
+        match &self.source {
+            KeySource::Header { name } => Some(name),
+            KeySource::Body { .. } => None,
+        }
+    }
+
+    /// Checks a key against the rules of DESIGN §4: 1 to [`MAX_KEY_LEN`] bytes, all of them
+    /// visible ASCII, and the declared [`KeyFormat`].
+    ///
+    /// # Errors
+    ///
+    /// Returns the first rule the key breaks, in the order empty, too long, not visible
+    /// ASCII, wrong format.
+    pub fn validate_key(&self, key: &[u8]) -> Result<(), KeyError> {
+        if key.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if key.len() > MAX_KEY_LEN {
+            return Err(KeyError::TooLong { len: key.len() });
+        }
+        if let Some(at) = key.iter().position(|b| !(0x21..=0x7e).contains(b)) {
+            return Err(KeyError::NotVisibleAscii { at });
+        }
+        match self.format {
+            KeyFormat::Any => Ok(()),
+            KeyFormat::Uuid if is_hyphenated_uuid(key) => Ok(()),
+            KeyFormat::Uuid => Err(KeyError::Format {
+                expected: KeyFormat::Uuid,
+            }),
+        }
+    }
+}
+
+/// `8-4-4-4-12` hexadecimal digits (RFC 9562 §4).
+fn is_hyphenated_uuid(key: &[u8]) -> bool {
+    key.len() == 36
+        && key.iter().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => *b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
+}
+
+/// Whether `name` is a valid HTTP field name: a non-empty token (RFC 9110 §5.1, §5.6.2).
+pub fn is_field_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_rules_from_design_section_4() {
+        let scope = KeyScope::CLIENT;
+        assert_eq!(scope.validate_key(b""), Err(KeyError::Empty));
+        assert_eq!(scope.validate_key(&[b'a'; 255]), Ok(()));
+        assert_eq!(
+            scope.validate_key(&[b'a'; 256]),
+            Err(KeyError::TooLong { len: 256 })
+        );
+        assert_eq!(
+            scope.validate_key("🦀".repeat(128).as_bytes()),
+            Err(KeyError::TooLong { len: 512 })
+        );
+        assert_eq!(
+            scope.validate_key("k🦀".as_bytes()),
+            Err(KeyError::NotVisibleAscii { at: 1 })
+        );
+        assert_eq!(
+            scope.validate_key(b"a b"),
+            Err(KeyError::NotVisibleAscii { at: 1 })
+        );
+        assert_eq!(
+            scope.validate_key(b"a\tb"),
+            Err(KeyError::NotVisibleAscii { at: 1 })
+        );
+        assert_eq!(scope.validate_key(b"!~"), Ok(()));
+    }
+
+    #[test]
+    fn uuid_format() {
+        let scope = KeyScope {
+            format: KeyFormat::Uuid,
+            ..KeyScope::CLIENT
+        };
+        assert_eq!(
+            scope.validate_key(b"0191f6a4-6c1e-7c3a-9d5e-1b2c3d4e5f60"),
+            Ok(())
+        );
+        assert!(
+            scope
+                .validate_key(b"0191f6a46c1e7c3a9d5e1b2c3d4e5f60")
+                .is_err()
+        );
+        assert!(scope.validate_key(b"order-1").is_err());
+    }
+
+    #[test]
+    fn field_names() {
+        assert!(is_field_name("Idempotency-Key"));
+        assert!(!is_field_name(""));
+        assert!(!is_field_name("Bad Header"));
+        assert!(!is_field_name("Key:"));
+    }
+}

@@ -1,0 +1,106 @@
+//! What the attribute is on: an async handler function, and the types the contract's
+//! checks need from its arguments.
+
+use syn::spanned::Spanned;
+use syn::{FnArg, GenericArgument, Ident, Item, PathArguments, Type};
+
+use super::Ctxt;
+
+/// The handler function the contract is on.
+#[derive(Clone, Debug)]
+pub struct Handler {
+    /// The function's name; also the operation's name.
+    pub ident: Ident,
+    /// `T` of the first argument typed `Json<T>`: the body type that fingerprint fields and
+    /// a body key are checked against.
+    pub body: Option<Type>,
+    /// `T` of the first argument typed `State<T>`: what a reconcile function receives.
+    pub state: Option<Type>,
+}
+
+/// The single generic argument of a type whose last path segment is `name`:
+/// `Json<T>`, `axum::Json<T>`, `axum::extract::State<T>`.
+fn wrapped<'a>(ty: &'a Type, name: &str) -> Option<&'a Type> {
+    let Type::Path(path) = ty else { return None };
+    let last = path.path.segments.last()?;
+    if last.ident != name {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    match args.args.iter().collect::<Vec<_>>().as_slice() {
+        [GenericArgument::Type(inner)] => Some(inner),
+        _ => None,
+    }
+}
+
+/// Checks that `item` is an async function without a receiver (DESIGN §3: "the attribute
+/// on something that is not an async handler function"), and reads its argument types.
+pub(super) fn handler(cx: &mut Ctxt, item: &Item) -> Option<Handler> {
+    let func = match item {
+        Item::Fn(func) => func,
+        other => {
+            let (tokens, what) = describe(other);
+            cx.error_spanned(
+                &tokens,
+                format!(
+                    "`#[idem::contract]` goes on an async axum handler function, not on {what}"
+                ),
+            );
+            return None;
+        }
+    };
+    let sig = &func.sig;
+    let ident = sig.ident.clone();
+    let mut ok = true;
+    if sig.asyncness.is_none() {
+        cx.error_spanned(
+            &sig.fn_token,
+            format!("`#[idem::contract]` goes on an async axum handler, and `{ident}` is not `async`: write `async fn {ident}`"),
+        );
+        ok = false;
+    }
+    for input in &sig.inputs {
+        if let FnArg::Receiver(receiver) = input {
+            cx.error_spanned(
+                receiver,
+                "a contracted handler is a free function that axum calls with extractors; it cannot take `self`",
+            );
+            ok = false;
+        }
+    }
+    let types = sig.inputs.iter().filter_map(|input| match input {
+        FnArg::Typed(pat) => Some(&*pat.ty),
+        FnArg::Receiver(_) => None,
+    });
+    let mut body = None;
+    let mut state = None;
+    for ty in types {
+        if body.is_none() {
+            body = wrapped(ty, "Json").cloned();
+        }
+        if state.is_none() {
+            state = wrapped(ty, "State").cloned();
+        }
+    }
+    ok.then_some(Handler { ident, body, state })
+}
+
+/// The tokens to blame and a name for an item that is not a function.
+fn describe(item: &Item) -> (proc_macro2::TokenStream, &'static str) {
+    use quote::ToTokens;
+    match item {
+        Item::Struct(i) => (i.struct_token.into_token_stream(), "a struct"),
+        Item::Enum(i) => (i.enum_token.into_token_stream(), "an enum"),
+        Item::Union(i) => (i.union_token.into_token_stream(), "a union"),
+        Item::Trait(i) => (i.trait_token.into_token_stream(), "a trait"),
+        Item::Impl(i) => (i.impl_token.into_token_stream(), "an impl block"),
+        Item::Mod(i) => (i.mod_token.into_token_stream(), "a module"),
+        Item::Const(i) => (i.const_token.into_token_stream(), "a constant"),
+        Item::Static(i) => (i.static_token.into_token_stream(), "a static"),
+        Item::Type(i) => (i.type_token.into_token_stream(), "a type alias"),
+        Item::Use(i) => (i.use_token.into_token_stream(), "a `use` declaration"),
+        other => (quote::quote_spanned!(other.span()=> item), "this item"),
+    }
+}

@@ -1,0 +1,474 @@
+//! The parser of `#[idem::contract(..)]`, shared by the macro and the `idem` command.
+//!
+//! parse → model → check: the arguments are read into one set-once slot per property,
+//! recording every error and going on (only broken syntax between properties stops it);
+//! then the missing properties are reported together; then, if all nine values are
+//! valid, the model is built and [`crate::check`] runs. Every error carries the span of
+//! the tokens to blame, so the macro and the command report the same problems at the same
+//! places.
+//!
+//! ```
+//! use idem_contract::parse::parse;
+//! use quote::quote;
+//!
+//! let args = quote!(key_scope = client, ttl = "10s", deadline = "30s", retryble = [503]);
+//! let item: syn::Item = syn::parse_quote!(async fn create_order() {});
+//! let parsed = parse(args, proc_macro2::Span::call_site(), Some(&item));
+//! let messages: Vec<String> = parsed.errors.iter().map(ToString::to_string).collect();
+//! assert!(messages[0].contains("did you mean `retryable`"));
+//! assert!(messages[1].starts_with("the contract is missing 5 properties"));
+//! assert!(parsed.contract.is_none());
+//! ```
+
+mod item;
+mod slot;
+mod value;
+
+use proc_macro2::{Span, TokenStream, TokenTree};
+use quote::ToTokens;
+use syn::parse::{ParseStream, Parser};
+use syn::{Ident, Token};
+
+pub use item::Handler;
+use slot::Slot;
+
+use crate::{Contract, Fingerprint, KeySource, Location, Property, check};
+
+/// A field of the request body as written in the attribute: `amount`, `customer.id`.
+#[derive(Clone, Debug)]
+pub struct FieldRef {
+    /// The identifiers, outermost first, with the user's spans.
+    pub segments: Vec<Ident>,
+}
+
+impl ToTokens for FieldRef {
+    fn to_tokens(&self, tokens: &mut TokenStream) {
+        let segments = &self.segments;
+        tokens.extend(quote::quote!(#(#segments).*));
+    }
+}
+
+/// The result of reading one attribute: the contract if it is complete and valid, what
+/// the compiler must check itself, and every error.
+#[derive(Debug)]
+pub struct Parsed {
+    /// The contract; `Some` exactly when `errors` is empty.
+    pub contract: Option<Contract>,
+    /// The handler, when the attribute is on an async function.
+    pub handler: Option<Handler>,
+    /// The fingerprint fields, for the compiler's check against the body type.
+    pub fingerprint_fields: Vec<FieldRef>,
+    /// The body field that carries the key, for the compiler's check.
+    pub key_field: Option<FieldRef>,
+    /// The status lookup handler's path, for the compiler's check.
+    pub status_lookup: Option<syn::Path>,
+    /// The reconcile function's path, for the compiler's check.
+    pub recovery: Option<syn::Path>,
+    /// Every problem, in a stable order: the item, the arguments in order, the missing
+    /// properties, then the rules of [`crate::check`].
+    pub errors: Vec<syn::Error>,
+}
+
+/// Collects errors; nothing stops at the first one.
+#[derive(Default)]
+pub(crate) struct Ctxt {
+    errors: Vec<syn::Error>,
+}
+
+impl Ctxt {
+    fn error(&mut self, span: Span, message: impl std::fmt::Display) {
+        self.errors.push(syn::Error::new(span, message));
+    }
+
+    fn error_spanned(&mut self, tokens: &impl ToTokens, message: impl std::fmt::Display) {
+        self.errors.push(syn::Error::new_spanned(tokens, message));
+    }
+
+    fn syn_error(&mut self, error: syn::Error) {
+        self.errors.push(error);
+    }
+}
+
+/// One slot per property.
+#[derive(Default)]
+struct Slots {
+    key_scope: Option<Slot<crate::KeyScope>>,
+    fingerprint: Option<Slot<Fingerprint>>,
+    ttl: Option<Slot<crate::Duration>>,
+    deadline: Option<Slot<crate::Deadline>>,
+    max_attempts: Option<Slot<u32>>,
+    retryable: Option<Slot<Vec<crate::Retryable>>>,
+    concurrency: Option<Slot<crate::Concurrency>>,
+    status_lookup: Option<Slot<crate::StatusLookup>>,
+    recovery: Option<Slot<crate::Recovery>>,
+}
+
+fn slot<T>(s: &mut Option<Slot<T>>) -> &mut Slot<T> {
+    s.get_or_insert(Slot::Empty)
+}
+
+/// Reads the arguments of `#[idem::contract(..)]` on `item`.
+///
+/// `args` are the tokens inside the parentheses; `attr_span` is where the attribute is
+/// (missing properties are reported there); `item` is what the attribute is on, if it
+/// parsed as an item.
+pub fn parse(args: TokenStream, attr_span: Span, item: Option<&syn::Item>) -> Parsed {
+    let mut cx = Ctxt::default();
+    let handler = item.and_then(|item| item::handler(&mut cx, item));
+    let mut parsed = Parsed {
+        contract: None,
+        handler,
+        fingerprint_fields: Vec::new(),
+        key_field: None,
+        status_lookup: None,
+        recovery: None,
+        errors: Vec::new(),
+    };
+    let mut slots = Slots::default();
+    let mut value_tokens: Extras = Extras::default();
+    let mut suggested = Vec::new();
+
+    let entries = match split(args) {
+        Ok(entries) => entries,
+        Err(e) => {
+            cx.syn_error(e);
+            parsed.errors = cx.errors;
+            return parsed;
+        }
+    };
+    for (key, value) in entries {
+        let name = syn::ext::IdentExt::unraw(&key).to_string();
+        let Some(property) = Property::from_key(&name) else {
+            let keys: Vec<&str> = Property::ALL.iter().map(|p| p.key()).collect();
+            let suggestion = suggest(&name, &keys);
+            if let Some(s) = suggestion {
+                suggested.push(s);
+            }
+            let did_you_mean = suggestion
+                .map(|s| format!("did you mean `{s}`? "))
+                .unwrap_or_default();
+            cx.error_spanned(
+                &key,
+                format!(
+                    "unknown contract property `{name}`: {did_you_mean}the nine properties are {}",
+                    backticked(&keys, "and")
+                ),
+            );
+            continue;
+        };
+        if value.is_empty() {
+            cx.error_spanned(
+                &key,
+                format!("`{property}` has no value: write `{}`", property.example()),
+            );
+            slot_for(&mut slots, property, &mut cx, key, None);
+            continue;
+        }
+        let tokens = value.clone();
+        match property {
+            Property::KeyScope => {
+                let v = value::key_scope(&mut cx, &value).map(|(scope, field)| {
+                    parsed.key_field = field;
+                    scope
+                });
+                slot(&mut slots.key_scope).set(&mut cx, property, key, v.map(|v| (v, tokens)));
+            }
+            Property::Fingerprint => {
+                let v = value::fingerprint(&mut cx, &value).map(|(f, fields)| {
+                    parsed.fingerprint_fields = fields;
+                    f
+                });
+                slot(&mut slots.fingerprint).set(&mut cx, property, key, v.map(|v| (v, tokens)));
+            }
+            Property::Ttl => {
+                let v = value::ttl(&mut cx, &value);
+                slot(&mut slots.ttl).set(&mut cx, property, key, v.map(|v| (v, tokens)));
+            }
+            Property::Deadline => {
+                let v = value::deadline(&mut cx, &value).map(|(d, per_attempt)| {
+                    value_tokens.per_attempt = per_attempt;
+                    d
+                });
+                slot(&mut slots.deadline).set(&mut cx, property, key, v.map(|v| (v, tokens)));
+            }
+            Property::MaxAttempts => {
+                let v = value::max_attempts(&mut cx, &value);
+                slot(&mut slots.max_attempts).set(&mut cx, property, key, v.map(|v| (v, tokens)));
+            }
+            Property::Retryable => {
+                let v = value::retryable(&mut cx, &value).map(|(list, items)| {
+                    value_tokens.retryable = items;
+                    list
+                });
+                slot(&mut slots.retryable).set(&mut cx, property, key, v.map(|v| (v, tokens)));
+            }
+            Property::Concurrency => {
+                let v = value::concurrency(&mut cx, &value);
+                slot(&mut slots.concurrency).set(&mut cx, property, key, v.map(|v| (v, tokens)));
+            }
+            Property::StatusLookup => {
+                let v = value::status_lookup(&mut cx, &value).map(|(lookup, path)| {
+                    parsed.status_lookup = Some(path);
+                    lookup
+                });
+                slot(&mut slots.status_lookup).set(&mut cx, property, key, v.map(|v| (v, tokens)));
+            }
+            Property::Recovery => {
+                let v = value::recovery(&mut cx, &value).map(|(recovery, path)| {
+                    parsed.recovery = path;
+                    recovery
+                });
+                slot(&mut slots.recovery).set(&mut cx, property, key, v.map(|v| (v, tokens)));
+            }
+        }
+    }
+
+    report_missing(&mut cx, &mut slots, attr_span, &suggested);
+    check_body_needed(&mut cx, &mut slots, &parsed);
+    let contract = build(&mut slots, parsed.handler.as_ref());
+    if let Some(contract) = &contract {
+        for violation in check(contract) {
+            let tokens = locate(&mut slots, &value_tokens, &parsed, violation.at);
+            cx.errors
+                .push(syn::Error::new_spanned(tokens, violation.message));
+        }
+    }
+    parsed.errors = cx.errors;
+    if parsed.errors.is_empty() {
+        parsed.contract = contract;
+    }
+    parsed
+}
+
+/// Tokens kept for errors that point inside a value.
+#[derive(Default)]
+struct Extras {
+    per_attempt: Option<TokenStream>,
+    retryable: Vec<TokenStream>,
+}
+
+/// Splits `key = value, key = value,` into pairs. Only broken syntax between properties
+/// (a missing `=` or `,`) stops here; values are read later, one by one.
+fn split(args: TokenStream) -> syn::Result<Vec<(Ident, TokenStream)>> {
+    let parser = |input: ParseStream| {
+        let mut entries = Vec::new();
+        while !input.is_empty() {
+            let key: Ident = input.call(syn::ext::IdentExt::parse_any).map_err(|e| {
+                syn::Error::new(
+                    e.span(),
+                    "expected a contract property such as `ttl = \"24h\"`",
+                )
+            })?;
+            if !input.peek(Token![=]) {
+                let name = syn::ext::IdentExt::unraw(&key).to_string();
+                let example = Property::from_key(&name)
+                    .map(Property::example)
+                    .unwrap_or("ttl = \"24h\"");
+                return Err(syn::Error::new(
+                    key.span(),
+                    format!("expected `=` after `{name}`: write `{example}`"),
+                ));
+            }
+            input.parse::<Token![=]>()?;
+            let mut value = TokenStream::new();
+            while !input.is_empty() && !input.peek(Token![,]) {
+                value.extend([input.parse::<TokenTree>()?]);
+            }
+            entries.push((key, value));
+            if !input.is_empty() {
+                input.parse::<Token![,]>()?;
+            }
+        }
+        Ok(entries)
+    };
+    parser.parse2(args)
+}
+
+fn slot_for(slots: &mut Slots, property: Property, cx: &mut Ctxt, key: Ident, _: Option<()>) {
+    match property {
+        Property::KeyScope => slot(&mut slots.key_scope).set(cx, property, key, None),
+        Property::Fingerprint => slot(&mut slots.fingerprint).set(cx, property, key, None),
+        Property::Ttl => slot(&mut slots.ttl).set(cx, property, key, None),
+        Property::Deadline => slot(&mut slots.deadline).set(cx, property, key, None),
+        Property::MaxAttempts => slot(&mut slots.max_attempts).set(cx, property, key, None),
+        Property::Retryable => slot(&mut slots.retryable).set(cx, property, key, None),
+        Property::Concurrency => slot(&mut slots.concurrency).set(cx, property, key, None),
+        Property::StatusLookup => slot(&mut slots.status_lookup).set(cx, property, key, None),
+        Property::Recovery => slot(&mut slots.recovery).set(cx, property, key, None),
+    }
+}
+
+fn is_empty(slots: &mut Slots, property: Property) -> bool {
+    match property {
+        Property::KeyScope => slot(&mut slots.key_scope).is_empty(),
+        Property::Fingerprint => slot(&mut slots.fingerprint).is_empty(),
+        Property::Ttl => slot(&mut slots.ttl).is_empty(),
+        Property::Deadline => slot(&mut slots.deadline).is_empty(),
+        Property::MaxAttempts => slot(&mut slots.max_attempts).is_empty(),
+        Property::Retryable => slot(&mut slots.retryable).is_empty(),
+        Property::Concurrency => slot(&mut slots.concurrency).is_empty(),
+        Property::StatusLookup => slot(&mut slots.status_lookup).is_empty(),
+        Property::Recovery => slot(&mut slots.recovery).is_empty(),
+    }
+}
+
+/// One error for all missing properties, at the attribute, each with what it answers. A
+/// property that an unknown key was taken for ("did you mean `retryable`?") is not listed
+/// again: that error already says what to write.
+fn report_missing(cx: &mut Ctxt, slots: &mut Slots, attr_span: Span, suggested: &[&str]) {
+    let missing: Vec<Property> = Property::ALL
+        .into_iter()
+        .filter(|p| is_empty(slots, *p))
+        .collect();
+    let listed: Vec<Property> = missing
+        .iter()
+        .copied()
+        .filter(|p| !suggested.contains(&p.key()))
+        .collect();
+    if listed.is_empty() {
+        return;
+    }
+    let mut message = if missing.len() == Property::ALL.len() {
+        "a contract declares all nine properties, and this one has none; add them:".to_owned()
+    } else if listed.len() == 1 {
+        "the contract is missing 1 property:".to_owned()
+    } else {
+        format!("the contract is missing {} properties:", listed.len())
+    };
+    for p in &listed {
+        message.push_str(&format!(
+            "\n  `{}`: {} (such as `{}`)",
+            p.key(),
+            p.answers(),
+            p.example()
+        ));
+    }
+    cx.error(attr_span, message);
+}
+
+/// Fingerprint fields and a body key are members of the JSON body, so the handler must
+/// take one (`Json<T>`): that is the type the compiler checks them against.
+fn check_body_needed(cx: &mut Ctxt, slots: &mut Slots, parsed: &Parsed) {
+    let Some(handler) = &parsed.handler else {
+        return;
+    };
+    if handler.body.is_some() {
+        return;
+    }
+    let name = &handler.ident;
+    if let Some((Fingerprint::Fields(_), tokens)) = slot(&mut slots.fingerprint).get() {
+        cx.error_spanned(
+            tokens,
+            format!("fingerprint fields are members of the JSON body, but `{name}` takes no `Json<T>` argument: add one, or write `fingerprint = body`"),
+        );
+    }
+    if let Some((scope, tokens)) = slot(&mut slots.key_scope).get()
+        && matches!(scope.source, KeySource::Body { .. })
+    {
+        cx.error_spanned(
+            tokens,
+            format!("`body = ..` reads the key from the JSON body, but `{name}` takes no `Json<T>` argument: add one, or read the key from a header"),
+        );
+    }
+}
+
+/// The model, when every property has a valid value.
+fn build(slots: &mut Slots, handler: Option<&Handler>) -> Option<Contract> {
+    let operation = handler.map(|h| syn::ext::IdentExt::unraw(&h.ident).to_string())?;
+    Some(Contract {
+        operation: operation.into(),
+        key_scope: slot(&mut slots.key_scope).get()?.0.clone(),
+        fingerprint: slot(&mut slots.fingerprint).get()?.0.clone(),
+        ttl: *slot(&mut slots.ttl).get()?.0,
+        deadline: *slot(&mut slots.deadline).get()?.0,
+        max_attempts: *slot(&mut slots.max_attempts).get()?.0,
+        retryable: slot(&mut slots.retryable).get()?.0.clone().into(),
+        concurrency: *slot(&mut slots.concurrency).get()?.0,
+        status_lookup: slot(&mut slots.status_lookup).get()?.0.clone(),
+        recovery: slot(&mut slots.recovery).get()?.0.clone(),
+    })
+}
+
+/// The tokens a violation points at: the narrowest ones known.
+fn locate(slots: &mut Slots, extras: &Extras, parsed: &Parsed, at: Location) -> TokenStream {
+    let property_tokens = |slots: &mut Slots, p: Property| -> TokenStream {
+        match p {
+            Property::KeyScope => slot(&mut slots.key_scope).get().map(|(_, t)| t.clone()),
+            Property::Fingerprint => slot(&mut slots.fingerprint).get().map(|(_, t)| t.clone()),
+            Property::Ttl => slot(&mut slots.ttl).get().map(|(_, t)| t.clone()),
+            Property::Deadline => slot(&mut slots.deadline).get().map(|(_, t)| t.clone()),
+            Property::MaxAttempts => slot(&mut slots.max_attempts).get().map(|(_, t)| t.clone()),
+            Property::Retryable => slot(&mut slots.retryable).get().map(|(_, t)| t.clone()),
+            Property::Concurrency => slot(&mut slots.concurrency).get().map(|(_, t)| t.clone()),
+            Property::StatusLookup => slot(&mut slots.status_lookup).get().map(|(_, t)| t.clone()),
+            Property::Recovery => slot(&mut slots.recovery).get().map(|(_, t)| t.clone()),
+        }
+        .unwrap_or_default()
+    };
+    match at {
+        Location::Property(p) => property_tokens(slots, p),
+        Location::Retryable(i) => extras
+            .retryable
+            .get(i)
+            .cloned()
+            .unwrap_or_else(|| property_tokens(slots, Property::Retryable)),
+        Location::FingerprintField(i) => parsed
+            .fingerprint_fields
+            .get(i)
+            .map(ToTokens::to_token_stream)
+            .unwrap_or_else(|| property_tokens(slots, Property::Fingerprint)),
+        Location::PerAttempt => extras
+            .per_attempt
+            .clone()
+            .unwrap_or_else(|| property_tokens(slots, Property::Deadline)),
+        Location::Operation => parsed
+            .handler
+            .as_ref()
+            .map(|h| h.ident.to_token_stream())
+            .unwrap_or_default(),
+    }
+}
+
+/// The closest of `candidates` to `word`, for "did you mean": a small edit distance, or a
+/// common other name for a property.
+pub(crate) fn suggest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    const OTHER_NAMES: [(&str, &str); 14] = [
+        ("key", "key_scope"),
+        ("idempotency_key", "key_scope"),
+        ("scope", "key_scope"),
+        ("fields", "fingerprint"),
+        ("fingerprint_fields", "fingerprint"),
+        ("expiry", "ttl"),
+        ("expires", "ttl"),
+        ("timeout", "deadline"),
+        ("attempts", "max_attempts"),
+        ("retries", "max_attempts"),
+        ("retry_on", "retryable"),
+        ("on_conflict", "concurrency"),
+        ("lookup", "status_lookup"),
+        ("reconcile", "recovery"),
+    ];
+    if let Some((_, to)) = OTHER_NAMES.iter().find(|(from, _)| *from == word)
+        && let Some(c) = candidates.iter().find(|c| *c == to)
+    {
+        return Some(c);
+    }
+    candidates
+        .iter()
+        .map(|c| (strsim::damerau_levenshtein(word, c), *c))
+        .filter(|(distance, c)| *distance <= 2.max(c.len() / 4))
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, c)| c)
+}
+
+/// `` `a`, `b` and `c` ``
+pub(crate) fn backticked(words: &[&str], last: &str) -> String {
+    match words {
+        [] => String::new(),
+        [one] => format!("`{one}`"),
+        [init @ .., tail] => {
+            let init: Vec<String> = init.iter().map(|w| format!("`{w}`")).collect();
+            format!("{} {last} `{tail}`", init.join(", "))
+        }
+    }
+}
