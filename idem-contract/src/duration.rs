@@ -132,7 +132,7 @@ impl fmt::Display for Duration {
         ];
         let (size, unit) = UNITS
             .into_iter()
-            .find(|(size, _)| self.millis % size == 0)
+            .find(|(size, _)| self.millis.is_multiple_of(*size))
             .unwrap_or((1, "ms"));
         write!(f, "{}{unit}", self.millis / size)
     }
@@ -214,7 +214,7 @@ mod tests {
             Err(DurationError::SubMillisecond)
         );
         assert_eq!("3651d".parse::<Duration>(), Err(DurationError::TooLong));
-        assert_eq!("99999999999999999999y".parse::<Duration>().is_err(), true);
+        assert!("99999999999999999999y".parse::<Duration>().is_err());
     }
 
     #[test]

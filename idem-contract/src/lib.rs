@@ -42,6 +42,7 @@ pub mod key;
 pub mod lookup;
 #[cfg(feature = "parse")]
 pub mod parse;
+pub mod problem;
 mod property;
 mod recovery;
 pub mod status;

@@ -1,1 +1,124 @@
-//! idem-runtime
+//! The idem runtime: enforcement of the failure contract of critical commands on axum
+//! handlers (DESIGN §4), and the stores behind it (DESIGN §5).
+//!
+//! Users reach this crate through `idem`, whose `#[idem::contract(..)]` attribute writes
+//! the enforcement code below for them. A service needs three things from the runtime:
+//!
+//! 1. an [`Idem`] handle: a [`store`] and a way to tell clients apart
+//!    ([`identity`]);
+//! 2. its layer on the router, [`Idem::layer`], so that every request carries the handle;
+//! 3. contracted handlers (made by the macro, or written by hand with
+//!    [`enforce::Enforced`]) and their status lookups ([`Lookup`]).
+//!
+//! Every answer of the table in DESIGN §4 is produced here: a replay with
+//! `Idempotent-Replayed: true`, the [problems](problem) (400, 401, 409, 422, 503) with a
+//! stable `type` each, the concurrency answers, recovery of operations whose outcome is
+//! unknown ([`recovery`]), and fail-closed 503s when the store fails. Every answer carries
+//! the `Operation-Id` header.
+//!
+//! # Example, written by hand
+//!
+//! What the macro generates for a contracted handler, spelled out: the contract as a
+//! `const`, the operation type, and a handler that takes [`enforce::Enforced`] and runs
+//! its body through [`enforce::Guard::run`].
+//!
+//! ```
+//! use std::borrow::Cow;
+//! use std::sync::{Arc, atomic::{AtomicUsize, Ordering}};
+//!
+//! use axum::{Json, Router, extract::{Path, State}, http::StatusCode, response::Response, routing::{get, post}};
+//! use idem_contract::*;
+//! use idem_runtime::{
+//!     Contracted, Idem, Lookup, OperationStatus, Recover, Recoverer, Resolution, UnknownOperation,
+//!     enforce::Enforced, identity, store::MemoryStore,
+//! };
+//!
+//! #[derive(Clone, Default)]
+//! struct App { orders: Arc<AtomicUsize> }
+//!
+//! // `create_order::CONTRACT` and `create_order::Operation`.
+//! const CONTRACT: Contract = Contract {
+//!     operation: Cow::Borrowed("create_order"),
+//!     key_scope: KeyScope::CLIENT,
+//!     fingerprint: Fingerprint::Fields(Cow::Borrowed(&[FieldPath::from_static("amount")])),
+//!     ttl: Duration::from_millis(86_400_000),
+//!     deadline: Deadline { total: Duration::from_millis(30_000), per_attempt: None },
+//!     max_attempts: 4,
+//!     retryable: Cow::Borrowed(&[Retryable::Status(StatusCode(503))]),
+//!     concurrency: Concurrency::Conflict { retry_after: DEFAULT_CONFLICT_RETRY_AFTER },
+//!     status_lookup: StatusLookup {
+//!         handler: Cow::Borrowed("order_status"),
+//!         path: Some(Cow::Borrowed("/orders/operations/{key}")),
+//!     },
+//!     recovery: Recovery::Reconcile { function: Cow::Borrowed("reconcile_order") },
+//! };
+//! struct CreateOrder;
+//! impl Contracted for CreateOrder {
+//!     const CONTRACT: &'static Contract = &CONTRACT;
+//! }
+//! impl Recover<App> for CreateOrder {
+//!     fn recoverer(state: &App) -> Recoverer {
+//!         Recoverer::reconcile_with(state.clone(), reconcile_order)
+//!     }
+//! }
+//!
+//! async fn reconcile_order(app: App, op: UnknownOperation) -> Resolution {
+//!     // Look for the order written under `op.key`; here: none was written.
+//!     Resolution::NotApplied
+//! }
+//!
+//! async fn create_order(
+//!     State(app): State<App>,
+//!     enforced: Enforced<Json<serde_json::Value>, CreateOrder>,
+//! ) -> Response {
+//!     let (Json(body), guard) = enforced.into_parts();
+//!     guard
+//!         .run(async move {
+//!             let id = app.orders.fetch_add(1, Ordering::SeqCst) + 1;
+//!             (StatusCode::CREATED, Json(serde_json::json!({ "id": id, "amount": body["amount"] })))
+//!         })
+//!         .await
+//! }
+//!
+//! async fn order_status(lookup: Lookup<CreateOrder>, Path(key): Path<String>) -> OperationStatus {
+//!     lookup.status(&key).await
+//! }
+//!
+//! let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"));
+//! let app: Router = Router::new()
+//!     .route("/orders", post(create_order))
+//!     .route("/orders/operations/{key}", get(order_status))
+//!     .with_state(App::default())
+//!     .layer(idem.layer());
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod enforce;
+pub mod fingerprint;
+mod idem;
+pub mod identity;
+mod layer;
+mod lookup;
+mod operation_id;
+pub mod problem;
+pub mod recovery;
+pub mod store;
+
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
+
+pub use crate::enforce::IDEMPOTENT_REPLAYED_HEADER;
+pub use crate::idem::{
+    DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS, DEFAULT_UNAVAILABLE_RETRY_AFTER, Idem,
+};
+pub use crate::layer::{IdemLayer, IdemService};
+pub use crate::lookup::{Lookup, OperationReport, OperationStatus};
+pub use crate::operation_id::{OPERATION_ID_HEADER, OperationId};
+pub use crate::recovery::{
+    Contracted, Reconcile, ReconcileWith, Recover, Recoverer, Resolution, UnknownOperation,
+};
+#[cfg(feature = "sqlite")]
+pub use crate::store::SqliteStore;
+pub use crate::store::{MemoryStore, Store, StoreError};

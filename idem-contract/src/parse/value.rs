@@ -157,9 +157,10 @@ pub(super) fn retryable(
         expect_end(input, Property::Retryable)?;
         Ok(items.into_iter().collect::<Vec<_>>())
     })?;
+    // An entry that does not parse is reported and left out; the others are kept, so the
+    // rules still run on them and one compile shows every problem of the list.
     let mut out = Vec::new();
     let mut spans = Vec::new();
-    let mut ok = true;
     for tt in items {
         let tokens = tt.to_token_stream();
         let entry = match syn::parse2::<syn::Lit>(tokens.clone()) {
@@ -198,15 +199,12 @@ pub(super) fn retryable(
                 }
             },
         };
-        match entry {
-            Some(e) => {
-                out.push(e);
-                spans.push(tokens);
-            }
-            None => ok = false,
+        if let Some(entry) = entry {
+            out.push(entry);
+            spans.push(tokens);
         }
     }
-    ok.then_some((out, spans))
+    Some((out, spans))
 }
 
 fn field_path(input: ParseStream) -> syn::Result<FieldRef> {

@@ -1,0 +1,201 @@
+//! The problem answers (RFC 9457) that idem gives of its own, defined once.
+//!
+//! The runtime answers with these, and the published contract (the OpenAPI responses and
+//! the consumer docs) describes them from the same table, so the two cannot drift apart.
+//!
+//! Each case has a stable `type` URI, `tag:idem.rs,2026:problem:<slug>`: a `tag:` URI
+//! (RFC 4151), a stable name that needs no web server behind it (RFC 9457 §3.1.1 allows
+//! non-dereferenceable type URIs). Bodies are `application/problem+json` with `type`,
+//! `title`, `status` and `detail` (RFC 9457 §3.1) and, where the operation is known, the
+//! extension members `operation_id`, `state` and `new_key_safe` (DESIGN §4): whether the
+//! client may safely start a new operation with a new key, true only when this key cannot
+//! have had an effect. Every answer carries the `Operation-Id` header.
+//!
+//! | slug | status | `state` | `new_key_safe` | `Retry-After` |
+//! |---|---|---|---|---|
+//! | `key-missing` | 400 | – | true | – |
+//! | `key-malformed` | 400 | – | true | – |
+//! | `body-malformed` | 400 | – | true | – |
+//! | `client-identity-missing` | 401 | – | true | – |
+//! | `fingerprint-mismatch` | 422 | the record's | true only when the record is `released` | – |
+//! | `operation-in-progress` | 409 | `processing` | false | yes |
+//! | `operation-outcome-unknown` | 409 | `unknown` | false | – |
+//! | `attempt-timed-out` | 503 | `processing` | false | yes |
+//! | `attempt-failed` | 503 | `processing` | false | yes |
+//! | `store-unavailable` | 503 | – | false | yes |
+//! | `operation-not-found` | 404 | – | true | – |
+//! | `not-configured` | 500 | – | true | – |
+
+/// The media type of problem bodies (RFC 9457 §3).
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// The prefix of every `type` URI.
+pub const TYPE_PREFIX: &str = "tag:idem.rs,2026:problem:";
+
+macro_rules! problem_types {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident => $slug:literal, $status:literal, $title:literal,
+            state: $state:expr, new_key_safe: $safe:expr, retry_after: $retry:literal,
+            meaning: $meaning:literal, action: $action:literal;
+    )*) => {
+        /// One case of the table in the [module docs](self).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum ProblemType {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl ProblemType {
+            /// Every case, in the order of the table.
+            pub const ALL: &'static [ProblemType] = &[$(ProblemType::$variant,)*];
+
+            /// The case's slug, such as `key-missing`.
+            pub const fn slug(self) -> &'static str {
+                match self { $(ProblemType::$variant => $slug,)* }
+            }
+
+            /// The stable `type` URI, such as `tag:idem.rs,2026:problem:key-missing`.
+            pub const fn type_uri(self) -> &'static str {
+                match self { $(ProblemType::$variant => concat!("tag:idem.rs,2026:problem:", $slug),)* }
+            }
+
+            /// The HTTP status code of the answer.
+            pub const fn status(self) -> u16 {
+                match self { $(ProblemType::$variant => $status,)* }
+            }
+
+            /// The `title`: a short summary that does not change from occurrence to
+            /// occurrence (RFC 9457 §3.1.3).
+            pub const fn title(self) -> &'static str {
+                match self { $(ProblemType::$variant => $title,)* }
+            }
+
+            /// The `state` member the answer carries, when it is always the same.
+            /// `fingerprint-mismatch` carries the record's state, whatever it is.
+            pub const fn state(self) -> Option<&'static str> {
+                match self { $(ProblemType::$variant => $state,)* }
+            }
+
+            /// The `new_key_safe` member, when it is always the same; `None` when it
+            /// depends on the record (`fingerprint-mismatch`).
+            pub const fn new_key_safe(self) -> Option<bool> {
+                match self { $(ProblemType::$variant => $safe,)* }
+            }
+
+            /// Whether the answer carries `Retry-After`.
+            pub const fn has_retry_after(self) -> bool {
+                match self { $(ProblemType::$variant => $retry,)* }
+            }
+
+            /// What happened, in a client developer's words.
+            pub const fn meaning(self) -> &'static str {
+                match self { $(ProblemType::$variant => $meaning,)* }
+            }
+
+            /// What the client does next.
+            pub const fn action(self) -> &'static str {
+                match self { $(ProblemType::$variant => $action,)* }
+            }
+        }
+    };
+}
+
+problem_types! {
+    /// 400: the key is absent.
+    KeyMissing => "key-missing", 400, "Idempotency key missing",
+        state: None, new_key_safe: Some(true), retry_after: false,
+        meaning: "the request has no idempotency key, and this operation requires one; nothing was done",
+        action: "create one key for this business intent, keep it, and send the request with it";
+    /// 400: the key breaks the key rules.
+    KeyMalformed => "key-malformed", 400, "Idempotency key malformed",
+        state: None, new_key_safe: Some(true), retry_after: false,
+        meaning: "the key is empty, longer than 255 characters, has a character outside visible ASCII, was sent twice, or is not in the declared format; nothing was done",
+        action: "fix how keys are made (a UUID always fits) and send the request with a valid key";
+    /// 400: the body is not the JSON the contract needs.
+    BodyMalformed => "body-malformed", 400, "Request body malformed",
+        state: None, new_key_safe: Some(true), retry_after: false,
+        meaning: "the body is not the JSON object the operation needs to read its significant fields or its key (not JSON, a member name given twice, or not an object); nothing was done",
+        action: "fix the body; sending it again unchanged gets the same answer";
+    /// 401: no client identity.
+    ClientIdentityMissing => "client-identity-missing", 401, "Client identity missing",
+        state: None, new_key_safe: Some(true), retry_after: false,
+        meaning: "the server could not tell which client is calling, and keys are kept per client; nothing was done",
+        action: "send the request with the credentials that identify you";
+    /// 422: same key, different significant content.
+    FingerprintMismatch => "fingerprint-mismatch", 422, "Idempotency key reused with different content",
+        state: None, new_key_safe: None, retry_after: false,
+        meaning: "this key was already used for a request with different significant fields; this request was not run",
+        action: "do not retry it: a retry sends exactly the first request's content, and a new business intent needs a new key";
+    /// 409: another attempt with this key is running.
+    OperationInProgress => "operation-in-progress", 409, "Operation in progress",
+        state: Some("processing"), new_key_safe: Some(false), retry_after: true,
+        meaning: "an earlier attempt with this key is still running",
+        action: "wait for `Retry-After`, then send the same request with the same key";
+    /// 409: the outcome is unknown and waits for an operator.
+    OperationOutcomeUnknown => "operation-outcome-unknown", 409, "Operation outcome unknown",
+        state: Some("unknown"), new_key_safe: Some(false), retry_after: false,
+        meaning: "an earlier attempt stopped between its effect and the record of its outcome, and recovery could not decide; an operator resolves it (`detail` names the reason or the runbook)",
+        action: "do not start it again with a new key; contact the API's provider with the operation id, or ask the status lookup later";
+    /// 503: the attempt ran past its lease.
+    AttemptTimedOut => "attempt-timed-out", 503, "Attempt timed out",
+        state: Some("processing"), new_key_safe: Some(false), retry_after: true,
+        meaning: "this attempt ran out of its time on the server and was stopped; it may or may not have taken effect",
+        action: "wait for `Retry-After`, then retry with the same key: the server finds out what happened and answers with the outcome or the operation's state";
+    /// 503: the attempt failed before answering.
+    AttemptFailed => "attempt-failed", 503, "Attempt failed",
+        state: Some("processing"), new_key_safe: Some(false), retry_after: true,
+        meaning: "this attempt failed on the server before it answered; it may or may not have taken effect",
+        action: "wait for `Retry-After` (the end of the attempt's lease), then retry with the same key: the server finds out what happened";
+    /// 503: the store failed; nothing ran.
+    StoreUnavailable => "store-unavailable", 503, "Idempotency store unavailable",
+        state: None, new_key_safe: Some(false), retry_after: true,
+        meaning: "the server cannot reach the store that remembers keys, so it did not run this request (an earlier attempt may have run)",
+        action: "wait for `Retry-After`, then retry with the same key";
+    /// 404: the status lookup does not know the key.
+    OperationNotFound => "operation-not-found", 404, "Operation not found",
+        state: None, new_key_safe: Some(true), retry_after: false,
+        meaning: "the status lookup knows no operation with this key: no attempt arrived, or the key's time to live has passed",
+        action: "within the deadline, send the request again with the same key";
+    /// 500: the router lacks the idem layer.
+    NotConfigured => "not-configured", 500, "Idempotency not configured",
+        state: None, new_key_safe: Some(true), retry_after: false,
+        meaning: "the server is not set up to enforce this operation's contract, so it refused to run it",
+        action: "stop, and report it to the API's provider";
+}
+
+impl ProblemType {
+    /// The case whose slug is `slug`.
+    pub fn from_slug(slug: &str) -> Option<ProblemType> {
+        ProblemType::ALL.iter().copied().find(|p| p.slug() == slug)
+    }
+
+    /// The cases answered with `status`.
+    pub fn with_status(status: u16) -> impl Iterator<Item = ProblemType> {
+        ProblemType::ALL
+            .iter()
+            .copied()
+            .filter(move |p| p.status() == status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slugs_and_uris_are_stable_and_distinct() {
+        let mut slugs: Vec<_> = ProblemType::ALL.iter().map(|p| p.slug()).collect();
+        slugs.sort_unstable();
+        slugs.dedup();
+        assert_eq!(slugs.len(), ProblemType::ALL.len());
+        for p in ProblemType::ALL {
+            assert_eq!(p.type_uri(), format!("{TYPE_PREFIX}{}", p.slug()));
+            assert_eq!(ProblemType::from_slug(p.slug()), Some(*p));
+        }
+        assert_eq!(
+            ProblemType::KeyMissing.type_uri(),
+            "tag:idem.rs,2026:problem:key-missing"
+        );
+    }
+}

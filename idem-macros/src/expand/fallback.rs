@@ -1,0 +1,45 @@
+//! The expansion of a contract with errors: the errors, the item as the user wrote it,
+//! and (for a function) a companion module of the right shape, so that the user sees only
+//! the real problems and no cascade of follow-on errors (thiserror's `fallback.rs`).
+
+use proc_macro2::TokenStream;
+use quote::quote;
+
+use idem_contract::parse::Parsed;
+
+use super::{Paths, checks, handler};
+
+pub(super) fn expand(
+    paths: &Paths,
+    parsed: &Parsed,
+    item: Option<&syn::Item>,
+    raw: TokenStream,
+) -> TokenStream {
+    let errors = parsed.errors.iter().map(syn::Error::to_compile_error);
+    let p = &paths.private;
+    let companion = match item {
+        Some(syn::Item::Fn(func)) => {
+            let ident = &func.sig.ident;
+            let module = handler::companion(paths, func, quote!(#p::PLACEHOLDER_CONTRACT));
+            let checks = checks::expand(paths, parsed);
+            quote! {
+                #module
+                impl<__IdemS> #p::Recover<__IdemS> for #ident::Operation
+                where
+                    __IdemS: ::core::marker::Send + ::core::marker::Sync,
+                {
+                    fn recoverer(_: &__IdemS) -> #p::Recoverer {
+                        #p::Recoverer::manual()
+                    }
+                }
+                #checks
+            }
+        }
+        _ => TokenStream::new(),
+    };
+    quote! {
+        #(#errors)*
+        #raw
+        #companion
+    }
+}

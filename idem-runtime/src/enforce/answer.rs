@@ -1,0 +1,228 @@
+//! The answers idem gives instead of the handler's (see [`crate::problem`]).
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+use idem_contract::{Contract, KeyError};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+
+use crate::operation_id::OPERATION_ID_HEADER;
+use crate::problem::{Problem, ProblemType};
+use crate::store::{OperationState, Record, RecordKey, StoreError};
+use crate::{Idem, OperationId};
+
+/// Everything but RFC 3986's unreserved characters is percent-encoded in the key's path
+/// segment, so any visible ASCII key makes one segment (RFC 3986 §2.3, §3.3).
+const PATH_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Sets the `Operation-Id` header.
+pub(crate) fn with_operation_id(mut response: Response, id: OperationId) -> Response {
+    response
+        .headers_mut()
+        .insert(OPERATION_ID_HEADER, id.header_value());
+    response
+}
+
+/// Sets a fresh `Operation-Id` (for answers that register nothing), unless one is set.
+pub(crate) fn with_fresh_id(response: Response) -> Response {
+    if response.headers().contains_key(OPERATION_ID_HEADER) {
+        return response;
+    }
+    with_operation_id(response, OperationId::new())
+}
+
+/// 500 `not-configured`.
+pub(crate) fn not_configured() -> Response {
+    Problem::new(
+        ProblemType::NotConfigured,
+        "the request has no idem handle: add `.layer(idem.layer())` to the router that serves this route",
+    )
+    .with_operation_id(OperationId::new())
+    .into_response()
+}
+
+/// 400 `key-missing`.
+pub(crate) fn key_missing(contract: &Contract) -> Response {
+    let place = match contract.key_scope.header() {
+        Some(name) => format!("the `{name}` header"),
+        None => "the key member of the JSON body".to_owned(),
+    };
+    Problem::new(
+        ProblemType::KeyMissing,
+        format!(
+            "`{}` needs an idempotency key in {place}: make one key per business intent and send it unchanged on every retry",
+            contract.operation
+        ),
+    )
+    .with_operation_id(OperationId::new())
+    .into_response()
+}
+
+/// 400 `key-malformed`.
+pub(crate) fn key_malformed(error: &KeyError) -> Response {
+    Problem::new(ProblemType::KeyMalformed, error.to_string())
+        .with_operation_id(OperationId::new())
+        .into_response()
+}
+
+/// 400 `key-malformed` for a key sent in two headers, or a body key that is not a string.
+pub(crate) fn key_malformed_because(why: &str) -> Response {
+    Problem::new(ProblemType::KeyMalformed, why)
+        .with_operation_id(OperationId::new())
+        .into_response()
+}
+
+/// 400 `body-malformed`.
+pub(crate) fn body_malformed(why: impl std::fmt::Display) -> Response {
+    Problem::new(ProblemType::BodyMalformed, why.to_string())
+        .with_operation_id(OperationId::new())
+        .into_response()
+}
+
+/// 422 `fingerprint-mismatch`: the record is left as it is.
+pub(crate) fn fingerprint_mismatch(record: &Record) -> Response {
+    let state = record.state.kind();
+    Problem::new(
+        ProblemType::FingerprintMismatch,
+        "this idempotency key was used for a request with different significant content; \
+         nothing was run: send the original content with this key, or use a new key for a new operation",
+    )
+    .with_operation_id(record.operation_id)
+    .with_state(state)
+    .with_new_key_safe(state == OperationState::Released)
+    .into_response()
+}
+
+/// 409 `operation-in-progress`.
+pub(crate) fn in_progress(id: OperationId, retry_after_secs: u64) -> Response {
+    Problem::new(
+        ProblemType::OperationInProgress,
+        format!(
+            "an attempt with this key is still running; retry with the same key after {} s, or ask the status lookup",
+            retry_after_secs.max(1)
+        ),
+    )
+    .with_operation_id(id)
+    .with_state(OperationState::Processing)
+    .with_retry_after_secs(retry_after_secs)
+    .into_response()
+}
+
+/// 409 `operation-outcome-unknown` (no `Retry-After`: retrying does not help).
+pub(crate) fn outcome_unknown(id: OperationId, reason: &str) -> Response {
+    Problem::new(
+        ProblemType::OperationOutcomeUnknown,
+        format!(
+            "the outcome of this operation is unknown and an operator must resolve it ({reason}); \
+             do not start it again with a new key before then"
+        ),
+    )
+    .with_operation_id(id)
+    .with_state(OperationState::Unknown)
+    .into_response()
+}
+
+/// 503 `attempt-timed-out`: the record stays processing; recovery decides.
+pub(crate) fn attempt_timed_out(contract: &Contract, id: OperationId) -> Response {
+    Problem::new(
+        ProblemType::AttemptTimedOut,
+        format!(
+            "the attempt did not finish within its {} lease, so its outcome is unknown; \
+             retry with the same key: recovery decides what happened before anything runs again",
+            contract.lease()
+        ),
+    )
+    .with_operation_id(id)
+    .with_state(OperationState::Processing)
+    .with_retry_after_secs(1)
+    .into_response()
+}
+
+/// 503 `attempt-failed`: the handler panicked before answering; the record stays
+/// processing until its lease ends (`retry_after_secs` away), then recovery decides.
+pub(crate) fn attempt_failed(id: OperationId, retry_after_secs: u64) -> Response {
+    Problem::new(
+        ProblemType::AttemptFailed,
+        "the attempt failed before it answered, so its outcome is unknown; \
+         retry with the same key after `Retry-After`: recovery decides what happened before anything runs again",
+    )
+    .with_operation_id(id)
+    .with_state(OperationState::Processing)
+    .with_retry_after_secs(retry_after_secs)
+    .into_response()
+}
+
+/// 503 `store-unavailable` (fail closed: the handler did not run).
+pub(crate) fn store_unavailable(
+    idem: &Idem,
+    contract: &Contract,
+    id: Option<OperationId>,
+    error: &StoreError,
+) -> Response {
+    let id = id.unwrap_or_default();
+    tracing::error!(
+        operation = %contract.operation,
+        operation_id = %id,
+        error = %error,
+        outcome = "store_unavailable",
+        "idem: the store failed; the handler did not run"
+    );
+    Problem::new(
+        ProblemType::StoreUnavailable,
+        "the idempotency store cannot be reached, so nothing was run; retry with the same key",
+    )
+    .with_operation_id(id)
+    .with_retry_after_secs(idem.unavailable_retry_after_secs())
+    .into_response()
+}
+
+/// The status lookup path of `key`, percent-encoded, if the contract declares one.
+pub(crate) fn lookup_location(contract: &Contract, key: &str) -> Option<String> {
+    contract
+        .status_lookup
+        .path_for(&utf8_percent_encode(key, PATH_SEGMENT).to_string())
+}
+
+/// 202 for `concurrency = accepted`: `Location` is the status lookup of the key.
+pub(crate) fn accepted(contract: &Contract, key: &RecordKey, id: OperationId) -> Response {
+    let location = lookup_location(contract, &key.key);
+    let body = serde_json::json!({
+        "operation": contract.operation,
+        "operation_id": id,
+        "state": OperationState::Processing.as_str(),
+        "status_lookup": location,
+    });
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() = StatusCode::ACCEPTED;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(location) = location.and_then(|l| HeaderValue::try_from(l).ok()) {
+        headers.insert(header::LOCATION, location);
+    }
+    with_operation_id(response, id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::borrow::Cow;
+
+    #[test]
+    fn lookup_paths_encode_the_key_as_one_segment() {
+        let mut contract = crate::__private::PLACEHOLDER_CONTRACT;
+        contract.status_lookup.path = Some(Cow::Borrowed("/orders/operations/{key}"));
+        assert_eq!(
+            lookup_location(&contract, "a/b?c#d%e f~g.h-i_j").as_deref(),
+            Some("/orders/operations/a%2Fb%3Fc%23d%25e%20f~g.h-i_j")
+        );
+        contract.status_lookup.path = None;
+        assert_eq!(lookup_location(&contract, "k"), None);
+    }
+}

@@ -1,0 +1,325 @@
+//! The attempt: run the handler under its lease, then store or release its answer.
+
+use std::fmt;
+use std::future::Future;
+
+use axum::response::{IntoResponse, Response};
+use idem_contract::Contract;
+use tracing::Instrument;
+
+use super::answer::{self, with_operation_id};
+use super::replay::{Captured, capture, replay, select_headers};
+use crate::store::{OwnerToken, RecordKey, StoreError, StoredResponse, unix_now};
+use crate::{Idem, OperationId};
+
+/// One attempt that holds the key's lease.
+pub(crate) struct Attempt {
+    pub(crate) idem: Idem,
+    pub(crate) contract: &'static Contract,
+    pub(crate) key: RecordKey,
+    pub(crate) token: OwnerToken,
+    /// When the lease ends, on the monotonic clock: the handler is stopped then.
+    pub(crate) deadline: tokio::time::Instant,
+    pub(crate) operation_id: OperationId,
+    pub(crate) attempt: u32,
+}
+
+impl Attempt {
+    /// Settles the handler's answer (DESIGN §4): a retryable status releases the key,
+    /// anything else is stored as the result. Returns the answer for this client.
+    pub(crate) async fn settle(&self, response: Response) -> Response {
+        let status = response.status().as_u16();
+        if self.contract.is_retryable_status(status) {
+            // Releasing is only sound when the effect did not commit: a transactional store
+            // guarantees it; with other stores the handler must answer a retryable status
+            // only before its effect (DESIGN §4).
+            match self
+                .idem
+                .store()
+                .release(&self.key, self.token, unix_now())
+                .await
+            {
+                Ok(()) => self.log_outcome("released", status),
+                Err(error) => self.log_store_failure("release", &error),
+            }
+            return with_operation_id(response, self.operation_id);
+        }
+        self.store(response).await.0
+    }
+
+    /// Stores `response` as the result whatever its status (recovery found the operation
+    /// applied), and answers with its replay.
+    pub(crate) async fn complete_applied(&self, response: Response) -> Response {
+        match self.store(response).await {
+            (_, Some(stored)) => replay(&stored, self.operation_id),
+            (live, None) => live,
+        }
+    }
+
+    /// Buffers, stores and returns `response`, and the stored result if it was stored.
+    async fn store(&self, response: Response) -> (Response, Option<StoredResponse>) {
+        let status = response.status().as_u16();
+        let limit = self.idem.max_stored_body();
+        let (parts, body) = match capture(response, limit).await {
+            Captured::Buffered { parts, body } => (parts, body),
+            Captured::TooLarge(response) => {
+                let reason = format!(
+                    "the result (status {status}) has a body larger than the {limit} bytes idem stores, \
+                     so it cannot be replayed; raise `Idem::with_max_stored_body` or make the answer smaller"
+                );
+                tracing::error!(
+                    operation = %self.contract.operation,
+                    operation_id = %self.operation_id,
+                    attempt = self.attempt,
+                    status,
+                    limit,
+                    outcome = "too_large",
+                    "idem: the result is too large to store; the operation is parked as unknown"
+                );
+                self.park_quietly(&reason).await;
+                return (with_operation_id(response, self.operation_id), None);
+            }
+            Captured::Failed(response) => {
+                self.park_quietly("the handler's response body failed while it was read")
+                    .await;
+                return (with_operation_id(response, self.operation_id), None);
+            }
+        };
+        let stored = StoredResponse {
+            status,
+            headers: select_headers(&parts.headers, self.idem.replayed_headers()),
+            body: body.clone(),
+        };
+        let response = Response::from_parts(parts, axum::body::Body::from(body));
+        let response = with_operation_id(response, self.operation_id);
+        match self
+            .idem
+            .store()
+            .complete(&self.key, self.token, &stored, unix_now())
+            .await
+        {
+            Ok(()) => {
+                self.log_outcome("completed", status);
+                (response, Some(stored))
+            }
+            Err(StoreError::TooLarge { size, limit }) => {
+                self.park_quietly(&format!(
+                    "the result is {size} bytes and the store keeps at most {limit}, so it cannot be replayed"
+                ))
+                .await;
+                (response, None)
+            }
+            Err(error) => {
+                self.log_store_failure("complete", &error);
+                (response, None)
+            }
+        }
+    }
+
+    /// Parks the operation as unknown and answers 409 `operation-outcome-unknown`.
+    pub(crate) async fn park(&self, reason: &str) -> Response {
+        self.park_quietly(reason).await;
+        answer::outcome_unknown(self.operation_id, reason)
+    }
+
+    async fn park_quietly(&self, reason: &str) {
+        match self
+            .idem
+            .store()
+            .park_unknown(&self.key, self.token, reason, unix_now())
+            .await
+        {
+            Ok(()) => tracing::warn!(
+                operation = %self.contract.operation,
+                operation_id = %self.operation_id,
+                attempt = self.attempt,
+                outcome = "unknown",
+                "idem: the operation is parked as unknown for an operator"
+            ),
+            Err(error) => self.log_store_failure("park", &error),
+        }
+    }
+
+    /// Releases the key (a status lookup found the operation not applied).
+    pub(crate) async fn release(&self) {
+        match self
+            .idem
+            .store()
+            .release(&self.key, self.token, unix_now())
+            .await
+        {
+            Ok(()) => self.log_outcome("released", 0),
+            Err(error) => self.log_store_failure("release", &error),
+        }
+    }
+
+    fn log_outcome(&self, outcome: &'static str, status: u16) {
+        tracing::info!(
+            operation = %self.contract.operation,
+            operation_id = %self.operation_id,
+            attempt = self.attempt,
+            status,
+            outcome,
+            "idem: attempt settled"
+        );
+    }
+
+    fn log_store_failure(&self, step: &'static str, error: &StoreError) {
+        if matches!(error, StoreError::LeaseLost) {
+            tracing::warn!(
+                operation = %self.contract.operation,
+                operation_id = %self.operation_id,
+                attempt = self.attempt,
+                step,
+                outcome = "lease_lost",
+                "idem: the lease was lost (recovery took over); this attempt's result is not recorded"
+            );
+        } else {
+            tracing::error!(
+                operation = %self.contract.operation,
+                operation_id = %self.operation_id,
+                attempt = self.attempt,
+                step,
+                error = %error,
+                "idem: the store failed; the record stays processing until its lease ends, then recovery decides"
+            );
+        }
+    }
+}
+
+/// The attempt that holds a contracted operation's key, handed to the handler's code by
+/// [`Enforced::into_parts`](super::Enforced::into_parts).
+///
+/// [`Guard::run`] runs the handler under the attempt's lease and settles its answer. A
+/// guard dropped without running anything leaves the record *processing*: the outcome is
+/// unknown and recovery decides once the lease has ended, never a blind re-run
+/// (DESIGN §4).
+pub struct Guard {
+    /// `None` once [`Guard::run`] or [`Guard::settle`] took the attempt.
+    attempt: Option<Attempt>,
+    operation_id: OperationId,
+    number: u32,
+}
+
+impl Guard {
+    pub(crate) fn new(attempt: Attempt) -> Guard {
+        Guard {
+            operation_id: attempt.operation_id,
+            number: attempt.attempt,
+            attempt: Some(attempt),
+        }
+    }
+
+    /// The operation's id.
+    pub fn operation_id(&self) -> OperationId {
+        self.operation_id
+    }
+
+    /// This attempt's number (1 for the first).
+    pub fn attempt(&self) -> u32 {
+        self.number
+    }
+
+    /// Runs `handler` to its end on a task of its own, detached from the connection, within
+    /// the attempt's lease (the contract's per-attempt timeout, or else its deadline,
+    /// counted from registration), then settles its answer:
+    ///
+    /// - a status in the contract's `retryable` releases the key, so that a retry with the
+    ///   same key runs again; sound only when the effect did not commit;
+    /// - any other status (a success, or a permanent error such as 422) is stored with
+    ///   the selected headers and the body, and replayed to every later request with the
+    ///   key; a body larger than [`Idem::with_max_stored_body`] is sent but not stored,
+    ///   and the operation is parked as `unknown`;
+    /// - past the lease the handler's future is dropped and the answer is 503
+    ///   `attempt-timed-out`: the record stays processing, and recovery decides;
+    /// - a panic in the handler is answered with 503 `attempt-failed` and a `Retry-After`
+    ///   at the end of the lease: the record stays processing, and recovery decides.
+    ///
+    /// Because the handler runs on its own task, a client that hangs up (the typical lost
+    /// answer) does not cancel it: the attempt still ends and its result is stored, so the
+    /// client's retry is answered with the replay. Storing needs the lease to be live: when
+    /// recovery took the lease over, the answer is still returned, but not recorded
+    /// (logged as `lease_lost`). Every answer carries the `Operation-Id` header.
+    pub async fn run<F>(mut self, handler: F) -> Response
+    where
+        F: Future + Send + 'static,
+        F::Output: IntoResponse + Send,
+    {
+        let Some(attempt) = self.attempt.take() else {
+            return answer::attempt_failed(self.operation_id, 1);
+        };
+        let span = tracing::info_span!(
+            "idem.attempt",
+            operation = %attempt.contract.operation,
+            operation_id = %attempt.operation_id,
+            attempt = attempt.attempt,
+        );
+        let deadline = attempt.deadline;
+        let task = tokio::spawn(
+            async move {
+                match tokio::time::timeout_at(deadline, handler).await {
+                    Ok(output) => {
+                        let response = output.into_response();
+                        attempt.settle(response).await
+                    }
+                    Err(_elapsed) => {
+                        tracing::warn!(
+                            outcome = "timed_out",
+                            "idem: the handler outlasted its lease; its outcome is unknown until recovery decides"
+                        );
+                        answer::attempt_timed_out(attempt.contract, attempt.operation_id)
+                    }
+                }
+            }
+            .instrument(span.clone()),
+        );
+        match task.await {
+            Ok(response) => response,
+            Err(error) => {
+                let outcome = if error.is_panic() {
+                    "panicked"
+                } else {
+                    "cancelled"
+                };
+                tracing::error!(
+                    parent: &span,
+                    outcome,
+                    "idem: the attempt failed before it answered; the outcome is unknown until the lease ends and recovery decides"
+                );
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                answer::attempt_failed(self.operation_id, left.as_secs().saturating_add(1))
+            }
+        }
+    }
+
+    /// Settles an answer given without running the handler: the inner extractor's
+    /// rejection, which counts as the handler's answer.
+    pub(crate) async fn settle(mut self, response: Response) -> Response {
+        match self.attempt.take() {
+            Some(attempt) => attempt.settle(response).await,
+            None => response,
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let Some(a) = &self.attempt else { return };
+        tracing::warn!(
+            operation = %a.contract.operation,
+            operation_id = %a.operation_id,
+            attempt = a.attempt,
+            outcome = "abandoned",
+            "idem: the attempt ended before its handler ran; the outcome is unknown until the lease ends and recovery decides"
+        );
+    }
+}
+
+impl fmt::Debug for Guard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guard")
+            .field("operation_id", &self.operation_id)
+            .field("attempt", &self.number)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,281 @@
+//! Enforcement of a contract on one handler (DESIGN §4).
+//!
+//! `#[idem::contract(..)]` replaces the handler's last extractor `E` with
+//! [`Enforced<E, Operation>`](Enforced) and runs the handler's body through
+//! [`Guard::run`]. Written by hand, a contracted handler looks like this:
+//!
+//! ```
+//! use axum::{Json, http::StatusCode, response::Response};
+//! use idem_runtime::enforce::Enforced;
+//! # use idem_runtime::{Contracted, Recover, Recoverer};
+//! # pub struct CreateOrder;
+//! # impl Contracted for CreateOrder { const CONTRACT: &'static idem_contract::Contract = &idem_runtime::__private::PLACEHOLDER_CONTRACT; }
+//! # impl<S> Recover<S> for CreateOrder { fn recoverer(_: &S) -> Recoverer { Recoverer::manual() } }
+//!
+//! async fn create_order(enforced: Enforced<Json<serde_json::Value>, CreateOrder>) -> Response {
+//!     let (Json(body), guard) = enforced.into_parts();
+//!     guard
+//!         .run(async move { (StatusCode::CREATED, Json(body)) })
+//!         .await
+//! }
+//! # let _: axum::Router = axum::Router::new().route("/orders", axum::routing::post(create_order));
+//! ```
+//!
+//! For every request, [`Enforced`]'s extraction:
+//!
+//! 1. takes the [`Idem`] handle from the request's extensions (500 `not-configured`);
+//! 2. asks the application who the client is ([`crate::identity`]);
+//! 3. reads and checks the key (400 `key-missing`, `key-malformed`), before any store call;
+//! 4. reads the body once (axum's `DefaultBodyLimit` applies: 413 past it) and computes the
+//!    fingerprint once from those bytes (400 `body-malformed`);
+//! 5. registers the key atomically, or answers from the record: a replay, 422
+//!    `fingerprint-mismatch`, the contract's concurrency answer, a recovery, 409
+//!    `operation-outcome-unknown`, or 503 `store-unavailable` (fail closed);
+//! 6. runs the inner extractor `E` on the same bytes; its rejection counts as the handler's
+//!    answer (stored if permanent, released if retryable).
+//!
+//! Then [`Guard::run`] runs the handler and settles its answer.
+
+pub(crate) mod answer;
+pub(crate) mod guard;
+mod register;
+pub(crate) mod replay;
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, Request};
+use axum::response::{IntoResponse, Response};
+use http::HeaderMap;
+use idem_contract::{Contract, Fingerprint, KeyScope, KeySource};
+
+pub use self::guard::Guard;
+use self::register::{Registered, register};
+pub use self::replay::IDEMPOTENT_REPLAYED_HEADER;
+use crate::Idem;
+use crate::fingerprint::{self, jcs::Value};
+use crate::recovery::Recover;
+use crate::store::RecordKey;
+
+/// The extractor of a contracted handler: the handler's own last extractor `E`, plus the
+/// [`Guard`] of the attempt that holds the key of operation `C`.
+///
+/// Its rejection is a complete answer (a problem, a replay, a concurrency answer, or the
+/// settled rejection of `E`), with the `Operation-Id` header.
+pub struct Enforced<E, C> {
+    inner: E,
+    guard: Guard,
+    contract: PhantomData<fn() -> C>,
+}
+
+impl<E, C> Enforced<E, C> {
+    /// The inner extractor's value and the attempt's guard.
+    pub fn into_parts(self) -> (E, Guard) {
+        (self.inner, self.guard)
+    }
+}
+
+impl<E, C> fmt::Debug for Enforced<E, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Enforced")
+            .field("guard", &self.guard)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, E, M, C> FromRequest<S, (M,)> for Enforced<E, C>
+where
+    E: FromRequest<S, M> + Send,
+    C: Recover<S>,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
+        let contract: &'static Contract = C::CONTRACT;
+        let (parts, body) = request.into_parts();
+        let Some(idem) = parts.extensions.get::<Idem>().cloned() else {
+            return Err(answer::not_configured());
+        };
+        let client = idem
+            .identity()
+            .identify(&parts)
+            .map_err(answer::with_fresh_id)?;
+        let header_key = match &contract.key_scope.source {
+            KeySource::Header { name } => Some(key_from_header(&parts.headers, name, contract)?),
+            KeySource::Body { .. } => None,
+        };
+
+        // The body is read once, with the request's own `DefaultBodyLimit` (a shadow
+        // request carries the extensions that hold it).
+        let mut shadow = Request::new(body);
+        *shadow.extensions_mut() = parts.extensions.clone();
+        let bytes = Bytes::from_request(shadow, state)
+            .await
+            .map_err(|rejection| answer::with_fresh_id(rejection.into_response()))?;
+
+        let doc = if header_key.is_none() || matches!(contract.fingerprint, Fingerprint::Fields(_))
+        {
+            Some(Value::parse(&bytes).map_err(|e| {
+                answer::body_malformed(format_args!("the request body is not valid JSON: {e}"))
+            })?)
+        } else {
+            None
+        };
+        let key = match (header_key, &doc) {
+            (Some(key), _) => key,
+            (None, Some(doc)) => key_from_body(doc, &contract.key_scope, contract)?,
+            (None, None) => unreachable!("a body key always parses the body"),
+        };
+        let fingerprint = match &doc {
+            Some(doc) => fingerprint::of_parsed(&contract.fingerprint, &bytes, doc),
+            None => fingerprint::compute(&contract.fingerprint, &bytes),
+        }
+        .map_err(answer::body_malformed)?;
+
+        let key = RecordKey::new(contract.operation.as_ref(), client, key);
+        match register(&idem, contract, &key, &fingerprint, || C::recoverer(state)).await {
+            Registered::Answer(response) => Err(response),
+            Registered::Run(attempt) => {
+                let guard = Guard::new(attempt);
+                let request = Request::from_parts(parts, Body::from(bytes));
+                // The rejection becomes a response at once: it need not be `Send`.
+                let extracted = E::from_request(request, state)
+                    .await
+                    .map_err(IntoResponse::into_response);
+                match extracted {
+                    Ok(inner) => Ok(Enforced {
+                        inner,
+                        guard,
+                        contract: PhantomData,
+                    }),
+                    Err(rejection) => Err(guard.settle(rejection).await),
+                }
+            }
+        }
+    }
+}
+
+/// The key from the header `name` (matched case-insensitively, RFC 9110 §5.1).
+#[allow(
+    clippy::result_large_err,
+    reason = "a response is what axum rejects with"
+)]
+fn key_from_header(
+    headers: &HeaderMap,
+    name: &str,
+    contract: &Contract,
+) -> Result<String, Response> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Err(answer::key_missing(contract));
+    };
+    if values.next().is_some() {
+        return Err(answer::key_malformed_because(&format!(
+            "the `{name}` header is sent more than once; send one key"
+        )));
+    }
+    checked_key(value.as_bytes(), &contract.key_scope)
+}
+
+/// The key from the body member the contract names; it must be a JSON string.
+#[allow(
+    clippy::result_large_err,
+    reason = "a response is what axum rejects with"
+)]
+fn key_from_body(doc: &Value, scope: &KeyScope, contract: &Contract) -> Result<String, Response> {
+    let KeySource::Body { field } = &scope.source else {
+        return Err(answer::key_missing(contract));
+    };
+    match doc.pointer(field.segments()) {
+        None | Some(Value::Null) => Err(answer::key_missing(contract)),
+        Some(Value::String(key)) => checked_key(key.as_bytes(), scope),
+        Some(_) => Err(answer::key_malformed_because(&format!(
+            "the idempotency key `{field}` must be a JSON string"
+        ))),
+    }
+}
+
+/// Checks a key against DESIGN §4's rules (`KeyScope::validate_key`).
+#[allow(
+    clippy::result_large_err,
+    reason = "a response is what axum rejects with"
+)]
+fn checked_key(key: &[u8], scope: &KeyScope) -> Result<String, Response> {
+    scope
+        .validate_key(key)
+        .map_err(|e| answer::key_malformed(&e))?;
+    // Visible ASCII only, so this is valid UTF-8.
+    Ok(String::from_utf8_lossy(key).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use idem_contract::FieldPath;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::__private::PLACEHOLDER_CONTRACT;
+
+    fn slug(response: &Response) -> String {
+        let bytes = response
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .map(|v| v.as_bytes().to_vec());
+        assert_eq!(bytes.as_deref(), Some(&b"application/problem+json"[..]));
+        assert!(response.headers().contains_key(crate::OPERATION_ID_HEADER));
+        response.status().to_string()
+    }
+
+    proptest! {
+        #[test]
+        fn visible_ascii_keys_up_to_255_bytes_are_accepted(key in "[!-~]{1,255}") {
+            prop_assert_eq!(checked_key(key.as_bytes(), &KeyScope::CLIENT).ok(), Some(key.clone()));
+        }
+
+        #[test]
+        fn keys_with_any_other_character_are_refused(
+            prefix in "[!-~]{0,10}",
+            bad in "[^!-~]",
+            suffix in "[!-~]{0,10}",
+        ) {
+            let key = format!("{prefix}{bad}{suffix}");
+            let refused = checked_key(key.as_bytes(), &KeyScope::CLIENT).unwrap_err();
+            prop_assert_eq!(slug(&refused), "400 Bad Request");
+        }
+    }
+
+    #[test]
+    fn header_keys() {
+        let contract = &PLACEHOLDER_CONTRACT;
+        let mut headers = HeaderMap::new();
+        let missing = key_from_header(&headers, "Idempotency-Key", contract).unwrap_err();
+        assert_eq!(slug(&missing), "400 Bad Request");
+        headers.append("idempotency-key", "k1".parse().unwrap());
+        assert_eq!(
+            key_from_header(&headers, "IDEMPOTENCY-KEY", contract).unwrap(),
+            "k1"
+        );
+        headers.append("idempotency-key", "k2".parse().unwrap());
+        assert!(key_from_header(&headers, "Idempotency-Key", contract).is_err());
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)]
+    fn body_keys() {
+        let mut contract = PLACEHOLDER_CONTRACT;
+        contract.key_scope.source = KeySource::Body {
+            field: FieldPath::from_static("ref.id"),
+        };
+        let scope = &contract.key_scope;
+        let key =
+            |json: &str| key_from_body(&Value::parse(json.as_bytes()).unwrap(), scope, &contract);
+        assert_eq!(key(r#"{"ref":{"id":"k-1"}}"#).unwrap(), "k-1");
+        for missing in [r#"{}"#, r#"{"ref":{"id":null}}"#, r#"{"ref":"k"}"#] {
+            assert!(key(missing).is_err(), "{missing}");
+        }
+        assert!(key(r#"{"ref":{"id":7}}"#).is_err());
+        assert!(key(r#"{"ref":{"id":"a b"}}"#).is_err());
+    }
+}

@@ -1,0 +1,196 @@
+//! Registration: claim the key, or answer from what the store knows (DESIGN §4 steps 3,
+//! 4 and 7).
+
+use std::time::Duration;
+
+use axum::response::Response;
+use idem_contract::{Concurrency, Contract};
+use tokio::time::Instant;
+
+use super::answer;
+use super::guard::Attempt;
+use super::replay::replay;
+use crate::recovery::{Recovered, Recoverer, recover};
+use crate::store::{
+    Begin, Lease, NewRecord, OwnerToken, RecordKey, RecordState, StoreError, unix_now,
+};
+use crate::{Idem, OperationId};
+
+/// How often registration looks at the store again after a concurrent change (a release,
+/// a lost takeover, the end of a wait) before it answers 409.
+const MAX_ROUNDS: usize = 8;
+
+/// The first and the longest pause between two reads while waiting
+/// (`concurrency = wait(..)`).
+const WAIT_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_millis(200));
+
+/// What registration came to.
+pub(crate) enum Registered {
+    /// This request holds the key: run the handler.
+    Run(Attempt),
+    /// Answer without running the handler.
+    Answer(Response),
+}
+
+/// Claims `key` for a request whose fingerprint is `fingerprint`, or answers: a replay, a
+/// 422, the contract's concurrency answer, a recovery, a 409 for an unknown outcome, or a
+/// 503 when the store fails (fail closed).
+pub(crate) async fn register<F>(
+    idem: &Idem,
+    contract: &'static Contract,
+    key: &RecordKey,
+    fingerprint: &str,
+    make_recoverer: F,
+) -> Registered
+where
+    F: FnOnce() -> Recoverer,
+{
+    let mut make_recoverer = Some(make_recoverer);
+    let mut wait_until: Option<Instant> = None;
+    let mut last_id = None;
+    let lease_len = contract.lease();
+    for _ in 0..MAX_ROUNDS {
+        let now = unix_now();
+        let started = Instant::now();
+        let new = NewRecord {
+            operation_id: OperationId::new(),
+            fingerprint: fingerprint.to_owned(),
+            lease: Lease {
+                token: OwnerToken::random(),
+                until: now.saturating_add(lease_len.as_millis()),
+            },
+            expires_at: now.saturating_add(contract.ttl.as_millis()),
+        };
+        let record = match idem.store().begin(key, &new, now).await {
+            Ok(Begin::Started(record)) => {
+                tracing::debug!(
+                    operation = %contract.operation,
+                    operation_id = %record.operation_id,
+                    attempt = record.attempt,
+                    "idem: key registered"
+                );
+                return Registered::Run(Attempt {
+                    idem: idem.clone(),
+                    contract,
+                    key: key.clone(),
+                    token: new.lease.token,
+                    deadline: started + lease_len.to_std(),
+                    operation_id: record.operation_id,
+                    attempt: record.attempt,
+                });
+            }
+            Ok(Begin::Exists(record)) => record,
+            Err(error) => {
+                return Registered::Answer(answer::store_unavailable(
+                    idem, contract, last_id, &error,
+                ));
+            }
+        };
+        let id = record.operation_id;
+        last_id = Some(id);
+        if record.fingerprint != fingerprint {
+            tracing::info!(
+                operation = %contract.operation,
+                operation_id = %id,
+                outcome = "fingerprint_mismatch",
+                "idem: key reused with different content"
+            );
+            return Registered::Answer(answer::fingerprint_mismatch(&record));
+        }
+        match &record.state {
+            RecordState::Completed { response } => {
+                tracing::info!(
+                    operation = %contract.operation,
+                    operation_id = %id,
+                    status = response.status,
+                    outcome = "replayed",
+                    "idem: stored result replayed"
+                );
+                return Registered::Answer(replay(response, id));
+            }
+            RecordState::Unknown { reason } => {
+                return Registered::Answer(answer::outcome_unknown(id, reason));
+            }
+            // Released with this fingerprint: `begin` reclaims it, unless it changed in
+            // between; look again.
+            RecordState::Released => {}
+            RecordState::Processing { lease } if lease.is_live(now) => {
+                let remaining_secs = (lease.until - now).div_ceil(1000);
+                match contract.concurrency {
+                    Concurrency::Conflict { retry_after } => {
+                        return Registered::Answer(answer::in_progress(
+                            id,
+                            retry_after.as_secs_ceil(),
+                        ));
+                    }
+                    Concurrency::Accepted => {
+                        return Registered::Answer(answer::accepted(contract, key, id));
+                    }
+                    Concurrency::Wait { limit } => {
+                        let until =
+                            *wait_until.get_or_insert_with(|| Instant::now() + limit.to_std());
+                        match wait_for_change(idem, key, lease.token, until).await {
+                            Ok(true) => {}
+                            Ok(false) => {
+                                return Registered::Answer(answer::in_progress(id, remaining_secs));
+                            }
+                            Err(error) => {
+                                return Registered::Answer(answer::store_unavailable(
+                                    idem,
+                                    contract,
+                                    Some(id),
+                                    &error,
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            RecordState::Processing { .. } => {
+                match recover(idem, contract, key, &record, &mut make_recoverer).await {
+                    Recovered::Run(attempt) => return Registered::Run(attempt),
+                    Recovered::Answer(response) => return Registered::Answer(response),
+                    Recovered::Lost => {}
+                    Recovered::Failed(error) => {
+                        return Registered::Answer(answer::store_unavailable(
+                            idem,
+                            contract,
+                            Some(id),
+                            &error,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Registered::Answer(answer::in_progress(last_id.unwrap_or_default(), 1))
+}
+
+/// Polls the record until it is no longer processing under `token` with a live lease
+/// (finished, released, parked, taken over, ended or gone), or until `until`. Returns
+/// whether it changed.
+async fn wait_for_change(
+    idem: &Idem,
+    key: &RecordKey,
+    token: OwnerToken,
+    until: Instant,
+) -> Result<bool, StoreError> {
+    let mut pause = WAIT_BACKOFF.0;
+    loop {
+        let now = unix_now();
+        let held = idem
+            .store()
+            .get(key, now)
+            .await?
+            .is_some_and(|r| r.is_live_owner(token, now));
+        if !held {
+            return Ok(true);
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        tokio::time::sleep(pause.min(left)).await;
+        pause = (pause * 2).min(WAIT_BACKOFF.1);
+    }
+}

@@ -1,0 +1,218 @@
+//! The fingerprint of a request: a hash of its significant content (DESIGN §4, step 2).
+//!
+//! The contract's [`Fingerprint`] property names the significant content: listed members
+//! of the JSON body, or the whole body. That content is put into the canonical form of
+//! RFC 8785 ([`jcs`]) and hashed with SHA-256, written `sha256:<64 lowercase hex digits>`.
+//! The result is the same across processes, machines and releases, so a record written by
+//! one instance is compared correctly by another after a restart.
+//!
+//! | contract | what is hashed |
+//! |---|---|
+//! | `fingerprint = [a, b.c]` | the canonical form of the object `{"a": …, "b.c": …}` holding the declared members found in the body (absent members are left out); the body must be a JSON object |
+//! | `fingerprint = body` | the canonical form of the body if it is JSON, else the bytes as received |
+//!
+//! Member order, whitespace and number spelling (`1`, `1.0`, `1e0`) do not change a
+//! fingerprint; array order does.
+//!
+//! ```
+//! use idem_contract::{FieldPath, Fingerprint};
+//! use idem_runtime::fingerprint::compute;
+//!
+//! let fields = Fingerprint::Fields(vec![FieldPath::from_static("amount")].into());
+//! let a = compute(&fields, br#"{"amount": 100, "note": "first"}"#)?;
+//! let b = compute(&fields, br#"{"note":"second","amount":1.0e2}"#)?;
+//! assert_eq!(a, b);
+//! assert!(a.starts_with("sha256:"));
+//! # Ok::<(), idem_runtime::fingerprint::FingerprintError>(())
+//! ```
+
+pub mod jcs;
+
+use idem_contract::Fingerprint;
+use sha2::{Digest, Sha256};
+
+use self::jcs::{JcsError, Value};
+
+/// The prefix that names the hash function in every fingerprint.
+pub const ALGORITHM_PREFIX: &str = "sha256:";
+
+/// Why a request has no fingerprint; answered with 400 `body-malformed`.
+#[derive(Debug, thiserror::Error)]
+pub enum FingerprintError {
+    /// The contract lists fields and the body is not JSON in the I-JSON subset (see
+    /// [`Value::parse`]).
+    #[error("the request body is not valid JSON: {0}")]
+    NotJson(#[source] JcsError),
+    /// The contract lists fields and the body is JSON but not an object.
+    #[error("the request body is not a JSON object, so its fingerprint fields cannot be read")]
+    NotAnObject,
+}
+
+/// The fingerprint of `body` under the contract's `spec`.
+///
+/// # Errors
+///
+/// With `Fingerprint::Fields`: [`FingerprintError::NotJson`] when the body is not JSON
+/// and [`FingerprintError::NotAnObject`] when it is not an object. With
+/// `Fingerprint::Body` this never fails.
+pub fn compute(spec: &Fingerprint, body: &[u8]) -> Result<String, FingerprintError> {
+    match spec {
+        Fingerprint::Body => Ok(of_body(body, None)),
+        Fingerprint::Fields(_) => {
+            let doc = Value::parse(body).map_err(FingerprintError::NotJson)?;
+            of_parsed(spec, body, &doc)
+        }
+    }
+}
+
+/// The fingerprint of `body` whose JSON has already been parsed into `doc`.
+pub(crate) fn of_parsed(
+    spec: &Fingerprint,
+    body: &[u8],
+    doc: &Value,
+) -> Result<String, FingerprintError> {
+    match spec {
+        Fingerprint::Body => Ok(of_body(body, Some(doc))),
+        Fingerprint::Fields(fields) => {
+            if !matches!(doc, Value::Object(_)) {
+                return Err(FingerprintError::NotAnObject);
+            }
+            let mut selected: Vec<(&str, &Value)> = fields
+                .iter()
+                .filter_map(|path| Some((path.as_str(), doc.pointer(path.segments())?)))
+                .collect();
+            selected.sort_by(|(a, _), (b, _)| jcs::utf16_cmp(a, b));
+            selected.dedup_by(|(a, _), (b, _)| a == b);
+            let mut canonical = Vec::new();
+            jcs::write_object(&mut canonical, selected.into_iter())
+                .map_err(FingerprintError::NotJson)?;
+            Ok(hash(&canonical))
+        }
+    }
+}
+
+/// `fingerprint = body`: the canonical JSON if the body is JSON, else the raw bytes.
+fn of_body(body: &[u8], doc: Option<&Value>) -> String {
+    let parsed;
+    let doc = match doc {
+        Some(doc) => Some(doc),
+        None => {
+            parsed = Value::parse(body).ok();
+            parsed.as_ref()
+        }
+    };
+    match doc.map(Value::to_canonical) {
+        Some(Ok(canonical)) => hash(&canonical),
+        _ => hash(body),
+    }
+}
+
+fn hash(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(ALGORITHM_PREFIX.len() + 64);
+    out.push_str(ALGORITHM_PREFIX);
+    out.push_str(&hex::encode(digest));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_contract::FieldPath;
+
+    fn fields(paths: &[&'static str]) -> Fingerprint {
+        Fingerprint::Fields(
+            paths
+                .iter()
+                .map(|p| FieldPath::from_static(p))
+                .collect::<Vec<_>>()
+                .into(),
+        )
+    }
+
+    #[test]
+    fn known_answer() {
+        // sha256 of the empty object `{}`.
+        assert_eq!(
+            compute(&fields(&["absent"]), b"{}").unwrap(),
+            "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+        );
+    }
+
+    #[test]
+    fn whole_body_equivalences() {
+        let body = Fingerprint::Body;
+        let a = compute(&body, br#"{"a":1,"b":{"x":1,"y":2}}"#).unwrap();
+        let b = compute(&body, b"{ \"b\": {\"y\": 2, \"x\": 1},\n \"a\": 1 }").unwrap();
+        assert_eq!(a, b);
+        assert_ne!(
+            compute(&body, b"[1,2]").unwrap(),
+            compute(&body, b"[2,1]").unwrap()
+        );
+        let one = compute(&body, b"1").unwrap();
+        assert_eq!(one, compute(&body, b"1.0").unwrap());
+        assert_eq!(one, compute(&body, b"1e0").unwrap());
+    }
+
+    #[test]
+    fn whole_body_that_is_not_json_is_hashed_raw() {
+        let body = Fingerprint::Body;
+        assert_eq!(
+            compute(&body, b"plain text").unwrap(),
+            compute(&body, b"plain text").unwrap()
+        );
+        assert_ne!(
+            compute(&body, b"plain text").unwrap(),
+            compute(&body, b"plain  text").unwrap()
+        );
+        assert_eq!(
+            compute(&body, b"").unwrap(),
+            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+
+    #[test]
+    fn declared_fields_only() {
+        let spec = fields(&["amount", "customer.id"]);
+        let a = compute(
+            &spec,
+            br#"{"amount":100,"customer":{"id":"c1","name":"A"},"note":"x"}"#,
+        );
+        let b = compute(
+            &spec,
+            br#"{"customer":{"name":"B","id":"c1"},"amount":100.0}"#,
+        );
+        assert_eq!(a.unwrap(), b.unwrap());
+        let c = compute(&spec, br#"{"amount":900,"customer":{"id":"c1"}}"#).unwrap();
+        assert_ne!(
+            c,
+            compute(&spec, br#"{"amount":100,"customer":{"id":"c1"}}"#).unwrap()
+        );
+    }
+
+    #[test]
+    fn absent_fields_are_left_out_not_null() {
+        let spec = fields(&["a", "b"]);
+        let absent = compute(&spec, br#"{"a":1}"#).unwrap();
+        let null = compute(&spec, br#"{"a":1,"b":null}"#).unwrap();
+        assert_ne!(absent, null);
+        assert_eq!(absent, compute(&fields(&["a"]), br#"{"a":1}"#).unwrap());
+    }
+
+    #[test]
+    fn fields_need_a_json_object() {
+        let spec = fields(&["a"]);
+        assert!(matches!(
+            compute(&spec, b"not json"),
+            Err(FingerprintError::NotJson(_))
+        ));
+        assert!(matches!(
+            compute(&spec, br#"{"a":1,"a":2}"#),
+            Err(FingerprintError::NotJson(_))
+        ));
+        assert!(matches!(
+            compute(&spec, b"[1]"),
+            Err(FingerprintError::NotAnObject)
+        ));
+    }
+}

@@ -1,0 +1,229 @@
+//! The `Idem` handle: the store, the client identity and the runtime's settings.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderName;
+use http::header::{CONTENT_LOCATION, CONTENT_TYPE, ETAG, LAST_MODIFIED, LINK, LOCATION};
+
+use crate::identity::ClientIdentity;
+use crate::layer::IdemLayer;
+use crate::store::{Store, StoreError, unix_now};
+
+/// The headers replayed with a stored result unless [`Idem::with_replayed_headers`] says
+/// otherwise.
+pub const DEFAULT_REPLAYED_HEADERS: [HeaderName; 6] = [
+    CONTENT_TYPE,
+    CONTENT_LOCATION,
+    LOCATION,
+    ETAG,
+    LAST_MODIFIED,
+    LINK,
+];
+
+/// The largest stored result body unless [`Idem::with_max_stored_body`] says otherwise:
+/// 1 MiB.
+pub const DEFAULT_MAX_STORED_BODY: usize = 1024 * 1024;
+
+/// The `Retry-After` of 503 `store-unavailable` unless
+/// [`Idem::with_unavailable_retry_after`] says otherwise: 2 seconds.
+pub const DEFAULT_UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(2);
+
+/// The runtime of idem: the store that keeps keys and results, how to tell clients apart,
+/// and the settings of enforcement. Cheap to clone (one `Arc`).
+///
+/// Put it into every request with [`Idem::layer`]; the contracted handlers (through
+/// `Enforced`) and the status lookups ([`crate::Lookup`]) take it from the request's
+/// extensions.
+///
+/// ```
+/// use idem_runtime::{Idem, identity, store::MemoryStore};
+///
+/// let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"))
+///     .with_max_stored_body(256 * 1024);
+/// let app: axum::Router = axum::Router::new() /* .route(…) */ .layer(idem.layer());
+/// ```
+///
+/// # Default
+///
+/// - replayed headers: `content-type`, `content-location`, `location`, `etag`,
+///   `last-modified`, `link` ([`DEFAULT_REPLAYED_HEADERS`]);
+/// - largest stored body: 1 MiB ([`DEFAULT_MAX_STORED_BODY`]);
+/// - `Retry-After` when the store is unavailable: 2 s
+///   ([`DEFAULT_UNAVAILABLE_RETRY_AFTER`]).
+#[derive(Clone)]
+pub struct Idem {
+    inner: Arc<Inner>,
+}
+
+#[derive(Clone)]
+struct Inner {
+    store: Arc<dyn Store>,
+    identity: Arc<dyn ClientIdentity>,
+    replayed_headers: Arc<[HeaderName]>,
+    max_stored_body: usize,
+    unavailable_retry_after: Duration,
+}
+
+impl Idem {
+    /// A handle over `store` that tells clients apart with `identity`, with the settings
+    /// listed under "Default".
+    pub fn new(store: impl Store, identity: impl ClientIdentity) -> Idem {
+        Idem {
+            inner: Arc::new(Inner {
+                store: Arc::new(store),
+                identity: Arc::new(identity),
+                replayed_headers: DEFAULT_REPLAYED_HEADERS.into(),
+                max_stored_body: DEFAULT_MAX_STORED_BODY,
+                unavailable_retry_after: DEFAULT_UNAVAILABLE_RETRY_AFTER,
+            }),
+        }
+    }
+
+    fn inner_mut(&mut self) -> &mut Inner {
+        Arc::make_mut(&mut self.inner)
+    }
+
+    /// The headers of a result that are stored and replayed with it (names are matched
+    /// case-insensitively; every value of a repeated header is kept, in order). Status and
+    /// body are always replayed.
+    pub fn with_replayed_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Idem {
+        self.inner_mut().replayed_headers = names.into_iter().collect();
+        self
+    }
+
+    /// The largest result body that is stored, in bytes.
+    ///
+    /// A larger result is still sent to the client that caused it, but it cannot be
+    /// replayed: the operation is parked as `unknown` with a reason that says so, and an
+    /// error is logged (DESIGN §5: "stored results have a size limit with a clear error
+    /// past it").
+    pub fn with_max_stored_body(mut self, bytes: usize) -> Idem {
+        self.inner_mut().max_stored_body = bytes;
+        self
+    }
+
+    /// The `Retry-After` of the 503 answered when the store fails before the handler runs
+    /// (sent in whole seconds, rounded up, at least 1).
+    pub fn with_unavailable_retry_after(mut self, after: Duration) -> Idem {
+        self.inner_mut().unavailable_retry_after = after;
+        self
+    }
+
+    /// The layer that puts this handle into every request's extensions.
+    pub fn layer(&self) -> IdemLayer {
+        IdemLayer::new(self.clone())
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// How clients are told apart.
+    pub fn identity(&self) -> &dyn ClientIdentity {
+        &*self.inner.identity
+    }
+
+    /// The headers replayed with a stored result.
+    pub fn replayed_headers(&self) -> &[HeaderName] {
+        &self.inner.replayed_headers
+    }
+
+    /// The largest stored result body, in bytes.
+    pub fn max_stored_body(&self) -> usize {
+        self.inner.max_stored_body
+    }
+
+    /// The `Retry-After` of 503 `store-unavailable`, in whole seconds (rounded up, at
+    /// least 1).
+    pub fn unavailable_retry_after_secs(&self) -> u64 {
+        let d = self.inner.unavailable_retry_after;
+        (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)
+    }
+
+    /// Deletes the records whose TTL has passed; returns how many.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the store fails.
+    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
+        self.inner.store.purge_expired(unix_now()).await
+    }
+
+    /// Spawns a tokio task that calls [`Idem::purge_expired`] every `every` (the first
+    /// time after one period), logging failures, until the handle it returns is aborted
+    /// or the runtime stops.
+    pub fn spawn_purger(&self, every: Duration) -> tokio::task::JoinHandle<()> {
+        let idem = self.clone();
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                match idem.purge_expired().await {
+                    Ok(purged) => tracing::debug!(purged, "idem: purged expired records"),
+                    Err(error) => {
+                        tracing::warn!(error = %error, "idem: purging expired records failed");
+                    }
+                }
+            }
+        })
+    }
+}
+
+impl fmt::Debug for Idem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idem")
+            .field("replayed_headers", &self.inner.replayed_headers)
+            .field("max_stored_body", &self.inner.max_stored_body)
+            .field(
+                "unavailable_retry_after",
+                &self.inner.unavailable_retry_after,
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity;
+    use crate::store::MemoryStore;
+
+    #[test]
+    fn defaults_and_setters() {
+        let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"));
+        assert_eq!(idem.replayed_headers(), DEFAULT_REPLAYED_HEADERS);
+        assert_eq!(idem.max_stored_body(), 1024 * 1024);
+        assert_eq!(idem.unavailable_retry_after_secs(), 2);
+        let copy = idem.clone();
+        let changed = idem
+            .with_replayed_headers([ETAG])
+            .with_max_stored_body(10)
+            .with_unavailable_retry_after(Duration::from_millis(1500));
+        assert_eq!(changed.replayed_headers(), [ETAG]);
+        assert_eq!(changed.max_stored_body(), 10);
+        assert_eq!(changed.unavailable_retry_after_secs(), 2);
+        assert_eq!(
+            copy.max_stored_body(),
+            1024 * 1024,
+            "clones are not changed"
+        );
+        assert_eq!(
+            copy.with_unavailable_retry_after(Duration::ZERO)
+                .unavailable_retry_after_secs(),
+            1
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn purger_purges() {
+        let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"));
+        let handle = idem.spawn_purger(Duration::from_secs(60));
+        tokio::time::sleep(Duration::from_secs(61)).await;
+        handle.abort();
+        assert!(idem.purge_expired().await.is_ok());
+    }
+}

@@ -1,0 +1,327 @@
+//! The status lookup: how a client learns the outcome of an operation by its key after an
+//! answer was lost (DESIGN §2, property 8).
+
+use std::marker::PhantomData;
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::extract::FromRequestParts;
+use axum::response::{IntoResponse, Response};
+use http::request::Parts;
+use http::{HeaderValue, StatusCode, header};
+use idem_contract::KeyError;
+
+use crate::enforce::answer;
+use crate::problem::{Problem, ProblemType};
+use crate::recovery::{Contracted, Recover, Recovered, Recoverer, recover};
+use crate::store::{Record, RecordKey, RecordState, UnixMillis, unix_now};
+use crate::{Idem, OperationId};
+
+/// The extractor of a status lookup handler for the contracted operation `C`: the
+/// [`Idem`] handle, the client's identity and the operation's recoverer.
+///
+/// A client only ever sees its own operations: the lookup reads the key in the namespace
+/// of the client's identity, like the operation itself.
+///
+/// ```
+/// use axum::extract::Path;
+/// use idem_runtime::{Lookup, OperationStatus};
+/// # use idem_runtime::{Contracted, Recover, Recoverer};
+/// # pub struct CreateOrder;
+/// # impl Contracted for CreateOrder { const CONTRACT: &'static idem_contract::Contract = &idem_runtime::__private::PLACEHOLDER_CONTRACT; }
+/// # impl<S> Recover<S> for CreateOrder { fn recoverer(_: &S) -> Recoverer { Recoverer::manual() } }
+///
+/// // GET /orders/operations/{key}
+/// async fn order_operation_status(
+///     lookup: Lookup<CreateOrder>,
+///     Path(key): Path<String>,
+/// ) -> OperationStatus {
+///     lookup.status(&key).await
+/// }
+/// # let _: axum::Router = axum::Router::new()
+/// #     .route("/orders/operations/{key}", axum::routing::get(order_operation_status));
+/// ```
+///
+/// Rejections: 500 `not-configured` without the layer; the identity's own answer (401
+/// `client-identity-missing` for [`crate::identity::header`]).
+pub struct Lookup<C> {
+    idem: Idem,
+    client: String,
+    recoverer: Recoverer,
+    operation: PhantomData<fn() -> C>,
+}
+
+impl<C> std::fmt::Debug for Lookup<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lookup").finish_non_exhaustive()
+    }
+}
+
+impl<S, C> FromRequestParts<S> for Lookup<C>
+where
+    C: Recover<S>,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        let Some(idem) = parts.extensions.get::<Idem>().cloned() else {
+            return Err(answer::not_configured());
+        };
+        let client = idem
+            .identity()
+            .identify(parts)
+            .map_err(answer::with_fresh_id)?;
+        Ok(Lookup {
+            idem,
+            client,
+            recoverer: C::recoverer(state),
+            operation: PhantomData,
+        })
+    }
+}
+
+impl<C: Contracted> Lookup<C> {
+    /// The state of the client's operation under `key`.
+    ///
+    /// An operation whose lease has ended without an outcome is recovered first, exactly
+    /// as a retry would recover it (see [`crate::recovery`]), except that "not applied"
+    /// releases the key instead of running the handler, so that the client's next request
+    /// with the key runs it.
+    pub async fn status(self, key: &str) -> OperationStatus {
+        let contract = C::CONTRACT;
+        if let Err(error) = contract.key_scope.validate_key(key.as_bytes()) {
+            return OperationStatus::InvalidKey(error);
+        }
+        let key = RecordKey::new(contract.operation.as_ref(), self.client, key);
+        let mut recoverer = Some(move || self.recoverer);
+        let unavailable = |error: &dyn std::fmt::Display| {
+            tracing::error!(
+                operation = %contract.operation,
+                error = %error,
+                "idem: the status lookup cannot read the store"
+            );
+            OperationStatus::Unavailable {
+                retry_after_secs: self.idem.unavailable_retry_after_secs(),
+            }
+        };
+        let mut last = None;
+        for _ in 0..4 {
+            let now = unix_now();
+            let record = match self.idem.store().get(&key, now).await {
+                Ok(Some(record)) => record,
+                Ok(None) => return OperationStatus::NotFound,
+                Err(error) => return unavailable(&error),
+            };
+            let ended = record.lease().is_some_and(|l| !l.is_live(now));
+            if !ended || recoverer.is_none() {
+                return OperationStatus::Found(OperationReport::new(&key, record, now));
+            }
+            match recover(&self.idem, contract, &key, &record, &mut recoverer).await {
+                Recovered::Run(attempt) => attempt.release().await,
+                Recovered::Answer(_) | Recovered::Lost => {}
+                Recovered::Failed(error) => return unavailable(&error),
+            }
+            last = Some(record);
+        }
+        match last {
+            Some(record) => OperationStatus::Found(OperationReport::new(&key, record, unix_now())),
+            None => OperationStatus::NotFound,
+        }
+    }
+}
+
+/// The answer of a status lookup. As a response:
+///
+/// | case | answer |
+/// |---|---|
+/// | [`OperationStatus::Found`] | 200 `application/json`, see [`OperationReport::to_json`] |
+/// | [`OperationStatus::NotFound`] | 404 `operation-not-found` |
+/// | [`OperationStatus::InvalidKey`] | 400 `key-malformed` |
+/// | [`OperationStatus::Unavailable`] | 503 `store-unavailable` with `Retry-After` |
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum OperationStatus {
+    /// The operation is known.
+    Found(OperationReport),
+    /// No operation under this key: never registered, or its TTL has passed. Within the
+    /// TTL, this means no attempt with the key ever reached the store, so a new key is
+    /// safe.
+    NotFound,
+    /// The key breaks the key rules, so no operation can have it.
+    InvalidKey(KeyError),
+    /// The store failed.
+    Unavailable {
+        /// The `Retry-After`, in whole seconds.
+        retry_after_secs: u64,
+    },
+}
+
+/// What the status lookup knows about one operation.
+#[derive(Clone, Debug)]
+pub struct OperationReport {
+    /// The contract's operation.
+    pub operation: String,
+    /// The idempotency key.
+    pub key: String,
+    /// The record.
+    pub record: Record,
+    /// When the report was made, in unix milliseconds.
+    pub at: UnixMillis,
+}
+
+impl OperationReport {
+    fn new(key: &RecordKey, record: Record, at: UnixMillis) -> OperationReport {
+        OperationReport {
+            operation: key.operation.clone(),
+            key: key.key.clone(),
+            record,
+            at,
+        }
+    }
+
+    /// The report as JSON:
+    ///
+    /// ```json
+    /// {
+    ///   "operation": "create_order",
+    ///   "operation_id": "0191f6a4-6c1e-7c3a-9d5e-1b2c3d4e5f60",
+    ///   "key": "order-7",
+    ///   "state": "completed",
+    ///   "attempt": 1,
+    ///   "created_at": "2026-11-29T18:00:00.123Z",
+    ///   "expires_at": "2026-11-30T18:00:00.123Z",
+    ///   "new_key_safe": false,
+    ///   "response": {
+    ///     "status": 201,
+    ///     "headers": { "content-type": "application/json", "location": "/orders/7" },
+    ///     "body": { "id": 7 }
+    ///   }
+    /// }
+    /// ```
+    ///
+    /// Times are RFC 3339, UTC, with milliseconds. `response` is there when the state is
+    /// `completed`; its `body` is the stored body parsed as JSON when it is JSON, and left
+    /// out otherwise; repeated headers are joined with `, `. `reason` is there when the
+    /// state is `unknown`, and `retry_after` (whole seconds until the lease ends) when it
+    /// is `processing`. `new_key_safe` is true only for `released`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let r = &self.record;
+        let mut out = serde_json::json!({
+            "operation": self.operation,
+            "operation_id": r.operation_id,
+            "key": self.key,
+            "state": r.state.kind().as_str(),
+            "attempt": r.attempt,
+            "created_at": rfc3339(r.created_at),
+            "expires_at": rfc3339(r.expires_at),
+            "new_key_safe": matches!(r.state, RecordState::Released),
+        });
+        match &r.state {
+            RecordState::Completed { response } => {
+                let mut headers = serde_json::Map::new();
+                for (name, value) in &response.headers {
+                    let Ok(value) = value.to_str() else { continue };
+                    match headers.get_mut(name.as_str()) {
+                        Some(serde_json::Value::String(joined)) => {
+                            joined.push_str(", ");
+                            joined.push_str(value);
+                        }
+                        _ => {
+                            headers.insert(name.as_str().to_owned(), value.into());
+                        }
+                    }
+                }
+                let is_json = response
+                    .headers
+                    .iter()
+                    .find(|(n, _)| n == header::CONTENT_TYPE)
+                    .is_none_or(|(_, v)| is_json_media_type(v));
+                let mut stored =
+                    serde_json::json!({ "status": response.status, "headers": headers });
+                if is_json
+                    && let Ok(body) = serde_json::from_slice::<serde_json::Value>(&response.body)
+                {
+                    stored["body"] = body;
+                }
+                out["response"] = stored;
+            }
+            RecordState::Unknown { reason } => out["reason"] = reason.as_str().into(),
+            RecordState::Processing { lease } => {
+                out["retry_after"] = lease
+                    .until
+                    .saturating_sub(self.at)
+                    .div_ceil(1000)
+                    .max(1)
+                    .into();
+            }
+            RecordState::Released => {}
+        }
+        out
+    }
+}
+
+/// `application/json` or any `+json` type (RFC 6839).
+fn is_json_media_type(value: &HeaderValue) -> bool {
+    let Ok(text) = value.to_str() else {
+        return false;
+    };
+    let essence = text
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json" || essence.ends_with("+json")
+}
+
+fn rfc3339(ms: UnixMillis) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+impl IntoResponse for OperationStatus {
+    fn into_response(self) -> Response {
+        match self {
+            OperationStatus::Found(report) => {
+                let mut response = (StatusCode::OK, report.to_json().to_string()).into_response();
+                let headers = response.headers_mut();
+                headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                answer::with_operation_id(response, report.record.operation_id)
+            }
+            OperationStatus::NotFound => Problem::new(
+                ProblemType::OperationNotFound,
+                "no operation with this key is known for this client: it never reached the server, or its TTL has passed",
+            )
+            .with_operation_id(OperationId::new())
+            .into_response(),
+            OperationStatus::InvalidKey(error) => answer::key_malformed(&error),
+            OperationStatus::Unavailable { retry_after_secs } => Problem::new(
+                ProblemType::StoreUnavailable,
+                "the idempotency store cannot be reached; ask again later",
+            )
+            .with_operation_id(OperationId::new())
+            .with_retry_after_secs(retry_after_secs)
+            .into_response(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_media_types() {
+        for yes in [
+            "application/json",
+            "application/problem+json",
+            "Application/JSON; charset=utf-8",
+        ] {
+            assert!(is_json_media_type(&HeaderValue::from_static(yes)), "{yes}");
+        }
+        for no in ["text/plain", "application/jsonl", "text/json-ish"] {
+            assert!(!is_json_media_type(&HeaderValue::from_static(no)), "{no}");
+        }
+        assert_eq!(rfc3339(1_800_000_000_123), "2027-01-15T08:00:00.123Z");
+    }
+}

@@ -1,0 +1,268 @@
+//! Stores: where keys, leases and results live (DESIGN §5).
+//!
+//! One trait, [`Store`], several backends, one conformance suite (`store::conformance`, under the feature
+//! `conformance`) that every
+//! backend passes:
+//!
+//! | backend | kind | notes |
+//! |---|---|---|
+//! | [`MemoryStore`] | one process | the default for tests and single-process services; lost on restart |
+//! | `SqliteStore` (feature `sqlite`) | embedded, durable | survives a restart; one writer at a time |
+//!
+//! # The record
+//!
+//! A key lives in the namespace of a [`RecordKey`]: the contract's operation, the client's
+//! identity and the key itself. Its [`Record`] moves through these states:
+//!
+//! | from | call | to |
+//! |---|---|---|
+//! | no record, or one whose TTL has passed | [`Store::begin`] | processing, attempt 1, a new operation id |
+//! | released, same fingerprint | [`Store::begin`] | processing, attempt + 1, same operation id |
+//! | processing, live lease, caller owns it | [`Store::complete`] | completed, with the result |
+//! | processing, live lease, caller owns it | [`Store::release`] | released |
+//! | processing, caller owns the lease | [`Store::park_unknown`] | unknown, with a reason |
+//! | processing, lease ended, caller names its owner | [`Store::take_over`] | processing under a new lease, attempt + 1 |
+//!
+//! Every record expires `ttl` after its first attempt (`expires_at`); after that the key
+//! names a new operation and `begin` replaces the record.
+//!
+//! # Fencing
+//!
+//! Each attempt holds a [`Lease`]: a random [`OwnerToken`] and the time the lease ends.
+//! `complete` and `release` succeed only for the token of a lease that is still live;
+//! `take_over` succeeds only for the token of a lease that has ended, and replaces it, so a
+//! worker whose lease ran out can never overwrite what recovery decided (DESIGN §4 step 3).
+//!
+//! # Time
+//!
+//! Every method takes `now` in unix milliseconds ([`UnixMillis`]) instead of reading a
+//! clock, so that tests control time and all instances of a service judge leases by the
+//! same rules.
+
+pub mod memory;
+mod record;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+pub use memory::MemoryStore;
+pub use record::{
+    Begin, Lease, NewRecord, OperationState, OwnerToken, Record, RecordKey, RecordState,
+    StoredResponse,
+};
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStore;
+
+/// A point in time: milliseconds since the unix epoch, UTC.
+pub type UnixMillis = u64;
+
+/// The current time in unix milliseconds, from the system clock.
+pub fn unix_now() -> UnixMillis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Why a store call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The caller's token does not own the lease the call needs: for `complete` and
+    /// `release`, a live lease; for `park_unknown`, the current lease; for `take_over`,
+    /// the current lease, ended. Someone else took over, the record was finished, or (for
+    /// `take_over`) the lease has not ended yet.
+    #[error("the lease is lost: another attempt or recovery holds the record")]
+    LeaseLost,
+    /// The backend cannot be reached or failed (a connection, a lock timeout, I/O).
+    #[error("the store is unavailable: {0}")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The backend holds data it cannot read back as a record.
+    #[error("the store holds a record it cannot read: {0}")]
+    Corrupt(String),
+    /// The result is larger than the backend keeps.
+    #[error("the result is {size} bytes; the store keeps at most {limit} bytes")]
+    TooLarge {
+        /// The result's size in bytes ([`StoredResponse::size`]).
+        size: usize,
+        /// The backend's limit in bytes.
+        limit: usize,
+    },
+}
+
+impl StoreError {
+    /// A [`StoreError::Unavailable`] from any error.
+    pub fn unavailable(err: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
+        StoreError::Unavailable(err.into())
+    }
+}
+
+/// A backend that keeps idempotency records (DESIGN §5).
+///
+/// Used as `Arc<dyn Store>`. Every method takes `now` in unix milliseconds. Every method
+/// that changes a record does so atomically: one insert-if-absent, one compare-and-set,
+/// never a read followed by a separate write.
+///
+/// Later backends: a PostgreSQL store shared by many instances, with a unique constraint
+/// on `(operation, client, key)` and the business write and the key's final state
+/// committed in one transaction; a Redis store (shared, not transactional with business
+/// data). The conformance suite (`store::conformance`) states the contract of each method
+/// as tests.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Registers `key` as processing under `new.lease`, atomically, if it may be
+    /// registered: when the key is unknown, when its record's TTL has passed (a new
+    /// operation with `new.operation_id`, attempt 1, created at `now`), or when the record
+    /// is released with the same fingerprint (the same operation, attempt + 1, its own
+    /// `operation_id`, `created_at` and `expires_at`). Returns [`Begin::Started`] with the
+    /// record written; otherwise [`Begin::Exists`] with the record as it stands, unchanged.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] or [`StoreError::Corrupt`].
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        new: &NewRecord,
+        now: UnixMillis,
+    ) -> Result<Begin, StoreError>;
+
+    /// The record of `key`, or `None` when there is none or its TTL has passed at `now`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] or [`StoreError::Corrupt`].
+    async fn get(&self, key: &RecordKey, now: UnixMillis) -> Result<Option<Record>, StoreError>;
+
+    /// Stores `response` as the operation's result (state completed), if `token` owns a
+    /// lease that is live at `now`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when it does not; [`StoreError::TooLarge`] when the
+    /// backend cannot keep the result; [`StoreError::Unavailable`].
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        response: &StoredResponse,
+        now: UnixMillis,
+    ) -> Result<(), StoreError>;
+
+    /// Releases the key (state released) so that a retry with the same fingerprint runs
+    /// again, if `token` owns a lease that is live at `now`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when it does not; [`StoreError::Unavailable`].
+    async fn release(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        now: UnixMillis,
+    ) -> Result<(), StoreError>;
+
+    /// Parks the operation as unknown with `reason`, if `token` owns the current lease,
+    /// live or ended. Parking needs no live lease: it only stops automatic recovery, and
+    /// a takeover (which replaces the token) still fences it out.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record is not processing under `token`;
+    /// [`StoreError::Unavailable`].
+    async fn park_unknown(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        reason: &str,
+        now: UnixMillis,
+    ) -> Result<(), StoreError>;
+
+    /// Takes over a processing record whose lease has ended at `now` and is owned by
+    /// `expected`: replaces the lease with `new_lease` and counts one more attempt, as one
+    /// compare-and-set, so that exactly one of many concurrent callers wins. Returns the
+    /// record as written.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record is not processing under `expected`, its
+    /// lease is still live, or its TTL has passed; [`StoreError::Unavailable`].
+    async fn take_over(
+        &self,
+        key: &RecordKey,
+        expected: OwnerToken,
+        new_lease: Lease,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError>;
+
+    /// Deletes every record whose TTL has passed at `now`; returns how many.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`].
+    async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError>;
+}
+
+#[async_trait]
+impl<T: Store + ?Sized> Store for Arc<T> {
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        new: &NewRecord,
+        now: UnixMillis,
+    ) -> Result<Begin, StoreError> {
+        (**self).begin(key, new, now).await
+    }
+
+    async fn get(&self, key: &RecordKey, now: UnixMillis) -> Result<Option<Record>, StoreError> {
+        (**self).get(key, now).await
+    }
+
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        response: &StoredResponse,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        (**self).complete(key, token, response, now).await
+    }
+
+    async fn release(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        (**self).release(key, token, now).await
+    }
+
+    async fn park_unknown(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        reason: &str,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        (**self).park_unknown(key, token, reason, now).await
+    }
+
+    async fn take_over(
+        &self,
+        key: &RecordKey,
+        expected: OwnerToken,
+        new_lease: Lease,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError> {
+        (**self).take_over(key, expected, new_lease, now).await
+    }
+
+    async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
+        (**self).purge_expired(now).await
+    }
+}

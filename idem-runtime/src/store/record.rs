@@ -1,0 +1,314 @@
+//! The record of one key and the values that make it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue};
+
+use super::UnixMillis;
+use crate::OperationId;
+
+/// The namespace and name of one key (DESIGN §2, property 1): two clients with one key, or
+/// one client's key on two operations, are different records.
+///
+/// Its `Debug` output hides the client identity and the key, which may be credentials or
+/// personal data (DESIGN §9).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct RecordKey {
+    /// The contract's operation, such as `create_order`.
+    pub operation: String,
+    /// The client's identity, as [`crate::identity::ClientIdentity`] gave it.
+    pub client: String,
+    /// The idempotency key as the client sent it (1 to 255 visible ASCII characters).
+    pub key: String,
+}
+
+impl RecordKey {
+    /// A record key from its three parts.
+    pub fn new(
+        operation: impl Into<String>,
+        client: impl Into<String>,
+        key: impl Into<String>,
+    ) -> RecordKey {
+        RecordKey {
+            operation: operation.into(),
+            client: client.into(),
+            key: key.into(),
+        }
+    }
+}
+
+impl fmt::Debug for RecordKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecordKey")
+            .field("operation", &self.operation)
+            .field("client", &format_args!("<{} bytes>", self.client.len()))
+            .field("key", &format_args!("<{} bytes>", self.key.len()))
+            .finish()
+    }
+}
+
+/// The owner of a lease: 128 random bits, made fresh for every attempt and every
+/// takeover.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OwnerToken(u128);
+
+impl OwnerToken {
+    /// A new random token (from the operating system's random source, through `uuid`).
+    pub fn random() -> OwnerToken {
+        OwnerToken(uuid::Uuid::new_v4().as_u128())
+    }
+
+    /// A token from its number, as a store reads it back.
+    pub const fn from_u128(value: u128) -> OwnerToken {
+        OwnerToken(value)
+    }
+
+    /// The token as a number.
+    pub const fn as_u128(self) -> u128 {
+        self.0
+    }
+}
+
+/// Printed as 32 lowercase hexadecimal digits.
+impl fmt::Display for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl fmt::Debug for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnerToken({self})")
+    }
+}
+
+impl FromStr for OwnerToken {
+    type Err = std::num::ParseIntError;
+
+    /// Parses the form [`Display`](fmt::Display) prints.
+    fn from_str(s: &str) -> Result<OwnerToken, Self::Err> {
+        u128::from_str_radix(s, 16).map(OwnerToken)
+    }
+}
+
+/// The right of one attempt to hold a key: its owner and when it ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// Who holds the lease.
+    pub token: OwnerToken,
+    /// When the lease ends, in unix milliseconds: the registration time plus the
+    /// contract's lease (the per-attempt timeout, or else the deadline).
+    pub until: UnixMillis,
+}
+
+impl Lease {
+    /// Whether the lease is still live at `now` (it ends at `until`, exclusive).
+    pub const fn is_live(&self, now: UnixMillis) -> bool {
+        now < self.until
+    }
+}
+
+/// The state of an operation, as clients see it in problem bodies and status lookups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OperationState {
+    /// An attempt holds the key, or held it and its outcome is not known yet.
+    Processing,
+    /// The operation finished; its result is stored and replayed.
+    Completed,
+    /// The last attempt answered a retryable status; a retry with the same key and the
+    /// same content runs again.
+    Released,
+    /// Recovery could not decide, or the contract asks for manual recovery: an operator
+    /// must resolve the operation.
+    Unknown,
+}
+
+impl OperationState {
+    /// The name used in JSON and in stores: `processing`, `completed`, `released`,
+    /// `unknown`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            OperationState::Processing => "processing",
+            OperationState::Completed => "completed",
+            OperationState::Released => "released",
+            OperationState::Unknown => "unknown",
+        }
+    }
+}
+
+impl FromStr for OperationState {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<OperationState, String> {
+        match s {
+            "processing" => Ok(OperationState::Processing),
+            "completed" => Ok(OperationState::Completed),
+            "released" => Ok(OperationState::Released),
+            "unknown" => Ok(OperationState::Unknown),
+            other => Err(format!("`{other}` is not an operation state")),
+        }
+    }
+}
+
+impl fmt::Display for OperationState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A replayable result: the status, the selected headers and the body, byte for byte.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// The HTTP status code.
+    pub status: u16,
+    /// The headers selected for replay, in order, repeated names included
+    /// ([`crate::Idem::with_replayed_headers`]).
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The body as sent; empty for an empty body.
+    pub body: Bytes,
+}
+
+impl StoredResponse {
+    /// The size in bytes of the body and the selected headers' names and values.
+    pub fn size(&self) -> usize {
+        self.body.len()
+            + self
+                .headers
+                .iter()
+                .map(|(n, v)| n.as_str().len() + v.len())
+                .sum::<usize>()
+    }
+}
+
+/// Where a record stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecordState {
+    /// An attempt holds (or held) the key under this lease.
+    Processing {
+        /// The current lease.
+        lease: Lease,
+    },
+    /// The operation finished with this result.
+    Completed {
+        /// The result to replay.
+        response: StoredResponse,
+    },
+    /// The last attempt answered a retryable status; the key may be claimed again with the
+    /// same fingerprint.
+    Released,
+    /// Parked for an operator.
+    Unknown {
+        /// Why: the reconcile function's reason, or the runbook of `manual(..)`.
+        reason: String,
+    },
+}
+
+impl RecordState {
+    /// The state's name.
+    pub const fn kind(&self) -> OperationState {
+        match self {
+            RecordState::Processing { .. } => OperationState::Processing,
+            RecordState::Completed { .. } => OperationState::Completed,
+            RecordState::Released => OperationState::Released,
+            RecordState::Unknown { .. } => OperationState::Unknown,
+        }
+    }
+}
+
+/// What a store knows about one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The operation's id, assigned at the first registration and kept for the life of
+    /// the record.
+    pub operation_id: OperationId,
+    /// The fingerprint of the significant content (`sha256:<hex>`).
+    pub fingerprint: String,
+    /// How many times the key has been claimed: 1 at the first attempt, plus one for every
+    /// reclaim after a release and every takeover by recovery.
+    pub attempt: u32,
+    /// When the key was first registered, in unix milliseconds.
+    pub created_at: UnixMillis,
+    /// When the key is forgotten: `created_at` plus the contract's TTL, in unix
+    /// milliseconds.
+    pub expires_at: UnixMillis,
+    /// Where the operation stands.
+    pub state: RecordState,
+}
+
+impl Record {
+    /// Whether the record's TTL has passed at `now`: the key then names a new operation.
+    pub const fn is_expired(&self, now: UnixMillis) -> bool {
+        self.expires_at <= now
+    }
+
+    /// The first record of a key, as `begin` writes it.
+    pub fn started(new: &NewRecord, now: UnixMillis) -> Record {
+        Record {
+            operation_id: new.operation_id,
+            fingerprint: new.fingerprint.clone(),
+            attempt: 1,
+            created_at: now,
+            expires_at: new.expires_at,
+            state: RecordState::Processing { lease: new.lease },
+        }
+    }
+
+    /// What `begin` writes over this record, if it may: a fresh record when the TTL has
+    /// passed, the same operation as a new attempt when the record is released with the
+    /// same fingerprint, and nothing otherwise. Backends that cannot run Rust inside their
+    /// atomic step (SQL, Lua) encode these same rules.
+    pub fn begin_over(&self, new: &NewRecord, now: UnixMillis) -> Option<Record> {
+        if self.is_expired(now) {
+            return Some(Record::started(new, now));
+        }
+        if matches!(self.state, RecordState::Released) && self.fingerprint == new.fingerprint {
+            return Some(Record {
+                attempt: self.attempt.saturating_add(1),
+                state: RecordState::Processing { lease: new.lease },
+                ..self.clone()
+            });
+        }
+        None
+    }
+
+    /// The lease, if the record is processing.
+    pub const fn lease(&self) -> Option<&Lease> {
+        match &self.state {
+            RecordState::Processing { lease } => Some(lease),
+            _ => None,
+        }
+    }
+
+    /// Whether `token` owns a lease that is live at `now`: the condition of `complete` and
+    /// `release`.
+    pub fn is_live_owner(&self, token: OwnerToken, now: UnixMillis) -> bool {
+        self.lease()
+            .is_some_and(|l| l.token == token && l.is_live(now))
+    }
+}
+
+/// What `begin` registers for a new attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewRecord {
+    /// A fresh operation id, used if a new operation starts.
+    pub operation_id: OperationId,
+    /// The request's fingerprint.
+    pub fingerprint: String,
+    /// The attempt's lease.
+    pub lease: Lease,
+    /// `now` plus the contract's TTL, used if a new operation starts (a reclaimed record
+    /// keeps its own).
+    pub expires_at: UnixMillis,
+}
+
+/// The outcome of [`Store::begin`](super::Store::begin).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Begin {
+    /// The caller holds the key now, as written in the record: a new operation (attempt
+    /// 1, the new operation id) or a reclaimed released one (attempt + 1, its own id).
+    Started(Record),
+    /// The key is held or finished: the record as it stands, unchanged.
+    Exists(Record),
+}

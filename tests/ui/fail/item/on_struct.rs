@@ -1,0 +1,33 @@
+#![allow(unused)]
+use axum::{Json, http::StatusCode};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct CreateOrder {
+    customer_id: String,
+    amount: u64,
+}
+
+async fn order_status() -> StatusCode {
+    StatusCode::OK
+}
+
+async fn reconcile(_: idem::UnknownOperation) -> idem::Resolution {
+    idem::Resolution::NotApplied
+}
+
+#[idem::contract(
+    key_scope = client,
+    fingerprint = [customer_id, amount],
+    deadline = "30s",
+    max_attempts = 4,
+    retryble = [503],
+    concurrency = conflict,
+    status_lookup = order_status,
+    recovery = reconcile,
+)]
+struct Order {
+    id: u64,
+}
+
+fn main() {}

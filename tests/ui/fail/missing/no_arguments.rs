@@ -1,0 +1,24 @@
+#![allow(unused)]
+use axum::{Json, http::StatusCode};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct CreateOrder {
+    customer_id: String,
+    amount: u64,
+}
+
+async fn order_status() -> StatusCode {
+    StatusCode::OK
+}
+
+async fn reconcile(_: idem::UnknownOperation) -> idem::Resolution {
+    idem::Resolution::NotApplied
+}
+
+#[idem::contract]
+async fn create_order(Json(order): Json<CreateOrder>) -> StatusCode {
+    StatusCode::CREATED
+}
+
+fn main() {}
