@@ -1,1 +1,50 @@
-//! idem-codegen
+//! The published side of an idem contract (DESIGN §7), and the `idem` command.
+//!
+//! - [`extension`]: what a contract adds to an OpenAPI operation: the `x-idempotency`
+//!   extension (the contract's serde form, described by [`idem_contract::schema`]), the
+//!   key header parameter, and the 400/409/422/429/503 problem answers.
+//! - [`openapi`]: OpenAPI 3.0 and 3.1 documents in JSON or YAML, loaded with every key in
+//!   its order, merged into, and saved in their own format.
+//! - [`docs`]: consumer docs in Markdown and HTML.
+//! - [`scan`] and [`contracts`]: contracts read from Rust source with the macro's own
+//!   parser, or from a contracts file.
+//! - [`cli`]: the `idem` command.
+//!
+//! ```
+//! use std::path::Path;
+//! use idem_codegen::{contracts, openapi::{self, Document}};
+//!
+//! let spec = "openapi: 3.0.3\ninfo: {title: Orders, version: '1'}\npaths:\n  /orders:\n    post:\n      operationId: create_order\n      responses:\n        '201': {description: Created}\n";
+//! let mut doc = Document::parse(Path::new("orders.yaml"), spec)?;
+//! let file = r#"{"version": 1, "contracts": [{"contract": {
+//!   "operation": "create_order",
+//!   "key_scope": {"per": "client", "source": {"in": "header", "name": "Idempotency-Key"}},
+//!   "fingerprint": {"fields": ["customer_id", "amount_minor"]},
+//!   "ttl": "24h", "deadline": {"total": "30s"}, "max_attempts": 4,
+//!   "retryable": [429, 503, "timeout"],
+//!   "concurrency": {"response": "conflict", "retry_after": "1s"},
+//!   "status_lookup": {"handler": "order_status", "path": "/orders/operations/{key}"},
+//!   "recovery": {"kind": "reconcile", "function": "reconcile_order"}}}]}"#;
+//! let found = contracts::parse_file(Path::new("contracts.json"), file)?;
+//! openapi::merge(&mut doc, &found)?;
+//! let op = &doc.root["paths"]["/orders"]["post"];
+//! assert_eq!(op["x-idempotency"]["ttl"], "1d");
+//! assert_eq!(op["parameters"][0]["name"], "Idempotency-Key");
+//! assert!(op["responses"]["409"]["headers"]["Retry-After"].is_object());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod cli;
+pub mod contracts;
+pub mod docs;
+pub mod error;
+pub mod extension;
+pub mod io;
+pub mod openapi;
+pub mod problem;
+pub mod scan;
+pub mod words;
+
+pub use error::{Error, Errors, Position};

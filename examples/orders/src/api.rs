@@ -1,0 +1,148 @@
+//! The HTTP API: `POST /orders` under its idempotency contract, `GET /orders/{id}`, and
+//! the contract's status lookup `GET /orders/operations/{key}`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use sqlx::SqlitePool;
+
+use crate::db;
+use crate::model::{CreateOrder, Order};
+use crate::problem::ApiError;
+
+/// The header that says who the client is: a stand-in for real authentication. A real
+/// service takes the identity from its authentication (a verified token's subject).
+pub const CLIENT_ID_HEADER: &str = "x-client-id";
+
+/// The service's state.
+#[derive(Clone)]
+pub struct App {
+    /// The database of orders (and of idem's records).
+    pub db: SqlitePool,
+    /// Demo settings that make failures visible from curl.
+    pub demo: Arc<Demo>,
+}
+
+/// Settings that make the failure cases visible from a terminal. All off by default.
+#[derive(Debug, Default)]
+pub struct Demo {
+    /// Every `POST /orders` waits this long after writing the order and before answering:
+    /// a slow answer whose effect has already happened. Past the contract's per-attempt
+    /// timeout (10 s) the attempt is stopped and its outcome is unknown until recovery.
+    pub delay: Duration,
+    /// The next N `POST /orders` answer 503 before writing anything, as if the payment
+    /// provider were down; 503 is retryable, so the key is released and a retry runs.
+    pub outage: AtomicU32,
+}
+
+fn unix_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A header idem has already checked (the client identity, the idempotency key).
+fn checked_header<'h>(headers: &'h HeaderMap, name: &str) -> &'h str {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+}
+
+fn created(order: Order) -> Response {
+    let location = HeaderValue::from_str(&format!("/orders/{}", order.id)).ok();
+    let mut response = (StatusCode::CREATED, Json(order)).into_response();
+    if let Some(location) = location {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    response
+}
+
+/// `POST /orders`: creates an order, at most once per idempotency key.
+///
+/// The key and the client identity have been checked by idem before this runs; the key is
+/// written with the order, so that the reconcile function can find it.
+#[idem::contract(
+    key_scope     = client,
+    fingerprint   = [customer_id, currency, amount_minor, items],
+    ttl           = "24h",
+    deadline      = ("30s", per_attempt = "10s"),
+    max_attempts  = 4,
+    retryable     = [429, 503, 504, timeout, connection_reset],
+    concurrency   = conflict,
+    status_lookup = order_operation_status(path = "/orders/operations/{key}"),
+    recovery      = reconcile_create_order,
+)]
+pub async fn create_order(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Json(body): Json<CreateOrder>,
+) -> Result<Response, ApiError> {
+    body.validate().map_err(ApiError::InvalidOrder)?;
+    let outage = app
+        .demo
+        .outage
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    if outage.is_ok() {
+        return Err(ApiError::ProviderUnavailable);
+    }
+    let client = checked_header(&headers, CLIENT_ID_HEADER);
+    let key = checked_header(&headers, "idempotency-key");
+    let order = db::insert(&app.db, client, key, &body, unix_millis()).await?;
+    if !app.demo.delay.is_zero() {
+        tokio::time::sleep(app.demo.delay).await;
+    }
+    Ok(created(order))
+}
+
+/// `GET /orders/{id}`: one of the client's orders.
+pub async fn get_order(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Order>, ApiError> {
+    let client = headers
+        .get(CLIENT_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .ok_or(ApiError::NotFound)?;
+    db::by_id(&app.db, client, &id)
+        .await?
+        .map(Json)
+        .ok_or(ApiError::NotFound)
+}
+
+/// `GET /orders/operations/{key}`: the state of the client's `create_order` operation
+/// under `key`, for a client whose answer was lost.
+pub async fn order_operation_status(
+    lookup: idem::Lookup<create_order::Operation>,
+    Path(key): Path<String>,
+) -> idem::OperationStatus {
+    lookup.status(&key).await
+}
+
+/// Decides a `create_order` whose outcome is unknown (its attempt ended between writing
+/// the order and recording the answer): the order exists under the key, or it does not.
+pub async fn reconcile_create_order(app: App, op: idem::UnknownOperation) -> idem::Resolution {
+    match db::by_key(&app.db, &op.client, &op.key).await {
+        Ok(Some(order)) => idem::Resolution::applied(created(order)),
+        Ok(None) => idem::Resolution::NotApplied,
+        Err(error) => {
+            idem::Resolution::unknown(format!("the orders table could not be read: {error}"))
+        }
+    }
+}
+
+/// The routes, with idem's layer; the caller supplies the state.
+pub fn router(idem: &idem::Idem) -> Router<App> {
+    Router::new()
+        .route("/orders", post(create_order))
+        .route("/orders/{id}", get(get_order))
+        .route("/orders/operations/{key}", get(order_operation_status))
+        .layer(idem.layer())
+}

@@ -1,0 +1,169 @@
+//! The order resource: what `POST /orders` takes and what the service answers.
+
+use serde::{Deserialize, Serialize};
+
+/// The most line items one order may have.
+pub const MAX_ITEMS: usize = 100;
+/// The largest quantity of one line item.
+pub const MAX_QTY: u32 = 10_000;
+/// The largest amount, in minor units (10^12: ten billion of a two-decimal currency).
+pub const MAX_AMOUNT_MINOR: i64 = 1_000_000_000_000;
+/// The longest customer id and SKU, in bytes.
+pub const MAX_ID_LEN: usize = 64;
+
+/// The body of `POST /orders`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateOrder {
+    /// Who the order is for.
+    pub customer_id: String,
+    /// An ISO 4217 currency code, such as `EUR`.
+    pub currency: String,
+    /// The amount in the currency's minor unit (cents for `EUR`); more than 0.
+    pub amount_minor: i64,
+    /// What is ordered: 1 to [`MAX_ITEMS`] lines.
+    pub items: Vec<LineItem>,
+}
+
+/// One line of an order.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LineItem {
+    /// The stock keeping unit.
+    pub sku: String,
+    /// How many: 1 to [`MAX_QTY`].
+    pub qty: u32,
+}
+
+/// An order, as the service answers it.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Order {
+    /// The order's id, such as `ord_0192…`.
+    pub id: String,
+    /// Who the order is for.
+    pub customer_id: String,
+    /// The ISO 4217 currency code.
+    pub currency: String,
+    /// The amount in minor units.
+    pub amount_minor: i64,
+    /// What is ordered.
+    pub items: Vec<LineItem>,
+    /// When the order was created, in unix milliseconds.
+    pub created_at: i64,
+}
+
+/// One reason an order is refused.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct FieldError {
+    /// The JSON path of the member, such as `items[0].qty`.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl CreateOrder {
+    /// Checks the business rules, and returns every field that breaks one.
+    ///
+    /// # Errors
+    ///
+    /// The list of problems, one per field, when there is at least one.
+    pub fn validate(&self) -> Result<(), Vec<FieldError>> {
+        let mut errors = Vec::new();
+        let mut fail = |field: String, message: &str| {
+            errors.push(FieldError {
+                field,
+                message: message.to_owned(),
+            })
+        };
+        if self.customer_id.trim().is_empty() || self.customer_id.len() > MAX_ID_LEN {
+            fail("customer_id".into(), "must be 1 to 64 bytes and not blank");
+        }
+        if iso_currency::Currency::from_code(&self.currency).is_none() {
+            fail(
+                "currency".into(),
+                "must be an ISO 4217 currency code such as `EUR`",
+            );
+        }
+        if !(1..=MAX_AMOUNT_MINOR).contains(&self.amount_minor) {
+            fail(
+                "amount_minor".into(),
+                "must be a whole number of minor units from 1 to 10^12",
+            );
+        }
+        if self.items.is_empty() || self.items.len() > MAX_ITEMS {
+            fail("items".into(), "must hold 1 to 100 line items");
+        }
+        for (i, item) in self.items.iter().enumerate() {
+            if item.sku.trim().is_empty() || item.sku.len() > MAX_ID_LEN {
+                fail(
+                    format!("items[{i}].sku"),
+                    "must be 1 to 64 bytes and not blank",
+                );
+            }
+            if !(1..=MAX_QTY).contains(&item.qty) {
+                fail(format!("items[{i}].qty"), "must be from 1 to 10000");
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order() -> CreateOrder {
+        CreateOrder {
+            customer_id: "cus_1".into(),
+            currency: "EUR".into(),
+            amount_minor: 1999,
+            items: vec![LineItem {
+                sku: "book-1".into(),
+                qty: 1,
+            }],
+        }
+    }
+
+    #[test]
+    fn a_valid_order_passes() {
+        assert_eq!(order().validate(), Ok(()));
+    }
+
+    #[test]
+    fn every_broken_rule_is_reported() {
+        let bad = CreateOrder {
+            customer_id: " ".into(),
+            currency: "EURO".into(),
+            amount_minor: 0,
+            items: vec![LineItem {
+                sku: String::new(),
+                qty: 0,
+            }],
+        };
+        let fields: Vec<String> = bad
+            .validate()
+            .unwrap_err()
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "customer_id",
+                "currency",
+                "amount_minor",
+                "items[0].sku",
+                "items[0].qty"
+            ]
+        );
+        let empty = CreateOrder {
+            items: vec![],
+            ..order()
+        };
+        assert_eq!(empty.validate().unwrap_err()[0].field, "items");
+    }
+}

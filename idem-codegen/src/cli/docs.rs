@@ -1,0 +1,56 @@
+//! `idem docs`.
+
+use crate::docs::{self, DocFormat, OperationInfo};
+use crate::error::{Error, Errors};
+use crate::openapi::{Document, find_operation};
+
+use super::{DocsArgs, FormatArg, gather};
+
+pub(super) fn run(args: DocsArgs) -> Result<(), Errors> {
+    let contracts = gather(&args.inputs)?;
+    let doc = args.spec.as_deref().map(Document::load).transpose()?;
+    let mut operations = Vec::new();
+    let mut errors = Vec::new();
+    for c in contracts {
+        let info = match &doc {
+            Some(doc) => match find_operation(doc, &c.target) {
+                Ok(op) => OperationInfo::from_document(doc, &op),
+                Err(message) => {
+                    errors.push(c.origin.error(format!(
+                        "`{}` targets `{}`, which {} does not have: {message}",
+                        c.contract.operation,
+                        c.target,
+                        doc.path.display()
+                    )));
+                    continue;
+                }
+            },
+            None => OperationInfo::from_target(&c.target),
+        };
+        operations.push((c.contract, info));
+    }
+    if !errors.is_empty() {
+        return Err(Errors(errors));
+    }
+    let formats: &[DocFormat] = match args.format {
+        FormatArg::Markdown => &[DocFormat::Markdown],
+        FormatArg::Html => &[DocFormat::Html],
+        FormatArg::Both => &[DocFormat::Markdown, DocFormat::Html],
+    };
+    let rendered = formats
+        .iter()
+        .map(|f| docs::render(*f, &args.title, &operations).map(|text| (*f, text)))
+        .collect::<Result<Vec<_>, _>>()?;
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| Error::in_file(&args.out, format!("cannot create the folder: {e}")))?;
+    for (format, text) in rendered {
+        let path = args.out.join(format.file_name());
+        crate::io::write_atomic(&path, text.as_bytes())?;
+        eprintln!(
+            "wrote {} ({})",
+            path.display(),
+            crate::words::count(operations.len() as u64, "operation")
+        );
+    }
+    Ok(())
+}

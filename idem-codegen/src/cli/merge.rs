@@ -1,0 +1,51 @@
+//! `idem merge`.
+
+use crate::error::Errors;
+use crate::openapi::{self, Document};
+
+use super::{MergeArgs, gather};
+
+pub(super) fn run(args: MergeArgs) -> Result<(), Errors> {
+    // Read every input first, so that the document's problems and the contracts'
+    // problems are reported in one run.
+    let doc = Document::load(&args.spec);
+    let contracts = gather(&args.inputs);
+    let (mut doc, contracts) = match (doc, contracts) {
+        (Ok(doc), Ok(contracts)) => (doc, contracts),
+        (doc, contracts) => {
+            let mut errors = Vec::new();
+            if let Err(e) = doc {
+                errors.push(e);
+            }
+            if let Err(e) = contracts {
+                errors.extend(e.0);
+            }
+            return Err(Errors(errors));
+        }
+    };
+    let merged = openapi::merge(&mut doc, &contracts)?;
+    if let Some(schema_out) = &args.schema_out {
+        crate::io::write_atomic(schema_out, super::source::schema_text().as_bytes())?;
+    }
+    let out = args.out.as_deref().unwrap_or(&args.spec);
+    doc.save(out)?;
+    let written = if out == std::path::Path::new("-") {
+        "standard output".to_owned()
+    } else {
+        out.display().to_string()
+    };
+    eprintln!(
+        "merged {} into {written} (OpenAPI {}):",
+        crate::words::count(merged.operations.len() as u64, "contract"),
+        doc.version_text
+    );
+    for (name, op) in &merged.operations {
+        let id = op
+            .operation_id
+            .as_deref()
+            .map(|id| format!(" ({id})"))
+            .unwrap_or_default();
+        eprintln!("  {name} -> {}{id}", op.label());
+    }
+    Ok(())
+}

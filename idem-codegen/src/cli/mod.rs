@@ -1,0 +1,273 @@
+//! The `idem` command: merge contracts into an OpenAPI document, render consumer docs,
+//! export contracts from source, check contracts the way the compiler does, and print
+//! the JSON Schema of the `x-idempotency` extension.
+//!
+//! Exit codes: 0 on success, 1 when an input is refused (every problem is printed as
+//! `file:line:col: error: message`), 2 for a usage error (clap's convention).
+
+mod docs;
+mod merge;
+mod source;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use idem_contract::Target;
+
+use crate::contracts::{self, Sourced};
+use crate::error::{Error, Errors};
+
+/// Publish the failure contracts of critical API commands.
+///
+/// idem reads the `#[idem::contract(..)]` attributes of your axum handlers (or a
+/// contracts file exported from them) and publishes them: as the `x-idempotency`
+/// extension, key header and problem answers of your OpenAPI document, and as docs that
+/// tell API consumers how to retry each operation safely.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, max_term_width = 100)]
+#[command(
+    after_help = "Examples:\n  idem check --src src/\n  idem merge --spec openapi.yaml --src src/\n  idem docs --src src/ --out docs/api --format both\n\nRun `idem help <command>` for each command's options and an example."
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Merge contracts into an OpenAPI 3.0 or 3.1 document (JSON or YAML).
+    ///
+    /// Each contracted operation gets the `x-idempotency` extension (all nine
+    /// properties), the key header parameter, and the 400, 409, 422, 429 and 503 problem
+    /// answers with `Retry-After`; the document's other parts stay as they were, key
+    /// order included. A contract describes the operation whose `operationId` is its
+    /// handler's name unless `--target` or the contracts file says otherwise. Nothing
+    /// is written unless every contract finds its operation.
+    #[command(
+        after_help = "Examples:\n  idem merge --spec openapi.yaml --src src/\n  idem merge --spec openapi.json --contracts contracts.json --out openapi.merged.json\n  idem merge --spec openapi.yaml --src src/ --target create_order=\"POST /orders\" --schema-out x-idempotency.schema.json"
+    )]
+    Merge(MergeArgs),
+    /// Render consumer docs: Markdown and/or one self-contained HTML file.
+    ///
+    /// One section per operation: the nine properties in plain words, how to retry it
+    /// safely, what each answer means, and a worked request sequence. Writes
+    /// `operations.md` and/or `operations.html` into the output folder.
+    #[command(
+        after_help = "Examples:\n  idem docs --src src/ --out docs/api\n  idem docs --contracts contracts.json --spec openapi.yaml --out site/ --format html --title \"Orders API: safe retries\""
+    )]
+    Docs(DocsArgs),
+    /// Export the contracts of Rust source files as a contracts file (JSON).
+    ///
+    /// The file is what `idem merge --contracts` and `idem docs --contracts` read, for
+    /// builds where the source is not at hand.
+    #[command(after_help = "Example:\n  idem export --src src/ --out contracts.json")]
+    Export(ExportArgs),
+    /// Check the contracts in Rust source files, as the compiler would.
+    ///
+    /// Prints every contract error as `path:line:col: error: message`, with the
+    /// messages `#[idem::contract]` gives at compile time, and exits with 1 if there is
+    /// any.
+    #[command(after_help = "Example:\n  idem check --src src/ --src crates/payments/src/")]
+    Check(CheckArgs),
+    /// Print the JSON Schema (draft 2020-12) of the `x-idempotency` extension.
+    #[command(after_help = "Example:\n  idem schema > x-idempotency.schema.json")]
+    Schema(SchemaArgs),
+}
+
+/// Where contracts come from: at least one `--src` or `--contracts`.
+#[derive(Debug, Args)]
+#[group(skip)]
+#[command(group(clap::ArgGroup::new("inputs").args(["src", "contracts"]).required(true).multiple(true)))]
+pub struct Inputs {
+    /// A Rust file, or a folder searched for `.rs` files (hidden folders and `target/`
+    /// are skipped). Repeat for several.
+    #[arg(long, value_name = "PATH")]
+    pub src: Vec<PathBuf>,
+    /// A contracts file written by `idem export`. Repeat for several.
+    #[arg(long, value_name = "FILE")]
+    pub contracts: Vec<PathBuf>,
+    /// Describe another operation than the one whose operationId is the handler's name:
+    /// `create_order=PostOrders`, `create_order="POST /orders"` or
+    /// `notify="POST webhook newPet"`. Repeat for several.
+    #[arg(long, value_name = "OPERATION=TARGET", value_parser = parse_target)]
+    pub target: Vec<(String, Target)>,
+}
+
+/// `idem merge`.
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// The OpenAPI document to merge into.
+    #[arg(long, value_name = "FILE")]
+    pub spec: PathBuf,
+    /// Where to write the merged document, in the input's format; `-` for standard
+    /// output. By default the document is updated in place.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Also write the JSON Schema of `x-idempotency` to this file.
+    #[arg(long, value_name = "FILE")]
+    pub schema_out: Option<PathBuf>,
+    /// The contracts.
+    #[command(flatten)]
+    pub inputs: Inputs,
+}
+
+/// The formats of `idem docs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FormatArg {
+    /// `operations.md`.
+    Markdown,
+    /// `operations.html`.
+    Html,
+    /// Both.
+    Both,
+}
+
+/// `idem docs`.
+#[derive(Debug, Args)]
+pub struct DocsArgs {
+    /// The folder to write into (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Which docs to write.
+    #[arg(long, value_enum, default_value = "both")]
+    pub format: FormatArg,
+    /// The page title.
+    #[arg(
+        long,
+        value_name = "TITLE",
+        default_value = "Retrying these operations safely"
+    )]
+    pub title: String,
+    /// An OpenAPI document to take each operation's method, path, summary and success
+    /// status from.
+    #[arg(long, value_name = "FILE")]
+    pub spec: Option<PathBuf>,
+    /// The contracts.
+    #[command(flatten)]
+    pub inputs: Inputs,
+}
+
+/// `idem export`.
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// A Rust file, or a folder searched for `.rs` files. Repeat for several.
+    #[arg(long, value_name = "PATH", required = true)]
+    pub src: Vec<PathBuf>,
+    /// The contracts file to write; `-` for standard output.
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    /// Record another target than the operationId equal to the handler's name:
+    /// `create_order="POST /orders"`. Repeat for several.
+    #[arg(long, value_name = "OPERATION=TARGET", value_parser = parse_target)]
+    pub target: Vec<(String, Target)>,
+}
+
+/// `idem check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// A Rust file, or a folder searched for `.rs` files. Repeat for several.
+    #[arg(long, value_name = "PATH")]
+    pub src: Vec<PathBuf>,
+    /// A contracts file to check too. Repeat for several.
+    #[arg(long, value_name = "FILE")]
+    pub contracts: Vec<PathBuf>,
+}
+
+/// `idem schema`.
+#[derive(Debug, Args)]
+pub struct SchemaArgs {
+    /// Write to this file instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// `OPERATION=TARGET`.
+fn parse_target(text: &str) -> Result<(String, Target), String> {
+    let (operation, target) = text.split_once('=').ok_or_else(|| {
+        format!("`{text}` is not OPERATION=TARGET, such as `create_order=\"POST /orders\"`")
+    })?;
+    let operation = operation.trim();
+    if operation.is_empty() {
+        return Err(format!("`{text}` names no operation before `=`"));
+    }
+    let target = target.trim().parse::<Target>().map_err(|e| e.to_string())?;
+    Ok((operation.to_owned(), target))
+}
+
+/// Runs the command line of this process and returns its exit code.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to standard output with 0; usage errors exit with 2.
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(errors) => {
+            for e in errors.iter() {
+                eprintln!("{e}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs a parsed command line.
+///
+/// # Errors
+///
+/// Every problem found; the command wrote nothing.
+pub fn run(cli: Cli) -> Result<(), Errors> {
+    match cli.command {
+        Command::Merge(args) => merge::run(args),
+        Command::Docs(args) => docs::run(args),
+        Command::Export(args) => source::export(args),
+        Command::Check(args) => source::check(args),
+        Command::Schema(args) => source::schema(args),
+    }
+}
+
+/// The contracts of `inputs`, retargeted and checked for duplicate targets; every
+/// problem of every input is reported together.
+fn gather(inputs: &Inputs) -> Result<Vec<Sourced>, Errors> {
+    let mut all = Vec::new();
+    let mut errors = Vec::new();
+    if !inputs.src.is_empty() {
+        match contracts::from_sources(&inputs.src) {
+            Ok(found) => all.extend(found),
+            Err(e) => errors.extend(e.0),
+        }
+    }
+    for file in &inputs.contracts {
+        match contracts::from_file(file) {
+            Ok(found) => all.extend(found),
+            Err(e) => errors.extend(e.0),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(Errors(errors));
+    }
+    if all.is_empty() {
+        let looked: Vec<String> = inputs
+            .src
+            .iter()
+            .chain(&inputs.contracts)
+            .map(|p| format!("`{}`", p.display()))
+            .collect();
+        return Err(Error::new(format!(
+            "no contracts found in {}: contracts are `#[idem::contract(..)]` attributes on handlers, or entries of a contracts file",
+            crate::words::list(&looked, "and")
+        ))
+        .into());
+    }
+    contracts::retarget(&mut all, &inputs.target)?;
+    contracts::check_unique(&all)?;
+    Ok(all)
+}

@@ -1,0 +1,271 @@
+//! What each answer means, and the worked request sequence, for one operation's section.
+
+use idem_contract::{Concurrency, Contract, Fingerprint, Retryable, StatusCode};
+
+use super::content::{Answer, OperationInfo, Step, header_or_field, lookup_path};
+use super::rich::Rich;
+use crate::extension::EXAMPLE_KEY;
+use crate::problem::{self, ProblemType};
+use crate::words;
+
+fn status_words(code: u16) -> String {
+    words::status(StatusCode(code))
+}
+
+pub(super) fn answers(c: &Contract) -> Vec<Answer> {
+    let retryable_status = |s: u16| c.retryable.contains(&Retryable::Status(StatusCode(s)));
+    let mut out = vec![
+        Answer {
+            answer: Rich::new("A success (2xx)"),
+            problem_type: None,
+            meaning: Rich::new(&format!(
+                "The operation ran once; its answer is stored for {}.",
+                words::duration(c.ttl)
+            )),
+            action: Rich::new("Done."),
+        },
+        Answer {
+            answer: Rich::new("Any answer with `Idempotent-Replayed: true`"),
+            problem_type: None,
+            meaning: Rich::new(
+                "The stored answer of an earlier attempt with this key, replayed byte for byte: status, headers such as `Location`, and body.",
+            ),
+            action: Rich::new(
+                "Treat it as the answer to your operation; it is not a second operation.",
+            ),
+        },
+    ];
+    if matches!(c.concurrency, Concurrency::Accepted) {
+        out.push(Answer {
+            answer: Rich::new("").code(status_words(202)),
+            problem_type: None,
+            meaning: Rich::new(
+                "An earlier attempt with this key is still running; this one was not run again.",
+            ),
+            action: Rich::new("Ask the status lookup at `Location` for the outcome."),
+        });
+    }
+    for p in ProblemType::ALL
+        .iter()
+        .filter(|p| matches!(p.status(), 400 | 401 | 409 | 422))
+    {
+        if p.slug() == "operation-in-progress" && matches!(c.concurrency, Concurrency::Accepted) {
+            continue;
+        }
+        out.push(problem_answer(p, None));
+    }
+    out.push(Answer {
+        answer: Rich::new("").code(status_words(429)),
+        problem_type: None,
+        meaning: Rich::new("Too many requests."),
+        action: Rich::new(if retryable_status(429) {
+            "Wait for `Retry-After`, then retry with the same key."
+        } else {
+            "429 is not in this operation's retry list: stop, and ask the status lookup before starting again."
+        }),
+    });
+    for p in ProblemType::ALL.iter().filter(|p| p.status() == 503) {
+        out.push(problem_answer(p, Some(retryable_status(503))));
+    }
+    let others: Vec<String> = c
+        .retryable
+        .iter()
+        .filter_map(|r| match r {
+            Retryable::Status(s) if !matches!(s.as_u16(), 409 | 429 | 503) => {
+                Some(words::status(*s))
+            }
+            _ => None,
+        })
+        .collect();
+    if !others.is_empty() {
+        out.push(Answer {
+            answer: Rich::new(&words::list(&others, "or")),
+            problem_type: None,
+            meaning: Rich::new(
+                "The attempt failed in a way that may pass; the server released the key.",
+            ),
+            action: Rich::new("Back off, then retry with the same key."),
+        });
+    }
+    out.push(Answer {
+        answer: Rich::new("Any other 4xx or 5xx"),
+        problem_type: None,
+        meaning: Rich::new(
+            "The operation failed for good; the answer is stored and replayed to a retry.",
+        ),
+        action: Rich::new("Stop. Fix the cause; a new intent needs a new key."),
+    });
+    let transports: Vec<String> = c
+        .retryable
+        .iter()
+        .filter_map(|r| match r {
+            Retryable::Transport(t) => Some(words::transport(*t).to_owned()),
+            Retryable::Status(_) => None,
+        })
+        .collect();
+    out.push(Answer {
+        answer: Rich::new("No answer"),
+        problem_type: None,
+        meaning: Rich::new("The request may or may not have been processed."),
+        action: Rich::new(&if transports.is_empty() {
+            "No transport failure is in the retry list: ask the status lookup.".to_owned()
+        } else {
+            format!(
+                "Retry with the same key when the failure was: {}. Otherwise ask the status lookup.",
+                words::list(&transports, "or")
+            )
+        }),
+    });
+    for slug in ["operation-not-found", "not-configured"] {
+        if let Some(p) = ProblemType::ALL.iter().find(|p| p.slug() == slug) {
+            out.push(problem_answer(p, None));
+        }
+    }
+    out
+}
+
+fn problem_answer(p: &ProblemType, retryable: Option<bool>) -> Answer {
+    let mut answer = Rich::default().code(status_words(p.status()));
+    if p.slug() == "operation-not-found" {
+        answer = answer.text(" from the status lookup");
+    }
+    let action = match retryable {
+        Some(false) => format!(
+            "{}; 503 is not in this operation's retry list, so stop after it and ask the status lookup",
+            p.action()
+        ),
+        _ => p.action().to_owned(),
+    };
+    Answer {
+        answer,
+        problem_type: Some(p.type_uri().to_owned()),
+        meaning: Rich::new(&sentence(p.meaning())),
+        action: Rich::new(&sentence(&action)),
+    }
+}
+
+fn sentence(s: &str) -> String {
+    let mut chars = s.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect::<String>() + ".",
+        None => String::new(),
+    }
+}
+
+/// The request line, headers and body of an attempt.
+fn request(c: &Contract, info: &OperationInfo) -> String {
+    let method = info.method.as_deref().unwrap_or("POST");
+    let path = info
+        .path
+        .clone()
+        .unwrap_or_else(|| format!("<the URL of {}>", c.operation));
+    let (in_header, key) = header_or_field(c);
+    let mut members: Vec<String> = Vec::new();
+    if !in_header {
+        members.push(nested(&key, &format!("\"{EXAMPLE_KEY}\"")));
+    }
+    if let Fingerprint::Fields(fields) = &c.fingerprint {
+        for f in fields.iter() {
+            if f.as_str() != key {
+                members.push(nested(f.as_str(), "…"));
+            }
+        }
+    }
+    members.push("…".to_owned());
+    let mut text = format!("{method} {path} HTTP/1.1\nContent-Type: application/json\n");
+    if in_header {
+        text.push_str(&format!("{key}: {EXAMPLE_KEY}\n"));
+    }
+    text.push_str(&format!("\n{{ {} }}", members.join(", ")));
+    text
+}
+
+/// `"a": v` or `"a": { "b": v }` for a dotted path.
+fn nested(path: &str, value: &str) -> String {
+    let segments: Vec<&str> = path.split('.').collect();
+    let mut out = value.to_owned();
+    for (i, s) in segments.iter().enumerate().rev() {
+        out = if i == 0 {
+            format!("\"{s}\": {out}")
+        } else {
+            format!("{{ \"{s}\": {out} }}")
+        };
+    }
+    out
+}
+
+pub(super) fn example(c: &Contract, info: &OperationInfo) -> Vec<Step> {
+    let success = info
+        .success
+        .clone()
+        .unwrap_or_else(|| "201 Created".to_owned());
+    let replay = format!(
+        "HTTP/1.1 {success}\nIdempotent-Replayed: true\nOperation-Id: 0191f6a4-7a2b-7c3d-8e4f-5a6b7c8d9e0f\n\n(the answer of attempt 1, byte for byte)"
+    );
+    let req = request(c, info);
+    let mut steps = vec![
+        Step {
+            text: Rich::new(
+                "Attempt 1: make a new key for this intent, keep it, and send the request.",
+            ),
+            http: Some(req.clone()),
+        },
+        Step {
+            text: Rich::new(
+                "The connection drops before the answer arrives. The operation may or may not have happened on the server, so the same intent is retried with the same key, never a new one.",
+            ),
+            http: None,
+        },
+    ];
+    let lookup = lookup_path(c).unwrap_or_else(|| "<the status lookup>/{key}".to_owned());
+    if c.max_attempts < 2 {
+        steps.push(Step {
+            text: Rich::new("This operation allows one attempt, so ask the status lookup with the key instead:"),
+            http: Some(format!("GET {} HTTP/1.1\n\n→ the state of the operation and, once it is completed, its outcome", lookup.replace("{key}", EXAMPLE_KEY))),
+        });
+        return steps;
+    }
+    match c.concurrency {
+        Concurrency::Conflict { retry_after } if c.max_attempts >= 3 => {
+            steps.push(Step {
+                text: Rich::new("Attempt 2, after a short random wait: the same request with the same key. Attempt 1 is still running on the server:"),
+                http: Some(format!(
+                    "HTTP/1.1 409 Conflict\nContent-Type: application/problem+json\nRetry-After: {secs}\nOperation-Id: 0191f6a4-7a2b-7c3d-8e4f-5a6b7c8d9e0f\n\n{{ \"type\": \"{uri}\", \"title\": \"Operation in progress\", \"status\": 409,\n  \"operation_id\": \"0191f6a4-7a2b-7c3d-8e4f-5a6b7c8d9e0f\", \"state\": \"processing\", \"new_key_safe\": false }}",
+                    secs = retry_after.as_secs_ceil(),
+                    uri = format_args!("{}operation-in-progress", problem::TYPE_PREFIX),
+                )),
+            });
+            steps.push(Step {
+                text: Rich::new(&format!("Attempt 3, after `Retry-After` ({}): the same request with the same key. Attempt 1 has finished, and its stored answer comes back:", words::count(retry_after.as_secs_ceil(), "second"))),
+                http: Some(replay),
+            });
+        }
+        Concurrency::Accepted => {
+            steps.push(Step {
+                text: Rich::new("Attempt 2, after a short random wait: the same request with the same key. Attempt 1 is still running, so the server answers with where to look:"),
+                http: Some(format!("HTTP/1.1 202 Accepted\nLocation: {}\nOperation-Id: 0191f6a4-7a2b-7c3d-8e4f-5a6b7c8d9e0f", lookup.replace("{key}", EXAMPLE_KEY))),
+            });
+            steps.push(Step {
+                text: Rich::new("Ask the status lookup at `Location`, with backoff, until it reports the outcome."),
+                http: None,
+            });
+        }
+        Concurrency::Wait { limit } => {
+            steps.push(Step {
+                text: Rich::new(&format!("Attempt 2, after a short random wait: the same request with the same key. The server waits up to {} for attempt 1 and answers with its stored result:", words::duration(limit))),
+                http: Some(replay),
+            });
+        }
+        Concurrency::Conflict { .. } => {
+            steps.push(Step {
+                text: Rich::new("Attempt 2, after a short random wait: the same request with the same key. Attempt 1 has finished, and its stored answer comes back:"),
+                http: Some(replay),
+            });
+        }
+    }
+    steps.push(Step {
+        text: Rich::new("The operation happened once. Every attempt carried the same `Operation-Id`, which links them in the server's logs."),
+        http: None,
+    });
+    steps
+}

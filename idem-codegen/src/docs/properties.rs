@@ -1,0 +1,187 @@
+//! The nine properties in plain words, and how to retry, for one operation's section.
+
+use idem_contract::{
+    Concurrency, Contract, Fingerprint, Property, Recovery, Retryable, TransportFailure,
+};
+
+use super::content::{PropertyText, header_or_field, key_shape, lookup_path, retryable_words};
+use super::rich::Rich;
+use crate::words;
+
+pub(super) fn properties(c: &Contract) -> Vec<PropertyText> {
+    let (in_header, key) = header_or_field(c);
+    let key_scope = if in_header {
+        Rich::new("Send an idempotency key in the ").code(&key).text(" header: ")
+    } else {
+        Rich::new("Put the idempotency key in the body member ").code(&key).text(": ")
+    }
+    .text(key_shape(c))
+    .text(". Create it once per business intent, before the first attempt. Keys are kept per client and per operation: another client's identical key never sees your result.");
+    let fingerprint = match &c.fingerprint {
+        Fingerprint::Body => Rich::new(
+            "The whole body is significant: a retry sends the same JSON content (member order, whitespace and number spelling do not matter). The same key with a different body is refused with 422 and nothing runs.",
+        ),
+        Fingerprint::Fields(fields) => {
+            let mut r = Rich::new("The significant fields are ");
+            for (i, f) in fields.iter().enumerate() {
+                if i > 0 {
+                    r = r.text(if i + 1 == fields.len() { " and " } else { ", " });
+                }
+                r = r.code(f.as_str());
+            }
+            r.text(". The same key with different values in any of them is refused with 422 and nothing runs; a retry sends the same values.")
+        }
+    };
+    let ttl = Rich::new(&format!(
+        "The server remembers a key and its result for {} from the first attempt. Within that time a retry gets the stored result; after it, the same key starts a new operation.",
+        words::duration(c.ttl)
+    ));
+    let deadline = Rich::new(&match c.deadline.per_attempt {
+        Some(p) => format!(
+            "Give the whole operation at most {}, all attempts and waits included, and each attempt at most {}.",
+            words::duration(c.deadline.total),
+            words::duration(p)
+        ),
+        None => format!(
+            "Give the whole operation at most {}, all attempts and waits included.",
+            words::duration(c.deadline.total)
+        ),
+    });
+    let attempts = Rich::new(&match c.max_attempts {
+        1 => {
+            "One request only: do not retry. After a lost answer, ask the status lookup.".to_owned()
+        }
+        n => format!(
+            "At most {} for one business operation, the first included ({}).",
+            words::count(u64::from(n), "request"),
+            if n == 2 {
+                "1 retry".to_owned()
+            } else {
+                format!("{} retries", n - 1)
+            }
+        ),
+    });
+    let retryable = Rich::new(&if c.retryable.is_empty() {
+        "Nothing: every answer is final, and after a lost answer the status lookup tells the outcome.".to_owned()
+    } else {
+        format!(
+            "Retry with the same key after: {}. Every other answer is final.",
+            words::list(&retryable_words(c), "or")
+        )
+    });
+    let concurrency = match c.concurrency {
+        Concurrency::Conflict { retry_after } => Rich::new("A retry that arrives while an earlier attempt is still running gets `409 Conflict` with ")
+            .code(format!("Retry-After: {}", retry_after.as_secs_ceil()))
+            .text(": wait that long, then retry with the same key."),
+        Concurrency::Accepted => Rich::new("A retry that arrives while an earlier attempt is still running gets `202 Accepted` with a `Location` header: the status lookup of the key. Ask it for the outcome instead of retrying."),
+        Concurrency::Wait { limit } => Rich::new(&format!(
+            "A retry that arrives while an earlier attempt is still running waits up to {} for it on the server, then gets its result, or `409 Conflict` with `Retry-After` if it is still running.",
+            words::duration(limit)
+        )),
+    };
+    let lookup = match lookup_path(c) {
+        Some(path) => Rich::new("")
+            .code(format!("GET {path}"))
+            .text(" (your key in place of `{key}`) tells the state and outcome of the operation with that key. Ask it when the attempts or the deadline run out without a final answer."),
+        None => Rich::new("The service has a status lookup for this operation, but its contract does not publish the route: ask the API's provider for it."),
+    };
+    let recovery = match &c.recovery {
+        Recovery::Reconcile { .. } => Rich::new("If the server stops between doing the work and recording its result, the outcome is unknown for a while. The server then checks its own records and settles it; until then, retries and the status lookup answer with the state `unknown`."),
+        Recovery::Manual { runbook } => Rich::new("If the server stops between doing the work and recording its result, the outcome is unknown until an operator settles it by a runbook (")
+            .url(runbook)
+            .text("). Until then, retries and the status lookup answer with the state `unknown`: do not start the operation again with a new key."),
+    };
+    let texts = [
+        key_scope,
+        fingerprint,
+        ttl,
+        deadline,
+        attempts,
+        retryable,
+        concurrency,
+        lookup,
+        recovery,
+    ];
+    Property::ALL
+        .into_iter()
+        .zip(texts)
+        .map(|(p, text)| PropertyText {
+            title: title(p),
+            key: p.key(),
+            text,
+        })
+        .collect()
+}
+
+/// The property's name for people.
+fn title(p: Property) -> &'static str {
+    match p {
+        Property::KeyScope => "Idempotency key",
+        Property::Fingerprint => "Significant content",
+        Property::Ttl => "Key lifetime",
+        Property::Deadline => "Deadline",
+        Property::MaxAttempts => "Attempts",
+        Property::Retryable => "Retry after",
+        Property::Concurrency => "While an attempt is running",
+        Property::StatusLookup => "Status lookup",
+        Property::Recovery => "Unknown outcomes",
+    }
+}
+
+pub(super) fn retry(c: &Contract) -> Vec<Rich> {
+    let (in_header, key) = header_or_field(c);
+    let timeout_retryable = c
+        .retryable
+        .contains(&Retryable::Transport(TransportFailure::Timeout));
+    let per_attempt = c.deadline.per_attempt.map_or_else(
+        || {
+            format!(
+                "well under the deadline of {}",
+                words::duration(c.deadline.total)
+            )
+        },
+        words::duration,
+    );
+    let mut steps = vec![
+        Rich::new(
+            "Create one idempotency key per business intent (a UUID, for example) before the first attempt, and keep it with the intent, so that a restart of your client does not lose it.",
+        ),
+        if in_header {
+            Rich::new("Send every attempt with the same key in ").code(&key).text(" and the same content. Never make a new key for a retry: that is how one intent becomes two operations.")
+        } else {
+            Rich::new("Send every attempt with the same key in the body member ").code(&key).text(" and the same content. Never make a new key for a retry: that is how one intent becomes two operations.")
+        },
+        Rich::new(&format!(
+            "Give each attempt a timeout ({per_attempt}). {}",
+            if timeout_retryable {
+                "A timeout is retryable: retry with the same key."
+            } else {
+                "A timeout is not declared retryable: ask the status lookup before anything else."
+            }
+        )),
+        Rich::new(
+            "Between attempts, wait with exponential backoff and full jitter: a random time between zero and a base (such as 250 milliseconds) doubled after each attempt, capped at a few seconds.",
+        ),
+        Rich::new(
+            "When an answer carries `Retry-After` (seconds or an HTTP date), wait at least that long, but never past the deadline.",
+        ),
+        Rich::new(&if c.retryable.is_empty() {
+            "Every answer is final: a success, or an error that retrying cannot change.".to_owned()
+        } else {
+            format!(
+                "Stop at once on a final answer: a success, or anything not in the retry list ({}).",
+                words::list(&retryable_words(c), "or")
+            )
+        }),
+        Rich::new(&format!(
+            "Stop after {} or {} in total, whichever comes first.",
+            words::count(u64::from(c.max_attempts), "attempt"),
+            words::duration(c.deadline.total)
+        )),
+    ];
+    steps.push(match lookup_path(c) {
+        Some(path) => Rich::new("If the outcome is still unknown then, ask the status lookup ").code(format!("GET {path}")).text(" with the same key. Start the operation again with a new key only once the lookup says it did not happen."),
+        None => Rich::new("If the outcome is still unknown then, ask the status lookup with the same key. Start the operation again with a new key only once the lookup says it did not happen."),
+    });
+    steps
+}

@@ -1,0 +1,284 @@
+//! Merging contracts into a document (DESIGN §7): each contracted operation gets the
+//! additions of [`crate::extension`]; everything else stays as it was, key order
+//! included. What the operation already defines wins, except where the contract is the
+//! truth (the extension itself, the key parameter's `required` and `schema`).
+//!
+//! Merging is all or nothing: every target is resolved and every conflict found before
+//! the tree is changed, and a merge of the same contracts into the merged document
+//! changes nothing.
+
+use serde_json::{Map, Value};
+
+use crate::contracts::Sourced;
+use crate::error::{Error, Errors};
+use crate::extension::{self, EXTENSION, GENERATED_MARK};
+
+use super::Document;
+use super::target::{Operation, find_operation};
+
+/// What a merge did: the operations that received a contract, in the order of the
+/// contracts.
+#[derive(Clone, Debug)]
+pub struct Merged {
+    /// `(operation name, operation)` pairs.
+    pub operations: Vec<(String, Operation)>,
+}
+
+/// Merges `contracts` into `doc`.
+///
+/// # Errors
+///
+/// Every problem at once, and `doc` unchanged: a target that matches no operation (named
+/// at the contract's origin, with the closest names), two contracts on one operation, a
+/// component idem did not write under one of idem's component names, or a `components`,
+/// `parameters` or `responses` member that is not of its required type.
+pub fn merge(doc: &mut Document, contracts: &[Sourced]) -> Result<Merged, Errors> {
+    let mut errors = Vec::new();
+    let mut found: Vec<(String, Operation)> = Vec::new();
+    for sourced in contracts {
+        match find_operation(doc, &sourced.target) {
+            Ok(op) => {
+                if let Some((first, _)) = found.iter().find(|(_, o)| o.pointer == op.pointer) {
+                    errors.push(sourced.origin.error(format!(
+                        "`{}` and `{first}` both describe `{}`: an operation has one contract; give one of them another target",
+                        sourced.contract.operation,
+                        op.label()
+                    )));
+                }
+                found.push((sourced.contract.operation.to_string(), op));
+            }
+            Err(message) => errors.push(sourced.origin.error(format!(
+                "`{}` targets `{}`, which {} does not have: {message}",
+                sourced.contract.operation,
+                sourced.target,
+                doc.path.display()
+            ))),
+        }
+    }
+    for (name, op) in &found {
+        if let Err(message) = check_shapes(op.get(&doc.root)) {
+            errors.push(Error::in_file(
+                &doc.path,
+                format!("`{}` (for `{name}`): {message}", op.label()),
+            ));
+        }
+    }
+    check_components(doc, &mut errors);
+    if !errors.is_empty() {
+        return Err(Errors(errors));
+    }
+    for (sourced, (_, op)) in contracts.iter().zip(&found) {
+        let target = op.get_mut(&mut doc.root).expect("resolved above");
+        apply(
+            target.as_object_mut().expect("checked above"),
+            &sourced.contract,
+        );
+    }
+    install_components(&mut doc.root);
+    Ok(Merged { operations: found })
+}
+
+/// The operation's `parameters` and `responses`, where present, have the types OpenAPI
+/// requires; a document that breaks this cannot be merged into without guessing.
+fn check_shapes(op: Option<&Value>) -> Result<(), String> {
+    let Some(op) = op.and_then(Value::as_object) else {
+        return Err("the operation is not an object".into());
+    };
+    if op.get("parameters").is_some_and(|p| !p.is_array()) {
+        return Err("`parameters` is not a list".into());
+    }
+    if op.get("responses").is_some_and(|r| !r.is_object()) {
+        return Err("`responses` is not an object".into());
+    }
+    Ok(())
+}
+
+/// idem's component names are free, or hold components idem wrote.
+fn check_components(doc: &Document, errors: &mut Vec<Error>) {
+    let Some(components) = doc.root.get("components") else {
+        return;
+    };
+    if !components.is_object() {
+        errors.push(Error::in_file(&doc.path, "`components` is not an object"));
+        return;
+    }
+    for (section, name, _) in extension::components() {
+        match components.get(section) {
+            None => {}
+            Some(s) if !s.is_object() => errors.push(Error::in_file(
+                &doc.path,
+                format!("`components.{section}` is not an object"),
+            )),
+            Some(s) => {
+                if let Some(existing) = s.get(name)
+                    && existing.get(GENERATED_MARK) != Some(&Value::Bool(true))
+                {
+                    errors.push(Error::in_file(
+                        &doc.path,
+                        format!("`components.{section}.{name}` exists and was not written by idem; idem publishes its own component under that name: rename yours"),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+fn install_components(root: &mut Value) {
+    let root = root
+        .as_object_mut()
+        .expect("an OpenAPI document is an object");
+    let components = root
+        .entry("components")
+        .or_insert_with(|| Value::Object(Map::new()));
+    for (section, name, value) in extension::components() {
+        let section = components
+            .as_object_mut()
+            .expect("checked")
+            .entry(section)
+            .or_insert_with(|| Value::Object(Map::new()));
+        section
+            .as_object_mut()
+            .expect("checked")
+            .insert(name.to_owned(), value);
+    }
+}
+
+/// The additions of one contract to one Operation Object.
+fn apply(op: &mut Map<String, Value>, contract: &idem_contract::Contract) {
+    op.insert(EXTENSION.to_owned(), extension::extension(contract));
+    if let Some(param) = extension::key_parameter(contract) {
+        add_parameter(op, param);
+    }
+    let ours = extension::responses(contract);
+    let responses = entry_before(op, "responses", &[], || Value::Object(Map::new()));
+    let responses = responses.as_object_mut().expect("checked");
+    // The operation's own answers may be replays: document the headers they carry then.
+    for (status, response) in responses.iter_mut() {
+        if ours.iter().any(|(s, _)| s == status) {
+            continue;
+        }
+        if let Some(response) = response.as_object_mut().filter(|r| !r.contains_key("$ref")) {
+            add_headers(response, &extension::replay_headers());
+        }
+    }
+    for (status, response) in ours {
+        match responses.get_mut(&status) {
+            None => {
+                let at = status_position(responses, &status);
+                responses.shift_insert(at, status, response);
+            }
+            Some(existing) => complete_response(existing, response),
+        }
+    }
+}
+
+/// The member `key` of `op`, created before the first of `before` that exists (or at the
+/// end) when missing.
+fn entry_before<'a>(
+    op: &'a mut Map<String, Value>,
+    key: &str,
+    before: &[&str],
+    make: impl FnOnce() -> Value,
+) -> &'a mut Value {
+    if !op.contains_key(key) {
+        let at = before
+            .iter()
+            .filter_map(|b| op.keys().position(|k| k == b))
+            .min()
+            .unwrap_or(op.len());
+        op.shift_insert(at, key.to_owned(), make());
+    }
+    op.get_mut(key).expect("inserted")
+}
+
+/// Adds the key parameter, or completes a parameter of the same name in the header
+/// (names are case-insensitive, RFC 9110 §5.1): its own description and other members
+/// are kept, `required` and `schema` become the contract's. A `$ref` parameter of that
+/// name is left as it is (parameters are unique by name and location).
+fn add_parameter(op: &mut Map<String, Value>, param: Value) {
+    let name = param["name"].as_str().unwrap_or_default().to_owned();
+    let params = entry_before(op, "parameters", &["requestBody", "responses"], || {
+        Value::Array(Vec::new())
+    });
+    let params = params.as_array_mut().expect("checked");
+    let same = |p: &Value| {
+        p.get("in").and_then(Value::as_str) == Some("header")
+            && p.get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| n.eq_ignore_ascii_case(&name))
+    };
+    match params.iter_mut().find(|p| same(p)) {
+        Some(Value::Object(existing)) => {
+            for (k, v) in param.as_object().expect("an object").clone() {
+                if k == "description" && existing.contains_key("description") {
+                    continue;
+                }
+                if k == "example" && existing.contains_key("examples") {
+                    continue;
+                }
+                existing.insert(k, v);
+            }
+        }
+        Some(_) => {}
+        None => params.push(param),
+    }
+}
+
+/// Adds the members of `ours` that `existing` lacks: its description stays, headers and
+/// the problem media type are added when missing. A `$ref` response is left as it is.
+fn complete_response(existing: &mut Value, ours: Value) {
+    let Some(existing) = existing.as_object_mut().filter(|r| !r.contains_key("$ref")) else {
+        return;
+    };
+    let Value::Object(ours) = ours else { return };
+    for (k, v) in ours {
+        match (k.as_str(), existing.get_mut(&k)) {
+            (_, None) => {
+                existing.insert(k, v);
+            }
+            ("headers", Some(_)) => {
+                let headers: Vec<(&str, Value)> = v
+                    .as_object()
+                    .map(|h| h.iter().map(|(k, v)| (k.as_str(), v.clone())).collect())
+                    .unwrap_or_default();
+                add_headers(existing, &headers);
+            }
+            ("content", Some(Value::Object(content))) => {
+                if let Value::Object(v) = v {
+                    for (media, m) in v {
+                        content.entry(media).or_insert(m);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Adds `headers` that a Response Object lacks (names compared case-insensitively).
+fn add_headers(response: &mut Map<String, Value>, headers: &[(&str, Value)]) {
+    let map = response
+        .entry("headers")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Some(map) = map.as_object_mut() else {
+        return;
+    };
+    for (name, value) in headers {
+        if !map.keys().any(|k| k.eq_ignore_ascii_case(name)) {
+            map.insert((*name).to_owned(), value.clone());
+        }
+    }
+}
+
+/// Where a new status goes among the existing ones: before the first larger status,
+/// range (`5XX`) or `default`.
+fn status_position(responses: &Map<String, Value>, status: &str) -> usize {
+    responses
+        .keys()
+        .position(|k| {
+            k == "default"
+                || (k.len() == 3 && k.as_str() > status && k.as_bytes()[0].is_ascii_digit())
+                || (k.len() == 3 && k.ends_with("XX") && k.as_bytes()[0] > status.as_bytes()[0])
+        })
+        .unwrap_or(responses.len())
+}
