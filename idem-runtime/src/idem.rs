@@ -5,16 +5,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
-use http::header::{CONTENT_LOCATION, CONTENT_TYPE, ETAG, LAST_MODIFIED, LINK, LOCATION};
+use http::header::{
+    CONTENT_ENCODING, CONTENT_LOCATION, CONTENT_TYPE, ETAG, LAST_MODIFIED, LINK, LOCATION,
+};
 
+use crate::enforce::running::Running;
 use crate::identity::ClientIdentity;
 use crate::layer::IdemLayer;
 use crate::store::{Store, StoreError, unix_now};
 
 /// The headers replayed with a stored result unless [`Idem::with_replayed_headers`] says
-/// otherwise.
-pub const DEFAULT_REPLAYED_HEADERS: [HeaderName; 6] = [
+/// otherwise: the representation metadata a client needs to read the body as first sent
+/// (`content-encoding` among them: without it, an encoded body is meaningless bytes) and
+/// the headers that point at what the operation made.
+pub const DEFAULT_REPLAYED_HEADERS: [HeaderName; 7] = [
     CONTENT_TYPE,
+    CONTENT_ENCODING,
     CONTENT_LOCATION,
     LOCATION,
     ETAG,
@@ -47,8 +53,8 @@ pub const DEFAULT_UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(2);
 ///
 /// # Default
 ///
-/// - replayed headers: `content-type`, `content-location`, `location`, `etag`,
-///   `last-modified`, `link` ([`DEFAULT_REPLAYED_HEADERS`]);
+/// - replayed headers: `content-type`, `content-encoding`, `content-location`,
+///   `location`, `etag`, `last-modified`, `link` ([`DEFAULT_REPLAYED_HEADERS`]);
 /// - largest stored body: 1 MiB ([`DEFAULT_MAX_STORED_BODY`]);
 /// - `Retry-After` when the store is unavailable: 2 s
 ///   ([`DEFAULT_UNAVAILABLE_RETRY_AFTER`]).
@@ -64,6 +70,8 @@ struct Inner {
     replayed_headers: Arc<[HeaderName]>,
     max_stored_body: usize,
     unavailable_retry_after: Duration,
+    /// The attempts alive in this process (shared by every clone).
+    running: Arc<Running>,
 }
 
 impl Idem {
@@ -77,6 +85,7 @@ impl Idem {
                 replayed_headers: DEFAULT_REPLAYED_HEADERS.into(),
                 max_stored_body: DEFAULT_MAX_STORED_BODY,
                 unavailable_retry_after: DEFAULT_UNAVAILABLE_RETRY_AFTER,
+                running: Arc::default(),
             }),
         }
     }
@@ -129,6 +138,11 @@ impl Idem {
     /// The headers replayed with a stored result.
     pub fn replayed_headers(&self) -> &[HeaderName] {
         &self.inner.replayed_headers
+    }
+
+    /// The attempts alive in this process.
+    pub(crate) fn running(&self) -> &Arc<Running> {
+        &self.inner.running
     }
 
     /// The largest stored result body, in bytes.

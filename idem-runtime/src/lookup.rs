@@ -112,7 +112,9 @@ impl<C: Contracted> Lookup<C> {
                 Ok(None) => return OperationStatus::NotFound,
                 Err(error) => return unavailable(&error),
             };
-            let ended = record.lease().is_some_and(|l| !l.is_live(now));
+            let ended = record
+                .lease()
+                .is_some_and(|l| !self.idem.running().holds(l, now));
             if !ended || recoverer.is_none() {
                 return OperationStatus::Found(OperationReport::new(&key, record, now));
             }

@@ -4,7 +4,9 @@
 //! dropped connection) leaves its record *processing* under a lease. When the lease has
 //! ended, the next request with the key (or a status lookup) takes the lease over with
 //! one compare-and-set, so exactly one caller recovers each ended lease, and asks the
-//! contract's recoverer:
+//! contract's recoverer. An attempt still at work under the same [`Idem`] handle (a
+//! handler blocking its thread past its lease) keeps its lease until it has ended: its
+//! effect may still be on the way, and recovering it then could run the operation twice.
 //!
 //! | recoverer says | what happens |
 //! |---|---|
@@ -262,6 +264,7 @@ where
         deadline,
         operation_id: taken.operation_id,
         attempt: taken.attempt,
+        _alive: idem.running().enter(lease.token),
     };
     tracing::warn!(
         operation = %contract.operation,

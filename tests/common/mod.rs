@@ -2,6 +2,11 @@
 //! counts (and can refuse) calls.
 #![allow(dead_code)]
 
+/// A store that fails any of its calls on demand (the hostile tests).
+pub mod faults;
+/// HTTP/1.1 written byte for byte on a socket (the hostile tests).
+pub mod raw;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -9,6 +9,7 @@ use tracing::Instrument;
 
 use super::answer::{self, with_operation_id};
 use super::replay::{Captured, capture, replay, select_headers};
+use super::running::Alive;
 use crate::store::{OwnerToken, RecordKey, StoreError, StoredResponse, unix_now};
 use crate::{Idem, OperationId};
 
@@ -22,6 +23,9 @@ pub(crate) struct Attempt {
     pub(crate) deadline: tokio::time::Instant,
     pub(crate) operation_id: OperationId,
     pub(crate) attempt: u32,
+    /// Holds the lease, even past its end, for as long as this attempt is alive
+    /// ([`super::running::Running`]).
+    pub(crate) _alive: Alive,
 }
 
 impl Attempt {
@@ -57,12 +61,31 @@ impl Attempt {
     }
 
     /// Buffers, stores and returns `response`, and the stored result if it was stored.
+    ///
+    /// Reading the body is part of the attempt: it must end within the lease, like the
+    /// handler. A body that fails, panics or outlasts the lease leaves the outcome unknown,
+    /// exactly as a handler that does: the record stays processing, the client gets 503
+    /// (`attempt-failed` or `attempt-timed-out`) and recovery decides once the lease has
+    /// ended (DESIGN §4). Nothing of such an answer has been sent yet.
     async fn store(&self, response: Response) -> (Response, Option<StoredResponse>) {
         let status = response.status().as_u16();
         let limit = self.idem.max_stored_body();
-        let (parts, body) = match capture(response, limit).await {
-            Captured::Buffered { parts, body } => (parts, body),
-            Captured::TooLarge(response) => {
+        let captured = tokio::time::timeout_at(self.deadline, capture(response, limit)).await;
+        let (parts, body) = match captured {
+            Err(_elapsed) => {
+                tracing::warn!(
+                    operation = %self.contract.operation,
+                    operation_id = %self.operation_id,
+                    attempt = self.attempt,
+                    status,
+                    outcome = "timed_out",
+                    "idem: the handler's response body outlasted the lease; its outcome is unknown until recovery decides"
+                );
+                let answer = answer::attempt_timed_out(self.contract, self.operation_id);
+                return (answer, None);
+            }
+            Ok(Captured::Buffered { parts, body }) => (parts, body),
+            Ok(Captured::TooLarge(response)) => {
                 let reason = format!(
                     "the result (status {status}) has a body larger than the {limit} bytes idem stores, \
                      so it cannot be replayed; raise `Idem::with_max_stored_body` or make the answer smaller"
@@ -79,10 +102,18 @@ impl Attempt {
                 self.park_quietly(&reason).await;
                 return (with_operation_id(response, self.operation_id), None);
             }
-            Captured::Failed(response) => {
-                self.park_quietly("the handler's response body failed while it was read")
-                    .await;
-                return (with_operation_id(response, self.operation_id), None);
+            Ok(Captured::Failed(error)) => {
+                tracing::error!(
+                    operation = %self.contract.operation,
+                    operation_id = %self.operation_id,
+                    attempt = self.attempt,
+                    status,
+                    error = %error,
+                    outcome = "body_failed",
+                    "idem: the handler's response body failed; its outcome is unknown until the lease ends and recovery decides"
+                );
+                let answer = answer::attempt_failed(self.operation_id, self.lease_left_secs());
+                return (answer, None);
             }
         };
         let stored = StoredResponse {
@@ -114,6 +145,15 @@ impl Attempt {
                 (response, None)
             }
         }
+    }
+
+    /// Whole seconds until the lease ends, rounded up: the `Retry-After` of an attempt
+    /// whose outcome is unknown.
+    fn lease_left_secs(&self) -> u64 {
+        let left = self
+            .deadline
+            .saturating_duration_since(tokio::time::Instant::now());
+        left.as_secs().saturating_add(1)
     }
 
     /// Parks the operation as unknown and answers 409 `operation-outcome-unknown`.
@@ -231,9 +271,15 @@ impl Guard {
     ///   key; a body larger than [`Idem::with_max_stored_body`] is sent but not stored,
     ///   and the operation is parked as `unknown`;
     /// - past the lease the handler's future is dropped and the answer is 503
-    ///   `attempt-timed-out`: the record stays processing, and recovery decides;
-    /// - a panic in the handler is answered with 503 `attempt-failed` and a `Retry-After`
-    ///   at the end of the lease: the record stays processing, and recovery decides.
+    ///   `attempt-timed-out`: the record stays processing, and recovery decides; the
+    ///   handler's response body is read within the same lease;
+    /// - a panic in the handler, or a response body that fails or panics while it is
+    ///   read, is answered with 503 `attempt-failed` and a `Retry-After` at the end of the
+    ///   lease: the record stays processing, and recovery decides;
+    /// - a handler that blocks its thread cannot be stopped at the lease's end: until it
+    ///   returns, its lease still counts as held in this process (duplicates get the
+    ///   concurrency answer, recovery waits), so the operation never runs twice at once
+    ///   here. Work the handler detaches (`spawn_blocking`, `spawn`) is not covered.
     ///
     /// Because the handler runs on its own task, a client that hangs up (the typical lost
     /// answer) does not cancel it: the attempt still ends and its result is stored, so the

@@ -40,6 +40,7 @@ pub(crate) mod answer;
 pub(crate) mod guard;
 mod register;
 pub(crate) mod replay;
+pub(crate) mod running;
 
 use std::fmt;
 use std::marker::PhantomData;

@@ -77,6 +77,7 @@ where
                     deadline: started + lease_len.to_std(),
                     operation_id: record.operation_id,
                     attempt: record.attempt,
+                    _alive: idem.running().enter(new.lease.token),
                 });
             }
             Ok(Begin::Exists(record)) => record,
@@ -114,8 +115,10 @@ where
             // Released with this fingerprint: `begin` reclaims it, unless it changed in
             // between; look again.
             RecordState::Released => {}
-            RecordState::Processing { lease } if lease.is_live(now) => {
-                let remaining_secs = (lease.until - now).div_ceil(1000);
+            // Live, or ended while its attempt is still alive in this process: recovering
+            // now could run the operation twice at once.
+            RecordState::Processing { lease } if idem.running().holds(lease, now) => {
+                let remaining_secs = lease.until.saturating_sub(now).div_ceil(1000);
                 match contract.concurrency {
                     Concurrency::Conflict { retry_after } => {
                         return Registered::Answer(answer::in_progress(
@@ -166,9 +169,9 @@ where
     Registered::Answer(answer::in_progress(last_id.unwrap_or_default(), 1))
 }
 
-/// Polls the record until it is no longer processing under `token` with a live lease
-/// (finished, released, parked, taken over, ended or gone), or until `until`. Returns
-/// whether it changed.
+/// Polls the record until it is no longer processing under `token` with a held lease
+/// (finished, released, parked, taken over, ended and its attempt gone, or the record
+/// gone), or until `until`. Returns whether it changed.
 async fn wait_for_change(
     idem: &Idem,
     key: &RecordKey,
@@ -182,7 +185,8 @@ async fn wait_for_change(
             .store()
             .get(key, now)
             .await?
-            .is_some_and(|r| r.is_live_owner(token, now));
+            .and_then(|r| r.lease().copied())
+            .is_some_and(|l| l.token == token && idem.running().holds(&l, now));
         if !held {
             return Ok(true);
         }

@@ -88,6 +88,9 @@ pub const CHECKS: &[Check] = &[
     ("purge_removes_expired_records_only", |s| {
         Box::pin(purge_removes_expired_records_only(s))
     }),
+    ("a_lease_never_outlives_its_record", |s| {
+        Box::pin(a_lease_never_outlives_its_record(s))
+    }),
 ];
 
 /// Runs every check in [`CHECKS`], each against a fresh store from `new_store`.
@@ -649,4 +652,68 @@ pub async fn purge_removes_expired_records_only(store: Arc<dyn Store>) {
     assert!(store.get(&key("young"), now).await.unwrap().is_some());
     // A purged key is free again, even when read at an earlier time.
     assert!(store.get(&key("old-1"), T0).await.unwrap().is_none());
+}
+
+/// A reclaim or a takeover near the end of the TTL grants a lease that ends after it: the
+/// record's `expires_at` moves to the lease's end, so that while the lease may be live
+/// the key is neither forgotten, nor purged, nor taken for a new operation.
+pub async fn a_lease_never_outlives_its_record(store: Arc<dyn Store>) {
+    let late = T0 + TTL - 10;
+    let after_ttl = T0 + TTL + 1;
+    let lease = |now| Lease {
+        token: OwnerToken::random(),
+        until: now + LEASE,
+    };
+
+    let reclaimed = key("reclaimed");
+    let first = new_record("sha256:a", T0);
+    started(&*store, &reclaimed, &first, T0).await;
+    store
+        .release(&reclaimed, first.lease.token, T0)
+        .await
+        .unwrap();
+    let retry = NewRecord {
+        lease: lease(late),
+        ..new_record("sha256:a", late)
+    };
+    let record = started(&*store, &reclaimed, &retry, late).await;
+    assert_eq!(
+        record.expires_at, retry.lease.until,
+        "a reclaim moves expires_at to the end of its lease"
+    );
+
+    let taken = key("taken");
+    let old = new_record("sha256:a", T0);
+    started(&*store, &taken, &old, T0).await;
+    let new_lease = lease(late);
+    let record = store
+        .take_over(&taken, old.lease.token, new_lease, late)
+        .await
+        .unwrap();
+    assert_eq!(
+        record.expires_at, new_lease.until,
+        "a takeover moves expires_at to the end of its lease"
+    );
+
+    assert_eq!(store.purge_expired(after_ttl).await.unwrap(), 0);
+    for k in [&reclaimed, &taken] {
+        let held = get(&*store, k, after_ttl).await;
+        assert!(
+            matches!(held.state, RecordState::Processing { .. }),
+            "a record under a live lease is found after the TTL"
+        );
+        let duplicate = exists(&*store, k, &new_record("sha256:a", after_ttl), after_ttl).await;
+        assert_eq!(duplicate, held, "a duplicate is not a new operation");
+    }
+    store
+        .complete(&reclaimed, retry.lease.token, &created(), after_ttl)
+        .await
+        .expect("the owner completes within its lease, past the TTL");
+    assert!(
+        store
+            .get(&reclaimed, retry.lease.until)
+            .await
+            .unwrap()
+            .is_none()
+    );
 }

@@ -148,8 +148,7 @@ impl Store for MemoryStore {
             if !ended || record.is_expired(now) {
                 return Err(StoreError::LeaseLost);
             }
-            record.state = RecordState::Processing { lease: new_lease };
-            record.attempt = record.attempt.saturating_add(1);
+            *record = record.leased(new_lease);
             Ok(record.clone())
         })
     }

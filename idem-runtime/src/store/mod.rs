@@ -24,7 +24,11 @@
 //! | processing, lease ended, caller names its owner | [`Store::take_over`] | processing under a new lease, attempt + 1 |
 //!
 //! Every record expires `ttl` after its first attempt (`expires_at`); after that the key
-//! names a new operation and `begin` replaces the record.
+//! names a new operation and `begin` replaces the record. A record never expires while
+//! a lease on it may still be live: `begin` and `take_over` move `expires_at` to the end
+//! of the lease they grant when that is later (a retry near the end of the TTL holds its
+//! lease past it), so a duplicate of a running attempt is never taken for a new
+//! operation and the status lookup never reports a running attempt as not found.
 //!
 //! # Fencing
 //!
@@ -119,7 +123,8 @@ pub trait Store: Send + Sync + 'static {
     /// registered: when the key is unknown, when its record's TTL has passed (a new
     /// operation with `new.operation_id`, attempt 1, created at `now`), or when the record
     /// is released with the same fingerprint (the same operation, attempt + 1, its own
-    /// `operation_id`, `created_at` and `expires_at`). Returns [`Begin::Started`] with the
+    /// `operation_id` and `created_at`). Either way the record's `expires_at` is at least
+    /// `new.lease.until` ([`Record::begin_over`]). Returns [`Begin::Started`] with the
     /// record written; otherwise [`Begin::Exists`] with the record as it stands, unchanged.
     ///
     /// # Errors
@@ -184,9 +189,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
 
     /// Takes over a processing record whose lease has ended at `now` and is owned by
-    /// `expected`: replaces the lease with `new_lease` and counts one more attempt, as one
-    /// compare-and-set, so that exactly one of many concurrent callers wins. Returns the
-    /// record as written.
+    /// `expected`: replaces the lease with `new_lease`, counts one more attempt and moves
+    /// `expires_at` to `new_lease.until` if that is later, as one compare-and-set, so that
+    /// exactly one of many concurrent callers wins. Returns the record as written.
     ///
     /// # Errors
     ///

@@ -230,8 +230,8 @@ pub struct Record {
     pub attempt: u32,
     /// When the key was first registered, in unix milliseconds.
     pub created_at: UnixMillis,
-    /// When the key is forgotten: `created_at` plus the contract's TTL, in unix
-    /// milliseconds.
+    /// When the key is forgotten, in unix milliseconds: `created_at` plus the contract's
+    /// TTL, or the end of the latest lease granted on the record if that is later.
     pub expires_at: UnixMillis,
     /// Where the operation stands.
     pub state: RecordState,
@@ -250,7 +250,7 @@ impl Record {
             fingerprint: new.fingerprint.clone(),
             attempt: 1,
             created_at: now,
-            expires_at: new.expires_at,
+            expires_at: new.expires_at.max(new.lease.until),
             state: RecordState::Processing { lease: new.lease },
         }
     }
@@ -259,18 +259,29 @@ impl Record {
     /// passed, the same operation as a new attempt when the record is released with the
     /// same fingerprint, and nothing otherwise. Backends that cannot run Rust inside their
     /// atomic step (SQL, Lua) encode these same rules.
+    ///
+    /// The record written never expires before its lease ends: a reclaim near the end of
+    /// the TTL moves `expires_at` to the lease's end, so that a duplicate of the running
+    /// attempt is not taken for a new operation.
     pub fn begin_over(&self, new: &NewRecord, now: UnixMillis) -> Option<Record> {
         if self.is_expired(now) {
             return Some(Record::started(new, now));
         }
         if matches!(self.state, RecordState::Released) && self.fingerprint == new.fingerprint {
-            return Some(Record {
-                attempt: self.attempt.saturating_add(1),
-                state: RecordState::Processing { lease: new.lease },
-                ..self.clone()
-            });
+            return Some(self.leased(new.lease));
         }
         None
+    }
+
+    /// This record as the next attempt under `lease`: one more attempt, processing, and
+    /// kept at least until the lease ends (what a reclaim and a takeover write).
+    pub fn leased(&self, lease: Lease) -> Record {
+        Record {
+            attempt: self.attempt.saturating_add(1),
+            expires_at: self.expires_at.max(lease.until),
+            state: RecordState::Processing { lease },
+            ..self.clone()
+        }
     }
 
     /// The lease, if the record is processing.
@@ -299,7 +310,7 @@ pub struct NewRecord {
     /// The attempt's lease.
     pub lease: Lease,
     /// `now` plus the contract's TTL, used if a new operation starts (a reclaimed record
-    /// keeps its own).
+    /// keeps its own, moved to the end of `lease` if that is later).
     pub expires_at: UnixMillis,
 }
 

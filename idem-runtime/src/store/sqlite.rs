@@ -45,11 +45,12 @@ const SCHEMA: &[&str] = &[
 
 /// `begin` as one statement: insert, or on conflict take the row only when its TTL has
 /// passed (a new operation) or it is released with the same fingerprint (attempt + 1).
-/// `?8` is `now`. SQLite evaluates every SET expression against the old row.
+/// `?7` is the lease's end, `?8` is `now`; `expires_at` is never before the lease's end
+/// (`Record::begin_over`). SQLite evaluates every SET expression against the old row.
 const BEGIN: &str = "INSERT INTO idem_records
         (operation, client, key, operation_id, fingerprint, state, attempt, token,
          lease_until, created_at, expires_at)
-    VALUES (?1, ?2, ?3, ?4, ?5, 'processing', 1, ?6, ?7, ?8, ?9)
+    VALUES (?1, ?2, ?3, ?4, ?5, 'processing', 1, ?6, ?7, ?8, MAX(?9, ?7))
     ON CONFLICT (operation, client, key) DO UPDATE SET
         operation_id = CASE WHEN idem_records.expires_at <= ?8 THEN excluded.operation_id
                             ELSE idem_records.operation_id END,
@@ -58,7 +59,7 @@ const BEGIN: &str = "INSERT INTO idem_records
         created_at   = CASE WHEN idem_records.expires_at <= ?8 THEN excluded.created_at
                             ELSE idem_records.created_at END,
         expires_at   = CASE WHEN idem_records.expires_at <= ?8 THEN excluded.expires_at
-                            ELSE idem_records.expires_at END,
+                            ELSE MAX(idem_records.expires_at, excluded.lease_until) END,
         fingerprint  = excluded.fingerprint,
         state        = 'processing',
         token        = excluded.token,
@@ -95,9 +96,9 @@ const PARK: &str = "UPDATE idem_records
     WHERE operation = ?1 AND client = ?2 AND key = ?3
       AND state = 'processing' AND token = ?4";
 
-/// `?4` expected token, `?5` now, `?6` new token, `?7` new lease end.
+/// `?4` expected token, `?5` now, `?6` new token, `?7` new lease end (`Record::leased`).
 const TAKE_OVER: &str = "UPDATE idem_records
-    SET token = ?6, lease_until = ?7, attempt = attempt + 1
+    SET token = ?6, lease_until = ?7, attempt = attempt + 1, expires_at = MAX(expires_at, ?7)
     WHERE operation = ?1 AND client = ?2 AND key = ?3
       AND state = 'processing' AND token = ?4 AND lease_until <= ?5 AND expires_at > ?5
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
@@ -505,6 +506,67 @@ mod tests {
         let after = reopened.get(&k, T0).await.unwrap().unwrap();
         assert_eq!(after, before);
         assert_eq!(after.state, RecordState::Completed { response });
+    }
+
+    /// A database that turns read-only mid-attempt (here `PRAGMA query_only` on the
+    /// store's only connection; on disk, a read-only file or a full volume): every write
+    /// fails as `Unavailable` (answered with 503, fail closed), never as `LeaseLost` or
+    /// a panic, and the record is left as it was until the database is writable again.
+    #[tokio::test]
+    async fn a_read_only_database_fails_closed_and_keeps_the_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = SqliteConnectOptions::new()
+            .filename(dir.path().join("ro.db"))
+            .create_if_missing(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+            .unwrap();
+        let store = SqliteStore::from_pool(pool).await.unwrap();
+        let k = key("read-only");
+        let new = new_record("sha256:a", T0);
+        store.begin(&k, &new, T0).await.unwrap();
+        let before = store.get(&k, T0).await.unwrap().unwrap();
+
+        let query_only = |on: bool| {
+            let statement = if on {
+                "PRAGMA query_only = ON"
+            } else {
+                "PRAGMA query_only = OFF"
+            };
+            sqlx::query(statement).execute(store.pool())
+        };
+        query_only(true).await.unwrap();
+        let unavailable = |result: Result<(), StoreError>, what: &str| {
+            assert!(
+                matches!(result, Err(StoreError::Unavailable(_))),
+                "{what}: {result:?}"
+            );
+        };
+        unavailable(
+            store.complete(&k, new.lease.token, &created(), T0).await,
+            "complete",
+        );
+        unavailable(store.release(&k, new.lease.token, T0).await, "release");
+        unavailable(
+            store
+                .begin(&key("other"), &new_record("sha256:a", T0), T0)
+                .await
+                .map(drop),
+            "begin",
+        );
+        assert_eq!(
+            store.get(&k, T0).await.unwrap().unwrap(),
+            before,
+            "reads still work"
+        );
+
+        query_only(false).await.unwrap();
+        store
+            .complete(&k, new.lease.token, &created(), T0 + 1)
+            .await
+            .expect("writable again: the owner completes");
     }
 
     #[tokio::test]

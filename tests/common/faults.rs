@@ -1,0 +1,182 @@
+//! A store that fails on demand, call by call, and counts every call: the fault injection
+//! of the hostile tests.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use idem::store::{
+    Begin, Lease, MemoryStore, NewRecord, OwnerToken, Record, RecordKey, Store, StoreError,
+    StoredResponse, UnixMillis,
+};
+
+/// One method of [`Store`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Call {
+    Begin,
+    Get,
+    Complete,
+    Release,
+    Park,
+    TakeOver,
+    Purge,
+}
+
+impl Call {
+    pub const ALL: [Call; 7] = [
+        Call::Begin,
+        Call::Get,
+        Call::Complete,
+        Call::Release,
+        Call::Park,
+        Call::TakeOver,
+        Call::Purge,
+    ];
+}
+
+#[derive(Default)]
+struct Faults {
+    failing: Mutex<HashMap<Call, bool>>,
+    counts: Mutex<HashMap<Call, usize>>,
+}
+
+/// Wraps a store; every call is counted, and a call set to fail returns
+/// `StoreError::Unavailable` without reaching the inner store.
+pub struct FaultyStore<S = MemoryStore> {
+    pub inner: Arc<S>,
+    faults: Arc<Faults>,
+}
+
+impl<S> Clone for FaultyStore<S> {
+    fn clone(&self) -> Self {
+        FaultyStore {
+            inner: Arc::clone(&self.inner),
+            faults: Arc::clone(&self.faults),
+        }
+    }
+}
+
+impl FaultyStore<MemoryStore> {
+    pub fn memory() -> Self {
+        FaultyStore::over(MemoryStore::new())
+    }
+}
+
+impl<S: Store> FaultyStore<S> {
+    pub fn over(inner: S) -> Self {
+        FaultyStore {
+            inner: Arc::new(inner),
+            faults: Arc::default(),
+        }
+    }
+
+    /// From now on, `call` fails.
+    pub fn fail(&self, call: Call) {
+        self.faults.failing.lock().unwrap().insert(call, true);
+    }
+
+    /// From now on, `call` reaches the inner store again.
+    pub fn heal(&self, call: Call) {
+        self.faults.failing.lock().unwrap().insert(call, false);
+    }
+
+    /// How many times `call` was made (failed calls included).
+    pub fn calls(&self, call: Call) -> usize {
+        self.faults
+            .counts
+            .lock()
+            .unwrap()
+            .get(&call)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// How many calls were made in all.
+    pub fn total(&self) -> usize {
+        Call::ALL.iter().map(|c| self.calls(*c)).sum()
+    }
+
+    fn enter(&self, call: Call) -> Result<(), StoreError> {
+        *self.faults.counts.lock().unwrap().entry(call).or_default() += 1;
+        if self
+            .faults
+            .failing
+            .lock()
+            .unwrap()
+            .get(&call)
+            .copied()
+            .unwrap_or(false)
+        {
+            return Err(StoreError::unavailable(format!(
+                "injected failure of {call:?}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl<S: Store> Store for FaultyStore<S> {
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        new: &NewRecord,
+        now: UnixMillis,
+    ) -> Result<Begin, StoreError> {
+        self.enter(Call::Begin)?;
+        self.inner.begin(key, new, now).await
+    }
+
+    async fn get(&self, key: &RecordKey, now: UnixMillis) -> Result<Option<Record>, StoreError> {
+        self.enter(Call::Get)?;
+        self.inner.get(key, now).await
+    }
+
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        response: &StoredResponse,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.enter(Call::Complete)?;
+        self.inner.complete(key, token, response, now).await
+    }
+
+    async fn release(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.enter(Call::Release)?;
+        self.inner.release(key, token, now).await
+    }
+
+    async fn park_unknown(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        reason: &str,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.enter(Call::Park)?;
+        self.inner.park_unknown(key, token, reason, now).await
+    }
+
+    async fn take_over(
+        &self,
+        key: &RecordKey,
+        expected: OwnerToken,
+        new_lease: Lease,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError> {
+        self.enter(Call::TakeOver)?;
+        self.inner.take_over(key, expected, new_lease, now).await
+    }
+
+    async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
+        self.enter(Call::Purge)?;
+        self.inner.purge_expired(now).await
+    }
+}
