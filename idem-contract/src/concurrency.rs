@@ -9,7 +9,7 @@ use crate::Duration;
 pub const DEFAULT_CONFLICT_RETRY_AFTER: Duration = Duration::from_millis(1000);
 
 /// Property 7, `concurrency`: the answer to a request whose key is held by an attempt that
-/// is still running (DESIGN §4).
+/// is still running.
 ///
 /// Written `concurrency = conflict`, `concurrency = conflict(retry_after = "2s")`,
 /// `concurrency = accepted` or `concurrency = wait("2s")`.

@@ -10,18 +10,18 @@ use crate::{
 };
 
 /// The most attempts a contract may allow: more turns one client's recovery into a retry
-/// storm (DESIGN §3). Ten attempts with exponential backoff already span minutes.
+/// storm. Ten attempts with exponential backoff already span minutes.
 pub const MAX_ATTEMPTS_CEILING: u32 = 10;
 
-/// The failure contract of one critical command: the nine properties of DESIGN §2 and the
+/// The failure contract of one critical command: the nine properties and the
 /// name of the operation they belong to.
 ///
 /// The macro turns `#[idem::contract(..)]` into a `const` of this type next to the handler
 /// (`create_order::CONTRACT`); the `idem` command reads the same attribute from source
 /// files, or contracts serialised with serde. The serialised form is also the OpenAPI
-/// extension `x-idempotency` (DESIGN §7), described by [`crate::schema`].
+/// extension `x-idempotency`, described by [`crate::schema`].
 ///
-/// A value of this type is not necessarily valid: [`crate::check`] reports every rule it
+/// A value of this type is not necessarily valid: [`crate::check()`](fn@crate::check) reports every rule it
 /// breaks.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -12,8 +12,8 @@ use crate::Duration;
 ///
 /// The server gives one attempt at most `per_attempt` (or `total` when no per-attempt
 /// timeout is declared) before it treats the outcome as unknown: that time is the lease
-/// of the attempt (DESIGN §4, step 3). A per-attempt timeout longer than the total is
-/// refused at compile time (DESIGN §3).
+/// of the attempt. A per-attempt timeout longer than the total is
+/// refused at compile time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Deadline {

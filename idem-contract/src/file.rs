@@ -49,7 +49,7 @@ impl ContractEntry {
     }
 }
 
-/// Which OpenAPI operation a contract describes (DESIGN §7: by `operationId`, or by method
+/// Which OpenAPI operation a contract describes (by `operationId`, or by method
 /// and path).
 ///
 /// Written as a string: `PostCharges` (an `operationId`), `POST /v1/charges` (a method and

@@ -13,7 +13,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 ///
 /// The runtime hashes the RFC 8785 canonical JSON of the significant content with SHA-256.
 /// The same key with a different fingerprint is a client bug, answered with 422
-/// (DESIGN §4).
+///.
 ///
 /// The macro checks each field against the handler's `Json<T>` body type, so a misspelt
 /// field is a compile error. A field is looked up in the JSON body by its Rust name;

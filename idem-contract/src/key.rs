@@ -26,7 +26,7 @@ pub const MAX_KEY_LEN: usize = 255;
 ///
 /// Keys live in the namespace of the client's identity (given by the application) and the
 /// operation: two clients that pick the same key never see each other's results, and one
-/// client's key on two operations names two operations (DESIGN §2).
+/// client's key on two operations names two operations.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KeyScope {
@@ -64,7 +64,7 @@ pub enum KeySource {
 }
 
 /// What a valid key looks like, besides the rules every key follows (1 to 255 visible
-/// ASCII characters, DESIGN §4).
+/// ASCII characters).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum KeyFormat {
@@ -137,7 +137,7 @@ impl KeyScope {
         }
     }
 
-    /// Checks a key against the rules of DESIGN §4: 1 to [`MAX_KEY_LEN`] bytes, all of them
+    /// Checks a key against the key rules: 1 to [`MAX_KEY_LEN`] bytes, all of them
     /// visible ASCII, and the declared [`KeyFormat`].
     ///
     /// # Errors

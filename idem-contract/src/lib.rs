@@ -6,7 +6,8 @@
 //! the runtime and the command line read one model with one set of rules (the layout of
 //! `serde_derive_internals` and `darling_core`).
 //!
-//! The reference for every rule is DESIGN §2 (the properties) and §3 (what is rejected).
+//! Every rule is documented where it is checked: [`check()`](fn@crate::check) for the rules that tie values
+//! together, and the parser for the rest.
 //!
 //! ```
 //! use idem_contract::{Contract, check};
@@ -61,7 +62,7 @@ pub use recovery::Recovery;
 pub use status::{Retryable, StatusCode, TransportFailure};
 
 /// The JSON Schema (draft 2020-12) of the OpenAPI extension `x-idempotency`, which is the
-/// serialised form of [`Contract`] (DESIGN §7).
+/// serialised form of [`Contract`].
 pub fn schema() -> schemars::Schema {
     let mut schema = schemars::schema_for!(Contract);
     schema.insert("title".into(), "x-idempotency".into());

@@ -7,7 +7,7 @@
 //! (RFC 4151), a stable name that needs no web server behind it (RFC 9457 §3.1.1 allows
 //! non-dereferenceable type URIs). Bodies are `application/problem+json` with `type`,
 //! `title`, `status` and `detail` (RFC 9457 §3.1) and, where the operation is known, the
-//! extension members `operation_id`, `state` and `new_key_safe` (DESIGN §4): whether the
+//! extension members `operation_id`, `state` and `new_key_safe`: whether the
 //! client may safely start a new operation with a new key, true only when this key cannot
 //! have had an effect. Every answer carries the `Operation-Id` header.
 //!
@@ -16,6 +16,7 @@
 //! | `key-missing` | 400 | – | true | – |
 //! | `key-malformed` | 400 | – | true | – |
 //! | `body-malformed` | 400 | – | true | – |
+//! | `body-too-large` | 413 | – | true | – |
 //! | `client-identity-missing` | 401 | – | true | – |
 //! | `fingerprint-mismatch` | 422 | the record's | true only when the record is `released` | – |
 //! | `operation-in-progress` | 409 | `processing` | false | yes |
@@ -117,6 +118,11 @@ problem_types! {
         state: None, new_key_safe: Some(true), retry_after: false,
         meaning: "the body is not the JSON object the operation needs to read its significant fields or its key (not JSON, a member name given twice, or not an object); nothing was done",
         action: "fix the body; sending it again unchanged gets the same answer";
+    /// 413: the body is larger than the server takes.
+    BodyTooLarge => "body-too-large", 413, "Request body too large",
+        state: None, new_key_safe: Some(true), retry_after: false,
+        meaning: "the body is larger than the server accepts for this operation; nothing was done",
+        action: "make the body smaller; sending it again unchanged gets the same answer";
     /// 401: no client identity.
     ClientIdentityMissing => "client-identity-missing", 401, "Client identity missing",
         state: None, new_key_safe: Some(true), retry_after: false,

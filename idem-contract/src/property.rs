@@ -2,11 +2,11 @@
 //!
 //! Every list of properties that idem prints (the "missing properties" error, the
 //! "expected one of" list, the "did you mean" suggestion, the consumer docs) comes from
-//! [`Property::ALL`], so none of them can go stale. The source is DESIGN §2.
+//! [`Property::ALL`], so none of them can go stale. They are the properties of the idempotency contract; their names are fixed.
 
 use std::fmt;
 
-/// One of the nine properties of a contract (DESIGN §2).
+/// One of the nine properties of a contract.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Property {
     /// `key_scope`: where the key comes from and which namespace it lives in.
@@ -30,7 +30,7 @@ pub enum Property {
 }
 
 impl Property {
-    /// The nine properties in the order of DESIGN §2.
+    /// The nine properties, in their documented order.
     pub const ALL: [Property; 9] = [
         Property::KeyScope,
         Property::Fingerprint,
@@ -58,7 +58,7 @@ impl Property {
         }
     }
 
-    /// The question the property answers, in one line (DESIGN §2).
+    /// The question the property answers, in one line.
     pub const fn answers(self) -> &'static str {
         match self {
             Property::KeyScope => {

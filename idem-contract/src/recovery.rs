@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// Property 9, `recovery`: what happens to an operation whose outcome is unknown because
 /// its attempt ended (a crash, a panic, the server's deadline) between the business effect
-/// and the record of its result (DESIGN §2, §4).
+/// and the record of its result.
 ///
 /// Written `recovery = reconcile_create_order` (a function that inspects business data
 /// and decides) or `recovery = manual("https://runbooks.example.com/orders")` (park the

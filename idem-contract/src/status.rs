@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 /// An HTTP status code (RFC 9110 §15), as written in a contract: `429`, `503`.
 ///
-/// The value is not checked on construction; [`crate::check`] refuses codes outside
+/// The value is not checked on construction; [`crate::check()`](fn@crate::check) refuses codes outside
 /// 100–599 and codes that cannot be retried.
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 pub struct StatusCode(pub u16);
 
 /// The client-error statuses that are permanent: sending the same request again gets the
-/// same answer (DESIGN §3). Together with every 2xx and 3xx they can never be retryable.
+/// same answer. Together with every 2xx and 3xx they can never be retryable.
 pub const PERMANENT_CLIENT_ERRORS: [u16; 9] = [400, 401, 403, 404, 405, 410, 413, 415, 422];
 
 impl StatusCode {

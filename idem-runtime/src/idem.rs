@@ -9,6 +9,7 @@ use http::header::{
     CONTENT_ENCODING, CONTENT_LOCATION, CONTENT_TYPE, ETAG, LAST_MODIFIED, LINK, LOCATION,
 };
 
+use crate::enforce::names::Names;
 use crate::enforce::running::Running;
 use crate::identity::ClientIdentity;
 use crate::layer::IdemLayer;
@@ -72,6 +73,8 @@ struct Inner {
     unavailable_retry_after: Duration,
     /// The attempts alive in this process (shared by every clone).
     running: Arc<Running>,
+    /// The operation names claimed so far (shared by every clone).
+    names: Arc<Names>,
 }
 
 impl Idem {
@@ -86,6 +89,7 @@ impl Idem {
                 max_stored_body: DEFAULT_MAX_STORED_BODY,
                 unavailable_retry_after: DEFAULT_UNAVAILABLE_RETRY_AFTER,
                 running: Arc::default(),
+                names: Arc::default(),
             }),
         }
     }
@@ -106,8 +110,7 @@ impl Idem {
     ///
     /// A larger result is still sent to the client that caused it, but it cannot be
     /// replayed: the operation is parked as `unknown` with a reason that says so, and an
-    /// error is logged (DESIGN §5: "stored results have a size limit with a clear error
-    /// past it").
+    /// error is logged.
     pub fn with_max_stored_body(mut self, bytes: usize) -> Idem {
         self.inner_mut().max_stored_body = bytes;
         self
@@ -143,6 +146,11 @@ impl Idem {
     /// The attempts alive in this process.
     pub(crate) fn running(&self) -> &Arc<Running> {
         &self.inner.running
+    }
+
+    /// The operation names claimed under this handle.
+    pub(crate) fn names(&self) -> &Names {
+        &self.inner.names
     }
 
     /// The largest stored result body, in bytes.

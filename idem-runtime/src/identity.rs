@@ -1,4 +1,4 @@
-//! Client identity: the first half of a key's namespace (DESIGN §2, property 1).
+//! Client identity: the first half of a key's namespace.
 //!
 //! Keys live per client and per operation: two clients that pick the same key never see
 //! each other's results. idem does not authenticate anyone; the application says who the

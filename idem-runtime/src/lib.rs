@@ -1,5 +1,5 @@
 //! The idem runtime: enforcement of the failure contract of critical commands on axum
-//! handlers (DESIGN §4), and the stores behind it (DESIGN §5).
+//! handlers, and the stores behind it.
 //!
 //! Users reach this crate through `idem`, whose `#[idem::contract(..)]` attribute writes
 //! the enforcement code below for them. A service needs three things from the runtime:
@@ -10,7 +10,7 @@
 //! 3. contracted handlers (made by the macro, or written by hand with
 //!    [`enforce::Enforced`]) and their status lookups ([`Lookup`]).
 //!
-//! Every answer of the table in DESIGN §4 is produced here: a replay with
+//! Every answer of idem's table (the README's "The answers") is produced here: a replay with
 //! `Idempotent-Replayed: true`, the [problems](problem) (400, 401, 409, 422, 503) with a
 //! stable `type` each, the concurrency answers, recovery of operations whose outcome is
 //! unknown ([`recovery`]), and fail-closed 503s when the store fails. Every answer carries
@@ -109,7 +109,7 @@ pub mod store;
 #[path = "private.rs"]
 pub mod __private;
 
-pub use crate::enforce::IDEMPOTENT_REPLAYED_HEADER;
+pub use crate::enforce::{Attempt, IDEMPOTENT_REPLAYED_HEADER};
 pub use crate::idem::{
     DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS, DEFAULT_UNAVAILABLE_RETRY_AFTER, Idem,
 };

@@ -1,5 +1,5 @@
 //! The status lookup: how a client learns the outcome of an operation by its key after an
-//! answer was lost (DESIGN §2, property 8).
+//! answer was lost.
 
 use std::marker::PhantomData;
 use std::time::{Duration, UNIX_EPOCH};
@@ -67,6 +67,9 @@ where
         let Some(idem) = parts.extensions.get::<Idem>().cloned() else {
             return Err(answer::not_configured());
         };
+        idem.names()
+            .claim::<C>()
+            .map_err(|other| answer::operation_name_taken(C::CONTRACT, other))?;
         let client = idem
             .identity()
             .identify(parts)

@@ -7,7 +7,7 @@ use http::HeaderValue;
 use uuid::Uuid;
 
 /// The response header that carries the operation id on every answer of a contracted
-/// operation (DESIGN §4).
+/// operation.
 pub const OPERATION_ID_HEADER: &str = "operation-id";
 
 /// The id of one business operation: a UUIDv7 (RFC 9562 §5.7), so ids sort by the time
@@ -16,7 +16,7 @@ pub const OPERATION_ID_HEADER: &str = "operation-id";
 /// An id is assigned when a key is first registered and kept for the life of the record:
 /// every attempt of the operation (retries, a takeover by recovery, the status lookup)
 /// answers with the same id, in the `Operation-Id` header and in problem bodies, so that
-/// logs and traces of all attempts can be joined (DESIGN §4, §9). An answer that registers
+/// logs and traces of all attempts can be joined. An answer that registers
 /// nothing (a 400 for a missing key) gets a fresh id that is not stored.
 ///
 /// Printed in the hyphenated lowercase form: `0191f6a4-6c1e-7c3a-9d5e-1b2c3d4e5f60`.

@@ -11,7 +11,7 @@ use idem_contract::{
     Recovery, StatusLookup,
 };
 
-pub use crate::enforce::{Enforced, Guard};
+pub use crate::enforce::{Attempt, Enforced, Guard};
 pub use crate::recovery::{Contracted, Reconcile, ReconcileWith, Recover, Recoverer};
 
 /// A handler that can serve a status lookup: an async function whose arguments are
@@ -66,6 +66,68 @@ where
     let _ = handler;
 }
 
+/// The member names serde reads for the struct `T` (after `rename` and `rename_all`), or
+/// `None` when `T` is not read as a struct with known fields (a map, an enum, a struct
+/// with `#[serde(flatten)]`). Used by the macro for [`Contracted::body_fields`].
+///
+/// It asks `T`'s `Deserialize` implementation to read from a deserializer that answers
+/// nothing: serde's derive names its fields in `deserialize_struct` before reading any.
+pub fn serde_fields<T: serde::de::DeserializeOwned>() -> Option<&'static [&'static str]> {
+    match T::deserialize(probe::Probe) {
+        Err(probe::Found(fields)) => fields,
+        Ok(_) => None,
+    }
+}
+
+mod probe {
+    use serde::de::{self, Deserializer, Visitor};
+    use std::fmt;
+
+    /// A deserializer that only records the fields of a struct.
+    pub(super) struct Probe;
+
+    /// What the probe found; an error, so that deserialization stops at once.
+    #[derive(Debug)]
+    pub(super) struct Found(pub(super) Option<&'static [&'static str]>);
+
+    impl fmt::Display for Found {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("field probe")
+        }
+    }
+
+    impl std::error::Error for Found {}
+
+    impl de::Error for Found {
+        fn custom<T: fmt::Display>(_: T) -> Found {
+            Found(None)
+        }
+    }
+
+    impl<'de> Deserializer<'de> for Probe {
+        type Error = Found;
+
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Found> {
+            Err(Found(None))
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Found> {
+            Err(Found(Some(fields)))
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+            ignored_any
+        }
+    }
+}
+
 /// The contract of the macro's fallback expansion, used only when the attribute has
 /// errors (the compile fails anyway); its values are never enforced.
 pub const PLACEHOLDER_CONTRACT: Contract = Contract {
@@ -107,6 +169,29 @@ mod tests {
     fn status_lookup_handlers_are_recognised() {
         assert_status_lookup(no_args);
         assert_status_lookup(two_args);
+    }
+
+    #[test]
+    fn serde_fields_are_the_wire_names() {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        #[allow(dead_code)]
+        struct Camel {
+            customer_id: String,
+            #[serde(rename = "amt")]
+            amount_minor: i64,
+        }
+        #[derive(serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Flattened {
+            id: String,
+            #[serde(flatten)]
+            rest: std::collections::HashMap<String, serde_json::Value>,
+        }
+        assert_eq!(serde_fields::<Camel>(), Some(&["customerId", "amt"][..]));
+        assert_eq!(serde_fields::<Flattened>(), None);
+        assert_eq!(serde_fields::<serde_json::Value>(), None);
+        assert_eq!(serde_fields::<String>(), None);
     }
 
     #[test]

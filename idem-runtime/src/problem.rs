@@ -13,7 +13,7 @@
 //! and consumer docs read too.
 //!
 //! `Retry-After` is in whole seconds, rounded up (RFC 9110 §10.2.3). Every answer carries
-//! the `Operation-Id` header as well (DESIGN §4).
+//! the `Operation-Id` header as well.
 
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};

@@ -1,4 +1,4 @@
-//! Recovery of operations whose outcome is unknown (DESIGN §2 property 9, §4).
+//! Recovery of operations whose outcome is unknown.
 //!
 //! An attempt that ends without an answer (a crash, a panic, the server's deadline, a
 //! dropped connection) leaves its record *processing* under a lease. When the lease has
@@ -28,7 +28,7 @@ use futures_util::future::BoxFuture;
 use idem_contract::{Contract, Recovery};
 
 use crate::enforce::answer;
-use crate::enforce::guard::Attempt;
+use crate::enforce::guard::Held;
 use crate::store::{Lease, OwnerToken, Record, RecordKey, StoreError, UnixMillis, unix_now};
 use crate::{Idem, OperationId};
 
@@ -43,6 +43,15 @@ use crate::{Idem, OperationId};
 pub trait Contracted: Send + Sync + 'static {
     /// The operation's contract.
     const CONTRACT: &'static Contract;
+
+    /// The member names of the JSON body type as serde reads them (after `rename` and
+    /// `rename_all`), when the handler takes `Json<T>` of a struct: the fingerprint's
+    /// fields and a body key are looked up under these names. `None` (the default) takes
+    /// the contract's field names as they are. The macro implements it with
+    /// [`crate::__private::serde_fields`].
+    fn body_fields() -> Option<&'static [&'static str]> {
+        None
+    }
 }
 
 /// How a contracted operation recovers, given the router's state `S`.
@@ -204,7 +213,7 @@ impl std::fmt::Debug for Recoverer {
 /// What the recovery of one ended lease came to.
 pub(crate) enum Recovered {
     /// Not applied: the caller holds a fresh lease on the record, as this attempt.
-    Run(Attempt),
+    Run(Held),
     /// Decided: applied (stored and replayed) or parked as unknown; this is the answer.
     Answer(Response),
     /// Someone else took the lease over first (or the record changed): look again.
@@ -256,7 +265,7 @@ where
         // Unreachable in practice: one request wins at most one takeover per round.
         return Recovered::Failed(StoreError::Corrupt("recovery ran twice".into()));
     };
-    let attempt = Attempt {
+    let attempt = Held {
         idem: idem.clone(),
         contract,
         key: key.clone(),
@@ -297,7 +306,7 @@ where
 }
 
 /// Runs the reconcile function under the new lease and acts on its resolution.
-async fn decide(attempt: Attempt, reconcile: ReconcileFn, op: UnknownOperation) -> Recovered {
+async fn decide(attempt: Held, reconcile: ReconcileFn, op: UnknownOperation) -> Recovered {
     let deadline = attempt.deadline;
     let resolution = match std::panic::catch_unwind(AssertUnwindSafe(move || reconcile(op))) {
         Ok(future) => {

@@ -47,14 +47,6 @@ fn unix_millis() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// A header idem has already checked (the client identity, the idempotency key).
-fn checked_header<'h>(headers: &'h HeaderMap, name: &str) -> &'h str {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-}
-
 fn created(order: Order) -> Response {
     let location = HeaderValue::from_str(&format!("/orders/{}", order.id)).ok();
     let mut response = (StatusCode::CREATED, Json(order)).into_response();
@@ -66,7 +58,7 @@ fn created(order: Order) -> Response {
 
 /// `POST /orders`: creates an order, at most once per idempotency key.
 ///
-/// The key and the client identity have been checked by idem before this runs; the key is
+/// `attempt` carries the client and the idempotency key as idem checked them; they are
 /// written with the order, so that the reconcile function can find it.
 #[idem::contract(
     key_scope     = client,
@@ -81,7 +73,7 @@ fn created(order: Order) -> Response {
 )]
 pub async fn create_order(
     State(app): State<App>,
-    headers: HeaderMap,
+    attempt: idem::Attempt,
     Json(body): Json<CreateOrder>,
 ) -> Result<Response, ApiError> {
     body.validate().map_err(ApiError::InvalidOrder)?;
@@ -92,9 +84,7 @@ pub async fn create_order(
     if outage.is_ok() {
         return Err(ApiError::ProviderUnavailable);
     }
-    let client = checked_header(&headers, CLIENT_ID_HEADER);
-    let key = checked_header(&headers, "idempotency-key");
-    let order = db::insert(&app.db, client, key, &body, unix_millis()).await?;
+    let order = db::insert(&app.db, &attempt.client, &attempt.key, &body, unix_millis()).await?;
     if !app.demo.delay.is_zero() {
         tokio::time::sleep(app.demo.delay).await;
     }

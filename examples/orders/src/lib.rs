@@ -1,7 +1,7 @@
 //! The idem example: an order service.
 //!
 //! `POST /orders` creates an order under a full idempotency contract (all nine properties,
-//! see [`api::create_order`]); `GET /orders/{id}` reads one; `GET /orders/operations/{key}`
+//! see [`api::create_order()`](fn@api::create_order)); `GET /orders/{id}` reads one; `GET /orders/operations/{key}`
 //! is the contract's status lookup; [`api::reconcile_create_order`] decides an operation
 //! whose outcome is unknown. Orders and idem's records live in one SQLite file.
 //!

@@ -63,6 +63,7 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| "info,sqlx=warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = Args::parse();
 
@@ -106,7 +107,6 @@ async fn main() -> ExitCode {
         }
     };
     let addr = listener.local_addr().unwrap_or(args.addr);
-    tracing::info!(%addr, db = %args.db.display(), "orders: listening");
     println!(
         "orders: listening on http://{addr} (database {})",
         args.db.display()

@@ -35,8 +35,8 @@ fn wrapped<'a>(ty: &'a Type, name: &str) -> Option<&'a Type> {
     }
 }
 
-/// Checks that `item` is an async function without a receiver (DESIGN §3: "the attribute
-/// on something that is not an async handler function"), and reads its argument types.
+/// Checks that `item` is an async function without a receiver (a contract on anything else
+/// is refused), and reads its argument types.
 pub(super) fn handler(cx: &mut Ctxt, item: &Item) -> Option<Handler> {
     let func = match item {
         Item::Fn(func) => func,

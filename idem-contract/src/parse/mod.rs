@@ -3,7 +3,7 @@
 //! parse → model → check: the arguments are read into one set-once slot per property,
 //! recording every error and going on (only broken syntax between properties stops it);
 //! then the missing properties are reported together; then, if all nine values are
-//! valid, the model is built and [`crate::check`] runs. Every error carries the span of
+//! valid, the model is built and [`crate::check()`](fn@crate::check) runs. Every error carries the span of
 //! the tokens to blame, so the macro and the command report the same problems at the same
 //! places.
 //!
@@ -65,7 +65,7 @@ pub struct Parsed {
     /// The reconcile function's path, for the compiler's check.
     pub recovery: Option<syn::Path>,
     /// Every problem, in a stable order: the item, the arguments in order, the missing
-    /// properties, then the rules of [`crate::check`].
+    /// properties, then the rules of [`crate::check()`](fn@crate::check).
     pub errors: Vec<syn::Error>,
 }
 
@@ -139,6 +139,17 @@ pub fn parse(args: TokenStream, attr_span: Span, item: Option<&syn::Item>) -> Pa
     for (key, value) in entries {
         let name = syn::ext::IdentExt::unraw(&key).to_string();
         let Some(property) = Property::from_key(&name) else {
+            if let Some((owner, write)) = OPTIONS
+                .iter()
+                .find(|(option, _, _)| *option == name)
+                .map(|(_, o, w)| (o, w))
+            {
+                cx.error_spanned(
+                    &key,
+                    format!("`{name}` is an option of `{owner}`, not a property: write `{write}`"),
+                );
+                continue;
+            }
             let keys: Vec<&str> = Property::ALL.iter().map(|p| p.key()).collect();
             let suggestion = suggest(&name, &keys);
             if let Some(s) = suggestion {
@@ -225,20 +236,55 @@ pub fn parse(args: TokenStream, attr_span: Span, item: Option<&syn::Item>) -> Pa
 
     report_missing(&mut cx, &mut slots, attr_span, &suggested);
     check_body_needed(&mut cx, &mut slots, &parsed);
-    let contract = build(&mut slots, parsed.handler.as_ref());
-    if let Some(contract) = &contract {
-        for violation in check(contract) {
-            let tokens = locate(&mut slots, &value_tokens, &parsed, violation.at);
-            cx.errors
-                .push(syn::Error::new_spanned(tokens, violation.message));
+    // The rules run even when some properties are missing or refused: each violation that
+    // reads only valid values is reported, so one compile shows every problem.
+    let (contract, complete) = build(&mut slots, parsed.handler.as_ref());
+    for violation in check(&contract) {
+        let readable = violation.involves.iter().all(|p| is_set(&mut slots, *p));
+        if !readable || (violation.at == Location::Operation && parsed.handler.is_none()) {
+            continue;
         }
+        let tokens = locate(&mut slots, &value_tokens, &parsed, violation.at);
+        cx.errors
+            .push(syn::Error::new_spanned(tokens, violation.message));
     }
     parsed.errors = cx.errors;
-    if parsed.errors.is_empty() {
-        parsed.contract = contract;
+    if parsed.errors.is_empty() && complete {
+        parsed.contract = Some(contract);
     }
     parsed
 }
+
+/// Options that belong inside a property's value, for the error when one is written as a
+/// property of its own: `(option, property, what to write)`.
+const OPTIONS: [(&str, &str, &str); 6] = [
+    (
+        "per_attempt",
+        "deadline",
+        "deadline = (\"30s\", per_attempt = \"5s\")",
+    ),
+    (
+        "retry_after",
+        "concurrency",
+        "concurrency = conflict(retry_after = \"2s\")",
+    ),
+    (
+        "header",
+        "key_scope",
+        "key_scope = client(header = \"Idempotency-Key\")",
+    ),
+    ("format", "key_scope", "key_scope = client(format = uuid)"),
+    (
+        "path",
+        "status_lookup",
+        "status_lookup = operation_status(path = \"/operations/{key}\")",
+    ),
+    (
+        "runbook",
+        "recovery",
+        "recovery = manual(\"https://runbooks.example.com/orders\")",
+    ),
+];
 
 /// Tokens kept for errors that point inside a value.
 #[derive(Default)]
@@ -373,20 +419,82 @@ fn check_body_needed(cx: &mut Ctxt, slots: &mut Slots, parsed: &Parsed) {
 }
 
 /// The model, when every property has a valid value.
-fn build(slots: &mut Slots, handler: Option<&Handler>) -> Option<Contract> {
-    let operation = handler.map(|h| syn::ext::IdentExt::unraw(&h.ident).to_string())?;
-    Some(Contract {
-        operation: operation.into(),
-        key_scope: slot(&mut slots.key_scope).get()?.0.clone(),
-        fingerprint: slot(&mut slots.fingerprint).get()?.0.clone(),
-        ttl: *slot(&mut slots.ttl).get()?.0,
-        deadline: *slot(&mut slots.deadline).get()?.0,
-        max_attempts: *slot(&mut slots.max_attempts).get()?.0,
-        retryable: slot(&mut slots.retryable).get()?.0.clone().into(),
-        concurrency: *slot(&mut slots.concurrency).get()?.0,
-        status_lookup: slot(&mut slots.status_lookup).get()?.0.clone(),
-        recovery: slot(&mut slots.recovery).get()?.0.clone(),
-    })
+fn build(slots: &mut Slots, handler: Option<&Handler>) -> (Contract, bool) {
+    fn value<T: Clone>(slot: &mut Slot<T>, stand_in: T, complete: &mut bool) -> T {
+        match slot.get() {
+            Some((value, _)) => value.clone(),
+            None => {
+                *complete = false;
+                stand_in
+            }
+        }
+    }
+    let s = STAND_IN;
+    let mut complete = handler.is_some();
+    let operation = handler.map_or(s.operation, |h| {
+        syn::ext::IdentExt::unraw(&h.ident).to_string().into()
+    });
+    let contract = Contract {
+        operation,
+        key_scope: value(slot(&mut slots.key_scope), s.key_scope, &mut complete),
+        fingerprint: value(slot(&mut slots.fingerprint), s.fingerprint, &mut complete),
+        ttl: value(slot(&mut slots.ttl), s.ttl, &mut complete),
+        deadline: value(slot(&mut slots.deadline), s.deadline, &mut complete),
+        max_attempts: value(slot(&mut slots.max_attempts), s.max_attempts, &mut complete),
+        retryable: value(
+            slot(&mut slots.retryable),
+            s.retryable.into_owned(),
+            &mut complete,
+        )
+        .into(),
+        concurrency: value(slot(&mut slots.concurrency), s.concurrency, &mut complete),
+        status_lookup: value(
+            slot(&mut slots.status_lookup),
+            s.status_lookup,
+            &mut complete,
+        ),
+        recovery: value(slot(&mut slots.recovery), s.recovery, &mut complete),
+    };
+    (contract, complete)
+}
+
+/// Stand-ins for the properties that are missing or were refused, so that the rules of the
+/// others still run; a violation that reads a stand-in is left out.
+const STAND_IN: Contract = Contract {
+    operation: std::borrow::Cow::Borrowed("operation"),
+    key_scope: crate::KeyScope::CLIENT,
+    fingerprint: Fingerprint::Body,
+    ttl: crate::Duration::MAX,
+    deadline: crate::Deadline {
+        total: crate::Duration::from_millis(30_000),
+        per_attempt: None,
+    },
+    max_attempts: 1,
+    retryable: std::borrow::Cow::Borrowed(&[]),
+    concurrency: crate::Concurrency::Conflict {
+        retry_after: crate::DEFAULT_CONFLICT_RETRY_AFTER,
+    },
+    status_lookup: crate::StatusLookup {
+        handler: std::borrow::Cow::Borrowed("status"),
+        path: None,
+    },
+    recovery: crate::Recovery::Manual {
+        runbook: std::borrow::Cow::Borrowed("runbook"),
+    },
+};
+
+fn is_set(slots: &mut Slots, property: Property) -> bool {
+    match property {
+        Property::KeyScope => slot(&mut slots.key_scope).get().is_some(),
+        Property::Fingerprint => slot(&mut slots.fingerprint).get().is_some(),
+        Property::Ttl => slot(&mut slots.ttl).get().is_some(),
+        Property::Deadline => slot(&mut slots.deadline).get().is_some(),
+        Property::MaxAttempts => slot(&mut slots.max_attempts).get().is_some(),
+        Property::Retryable => slot(&mut slots.retryable).get().is_some(),
+        Property::Concurrency => slot(&mut slots.concurrency).get().is_some(),
+        Property::StatusLookup => slot(&mut slots.status_lookup).get().is_some(),
+        Property::Recovery => slot(&mut slots.recovery).get().is_some(),
+    }
 }
 
 /// The tokens a violation points at: the narrowest ones known.

@@ -41,18 +41,11 @@ fn expect_end(input: ParseStream, property: Property) -> syn::Result<()> {
 }
 
 /// A quoted duration. The message names the property and the accepted forms.
-fn duration_lit(
-    input: ParseStream,
-    property: Property,
-    what: &str,
-) -> syn::Result<(Duration, LitStr)> {
+fn duration_lit(input: ParseStream, what: &str) -> syn::Result<(Duration, LitStr)> {
     let lit: LitStr = input.parse().map_err(|e| {
         syn::Error::new(
             e.span(),
-            format!(
-                "{what} is a duration in quotes: write {ACCEPTED_FORMS}, such as `{}`",
-                property.example()
-            ),
+            format!("{what} is a duration in quotes, such as `\"30s\"`: a whole number and a unit (`ms`, `s`, `m`, `h` or `d`)"),
         )
     })?;
     let duration = lit.value().parse::<Duration>().map_err(|err| {
@@ -68,7 +61,7 @@ fn duration_lit(
 /// `ttl = "24h"`
 pub(super) fn ttl(cx: &mut Ctxt, value: &TokenStream) -> Option<Duration> {
     run(cx, value, |input| {
-        let (d, _) = duration_lit(input, Property::Ttl, "`ttl`")?;
+        let (d, _) = duration_lit(input, "`ttl`")?;
         expect_end(input, Property::Ttl)?;
         Ok(d)
     })
@@ -84,7 +77,7 @@ pub(super) fn deadline(
         let parsed = if input.peek(syn::token::Paren) {
             let inner;
             parenthesized!(inner in input);
-            let (total, _) = duration_lit(&inner, Property::Deadline, "`deadline`")?;
+            let (total, _) = duration_lit(&inner, "`deadline`")?;
             let mut per_attempt = None;
             if !inner.is_empty() {
                 inner.parse::<Token![,]>()?;
@@ -98,7 +91,7 @@ pub(super) fn deadline(
                     ));
                 }
                 inner.parse::<Token![=]>()?;
-                let (d, lit) = duration_lit(&inner, Property::Deadline, "`per_attempt`")?;
+                let (d, lit) = duration_lit(&inner, "`per_attempt`")?;
                 per_attempt = Some((d, lit.into_token_stream()));
                 let _ = inner.parse::<Option<Token![,]>>()?;
                 expect_end(&inner, Property::Deadline)?;
@@ -111,7 +104,7 @@ pub(super) fn deadline(
                 per_attempt.map(|(_, t)| t),
             )
         } else {
-            let (total, _) = duration_lit(input, Property::Deadline, "`deadline`")?;
+            let (total, _) = duration_lit(input, "`deadline`")?;
             (
                 Deadline {
                     total,
@@ -353,7 +346,7 @@ pub(super) fn concurrency(cx: &mut Ctxt, value: &TokenStream) -> Option<Concurre
                         ));
                     }
                     inner.parse::<Token![=]>()?;
-                    retry_after = duration_lit(&inner, Property::Concurrency, "`retry_after`")?.0;
+                    retry_after = duration_lit(&inner, "`retry_after`")?.0;
                     let _ = inner.parse::<Option<Token![,]>>()?;
                     expect_end(&inner, Property::Concurrency)?;
                 }
@@ -369,7 +362,7 @@ pub(super) fn concurrency(cx: &mut Ctxt, value: &TokenStream) -> Option<Concurre
                 }
                 let inner;
                 parenthesized!(inner in input);
-                let (limit, _) = duration_lit(&inner, Property::Concurrency, "the wait")?;
+                let (limit, _) = duration_lit(&inner, "the wait")?;
                 expect_end(&inner, Property::Concurrency)?;
                 Concurrency::Wait { limit }
             }

@@ -20,7 +20,7 @@ pub(super) fn expand(
     let companion = match item {
         Some(syn::Item::Fn(func)) => {
             let ident = &func.sig.ident;
-            let module = handler::companion(paths, func, quote!(#p::PLACEHOLDER_CONTRACT));
+            let module = handler::companion(paths, func, quote!(#p::PLACEHOLDER_CONTRACT), None);
             let checks = checks::expand(paths, parsed);
             quote! {
                 #module

@@ -45,6 +45,34 @@ pub(crate) fn not_configured() -> Response {
     .into_response()
 }
 
+/// 500 `not-configured`: another contracted handler has the same operation name, so the
+/// two would share every key.
+pub(crate) fn operation_name_taken(contract: &Contract, other: &str) -> Response {
+    tracing::error!(
+        operation = %contract.operation,
+        other,
+        "idem: two contracted handlers have one operation name; rename one of them"
+    );
+    Problem::new(
+        ProblemType::NotConfigured,
+        format!(
+            "two contracted handlers are named `{}` (the other is `{other}`): they would share every idempotency key, so this one is refused; rename one of the handlers",
+            contract.operation
+        ),
+    )
+    .with_operation_id(OperationId::new())
+    .into_response()
+}
+
+/// 500 `not-configured`: the contract names body fields that the body type does not have
+/// under any spelling serde reads (see `enforce::wire`).
+pub(crate) fn misconfigured(contract: &Contract, why: &str) -> Response {
+    tracing::error!(operation = %contract.operation, why, "idem: the contract does not fit the body type");
+    Problem::new(ProblemType::NotConfigured, why)
+        .with_operation_id(OperationId::new())
+        .into_response()
+}
+
 /// 400 `key-missing`.
 pub(crate) fn key_missing(contract: &Contract) -> Response {
     let place = match contract.key_scope.header() {
@@ -81,6 +109,23 @@ pub(crate) fn body_malformed(why: impl std::fmt::Display) -> Response {
     Problem::new(ProblemType::BodyMalformed, why.to_string())
         .with_operation_id(OperationId::new())
         .into_response()
+}
+
+/// The body could not be read: 413 `body-too-large` past axum's `DefaultBodyLimit`, else
+/// 400 `body-malformed` (a body cut short, a broken chunked encoding).
+pub(crate) fn body_unreadable(rejection: &axum::extract::rejection::BytesRejection) -> Response {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return Problem::new(
+            ProblemType::BodyTooLarge,
+            "the request body is larger than this server accepts (axum's `DefaultBodyLimit`); nothing was done",
+        )
+        .with_operation_id(OperationId::new())
+        .into_response();
+    }
+    body_malformed(format_args!(
+        "the request body could not be read: {}",
+        rejection.body_text()
+    ))
 }
 
 /// 422 `fingerprint-mismatch`: the record is left as it is.

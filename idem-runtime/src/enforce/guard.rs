@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use idem_contract::Contract;
 use tracing::Instrument;
 
+use super::Attempt;
 use super::answer::{self, with_operation_id};
 use super::replay::{Captured, capture, replay, select_headers};
 use super::running::Alive;
@@ -14,7 +15,7 @@ use crate::store::{OwnerToken, RecordKey, StoreError, StoredResponse, unix_now};
 use crate::{Idem, OperationId};
 
 /// One attempt that holds the key's lease.
-pub(crate) struct Attempt {
+pub(crate) struct Held {
     pub(crate) idem: Idem,
     pub(crate) contract: &'static Contract,
     pub(crate) key: RecordKey,
@@ -28,15 +29,15 @@ pub(crate) struct Attempt {
     pub(crate) _alive: Alive,
 }
 
-impl Attempt {
-    /// Settles the handler's answer (DESIGN §4): a retryable status releases the key,
+impl Held {
+    /// Settles the handler's answer: a retryable status releases the key,
     /// anything else is stored as the result. Returns the answer for this client.
     pub(crate) async fn settle(&self, response: Response) -> Response {
         let status = response.status().as_u16();
         if self.contract.is_retryable_status(status) {
             // Releasing is only sound when the effect did not commit: a transactional store
             // guarantees it; with other stores the handler must answer a retryable status
-            // only before its effect (DESIGN §4).
+            // only before its effect.
             match self
                 .idem
                 .store()
@@ -66,7 +67,7 @@ impl Attempt {
     /// handler. A body that fails, panics or outlasts the lease leaves the outcome unknown,
     /// exactly as a handler that does: the record stays processing, the client gets 503
     /// (`attempt-failed` or `attempt-timed-out`) and recovery decides once the lease has
-    /// ended (DESIGN §4). Nothing of such an answer has been sent yet.
+    /// ended. Nothing of such an answer has been sent yet.
     async fn store(&self, response: Response) -> (Response, Option<StoredResponse>) {
         let status = response.status().as_u16();
         let limit = self.idem.max_stored_body();
@@ -233,31 +234,41 @@ impl Attempt {
 /// [`Guard::run`] runs the handler under the attempt's lease and settles its answer. A
 /// guard dropped without running anything leaves the record *processing*: the outcome is
 /// unknown and recovery decides once the lease has ended, never a blind re-run
-/// (DESIGN §4).
+///.
 pub struct Guard {
-    /// `None` once [`Guard::run`] or [`Guard::settle`] took the attempt.
-    attempt: Option<Attempt>,
-    operation_id: OperationId,
-    number: u32,
+    /// `None` once [`Guard::run`] took the attempt.
+    attempt: Option<Held>,
+    current: Attempt,
 }
 
 impl Guard {
-    pub(crate) fn new(attempt: Attempt) -> Guard {
-        Guard {
+    pub(crate) fn new(attempt: Held) -> Guard {
+        let current = Attempt {
+            operation: attempt.key.operation.clone(),
             operation_id: attempt.operation_id,
+            client: attempt.key.client.clone(),
+            key: attempt.key.key.clone(),
             number: attempt.attempt,
+        };
+        Guard {
             attempt: Some(attempt),
+            current,
         }
     }
 
     /// The operation's id.
     pub fn operation_id(&self) -> OperationId {
-        self.operation_id
+        self.current.operation_id
     }
 
     /// This attempt's number (1 for the first).
     pub fn attempt(&self) -> u32 {
-        self.number
+        self.current.number
+    }
+
+    /// The attempt, as the handler sees it (the `idem::Attempt` argument).
+    pub fn current(&self) -> Attempt {
+        self.current.clone()
     }
 
     /// Runs `handler` to its end on a task of its own, detached from the connection, within
@@ -292,7 +303,7 @@ impl Guard {
         F::Output: IntoResponse + Send,
     {
         let Some(attempt) = self.attempt.take() else {
-            return answer::attempt_failed(self.operation_id, 1);
+            return answer::attempt_failed(self.current.operation_id, 1);
         };
         let span = tracing::info_span!(
             "idem.attempt",
@@ -333,17 +344,8 @@ impl Guard {
                     "idem: the attempt failed before it answered; the outcome is unknown until the lease ends and recovery decides"
                 );
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                answer::attempt_failed(self.operation_id, left.as_secs().saturating_add(1))
+                answer::attempt_failed(self.current.operation_id, left.as_secs().saturating_add(1))
             }
-        }
-    }
-
-    /// Settles an answer given without running the handler: the inner extractor's
-    /// rejection, which counts as the handler's answer.
-    pub(crate) async fn settle(mut self, response: Response) -> Response {
-        match self.attempt.take() {
-            Some(attempt) => attempt.settle(response).await,
-            None => response,
         }
     }
 }
@@ -364,8 +366,8 @@ impl Drop for Guard {
 impl fmt::Debug for Guard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Guard")
-            .field("operation_id", &self.operation_id)
-            .field("attempt", &self.number)
+            .field("operation_id", &self.current.operation_id)
+            .field("attempt", &self.current.number)
             .finish_non_exhaustive()
     }
 }

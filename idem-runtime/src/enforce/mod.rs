@@ -1,4 +1,4 @@
-//! Enforcement of a contract on one handler (DESIGN §4).
+//! Enforcement of a contract on one handler.
 //!
 //! `#[idem::contract(..)]` replaces the handler's last extractor `E` with
 //! [`Enforced<E, Operation>`](Enforced) and runs the handler's body through
@@ -26,21 +26,25 @@
 //! 1. takes the [`Idem`] handle from the request's extensions (500 `not-configured`);
 //! 2. asks the application who the client is ([`crate::identity`]);
 //! 3. reads and checks the key (400 `key-missing`, `key-malformed`), before any store call;
-//! 4. reads the body once (axum's `DefaultBodyLimit` applies: 413 past it) and computes the
-//!    fingerprint once from those bytes (400 `body-malformed`);
-//! 5. registers the key atomically, or answers from the record: a replay, 422
+//! 4. reads the body once (axum's `DefaultBodyLimit` applies: 413 `body-too-large` past
+//!    it) and computes the fingerprint once from those bytes (400 `body-malformed`);
+//! 5. runs the inner extractor `E` on the same bytes: a request it refuses (a wrong
+//!    `Content-Type`, a body that does not deserialize) did nothing, so its rejection is
+//!    answered as it is and nothing is registered;
+//! 6. registers the key atomically, or answers from the record: a replay, 422
 //!    `fingerprint-mismatch`, the contract's concurrency answer, a recovery, 409
-//!    `operation-outcome-unknown`, or 503 `store-unavailable` (fail closed);
-//! 6. runs the inner extractor `E` on the same bytes; its rejection counts as the handler's
-//!    answer (stored if permanent, released if retryable).
+//!    `operation-outcome-unknown`, or 503 `store-unavailable` (fail closed).
 //!
 //! Then [`Guard::run`] runs the handler and settles its answer.
 
 pub(crate) mod answer;
+mod attempt;
 pub(crate) mod guard;
+pub(crate) mod names;
 mod register;
 pub(crate) mod replay;
 pub(crate) mod running;
+pub(crate) mod wire;
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -51,9 +55,11 @@ use axum::response::{IntoResponse, Response};
 use http::HeaderMap;
 use idem_contract::{Contract, Fingerprint, KeyScope, KeySource};
 
+pub use self::attempt::Attempt;
 pub use self::guard::Guard;
 use self::register::{Registered, register};
 pub use self::replay::IDEMPOTENT_REPLAYED_HEADER;
+use self::wire::Wire;
 use crate::Idem;
 use crate::fingerprint::{self, jcs::Value};
 use crate::recovery::Recover;
@@ -99,6 +105,15 @@ where
         let Some(idem) = parts.extensions.get::<Idem>().cloned() else {
             return Err(answer::not_configured());
         };
+        let claim = idem
+            .names()
+            .claim::<C>()
+            .map_err(|other| answer::operation_name_taken(contract, other))?;
+        let wire = claim
+            .wire
+            .as_ref()
+            .as_ref()
+            .map_err(|why| answer::misconfigured(contract, why))?;
         let client = idem
             .identity()
             .identify(&parts)
@@ -114,7 +129,7 @@ where
         *shadow.extensions_mut() = parts.extensions.clone();
         let bytes = Bytes::from_request(shadow, state)
             .await
-            .map_err(|rejection| answer::with_fresh_id(rejection.into_response()))?;
+            .map_err(|rejection| answer::body_unreadable(&rejection))?;
 
         let doc = if header_key.is_none() || matches!(contract.fingerprint, Fingerprint::Fields(_))
         {
@@ -126,34 +141,31 @@ where
         };
         let key = match (header_key, &doc) {
             (Some(key), _) => key,
-            (None, Some(doc)) => key_from_body(doc, &contract.key_scope, contract)?,
+            (None, Some(doc)) => key_from_body(doc, wire, contract)?,
             (None, None) => unreachable!("a body key always parses the body"),
         };
         let fingerprint = match &doc {
-            Some(doc) => fingerprint::of_parsed(&contract.fingerprint, &bytes, doc),
-            None => fingerprint::compute(&contract.fingerprint, &bytes),
+            Some(doc) => fingerprint::of_parsed(&wire.fingerprint, &bytes, doc),
+            None => fingerprint::compute(&wire.fingerprint, &bytes),
         }
         .map_err(answer::body_malformed)?;
+
+        // The inner extractor runs before anything is registered: what it refuses did
+        // nothing, so it must not be stored and replayed for the whole TTL. (The rejection
+        // becomes a response at once: it need not be `Send`.)
+        let request = Request::from_parts(parts, Body::from(bytes));
+        let inner = E::from_request(request, state)
+            .await
+            .map_err(|rejection| answer::with_fresh_id(rejection.into_response()))?;
 
         let key = RecordKey::new(contract.operation.as_ref(), client, key);
         match register(&idem, contract, &key, &fingerprint, || C::recoverer(state)).await {
             Registered::Answer(response) => Err(response),
-            Registered::Run(attempt) => {
-                let guard = Guard::new(attempt);
-                let request = Request::from_parts(parts, Body::from(bytes));
-                // The rejection becomes a response at once: it need not be `Send`.
-                let extracted = E::from_request(request, state)
-                    .await
-                    .map_err(IntoResponse::into_response);
-                match extracted {
-                    Ok(inner) => Ok(Enforced {
-                        inner,
-                        guard,
-                        contract: PhantomData,
-                    }),
-                    Err(rejection) => Err(guard.settle(rejection).await),
-                }
-            }
+            Registered::Run(attempt) => Ok(Enforced {
+                inner,
+                guard: Guard::new(attempt),
+                contract: PhantomData,
+            }),
         }
     }
 }
@@ -185,20 +197,20 @@ fn key_from_header(
     clippy::result_large_err,
     reason = "a response is what axum rejects with"
 )]
-fn key_from_body(doc: &Value, scope: &KeyScope, contract: &Contract) -> Result<String, Response> {
-    let KeySource::Body { field } = &scope.source else {
+fn key_from_body(doc: &Value, wire: &Wire, contract: &Contract) -> Result<String, Response> {
+    let Some(field) = &wire.key_field else {
         return Err(answer::key_missing(contract));
     };
     match doc.pointer(field.segments()) {
         None | Some(Value::Null) => Err(answer::key_missing(contract)),
-        Some(Value::String(key)) => checked_key(key.as_bytes(), scope),
+        Some(Value::String(key)) => checked_key(key.as_bytes(), &contract.key_scope),
         Some(_) => Err(answer::key_malformed_because(&format!(
             "the idempotency key `{field}` must be a JSON string"
         ))),
     }
 }
 
-/// Checks a key against DESIGN §4's rules (`KeyScope::validate_key`).
+/// Checks a key against the key rules (`KeyScope::validate_key`).
 #[allow(
     clippy::result_large_err,
     reason = "a response is what axum rejects with"
@@ -269,9 +281,9 @@ mod tests {
         contract.key_scope.source = KeySource::Body {
             field: FieldPath::from_static("ref.id"),
         };
-        let scope = &contract.key_scope;
+        let wire = wire::resolve(&contract, None).unwrap();
         let key =
-            |json: &str| key_from_body(&Value::parse(json.as_bytes()).unwrap(), scope, &contract);
+            |json: &str| key_from_body(&Value::parse(json.as_bytes()).unwrap(), &wire, &contract);
         assert_eq!(key(r#"{"ref":{"id":"k-1"}}"#).unwrap(), "k-1");
         for missing in [r#"{}"#, r#"{"ref":{"id":null}}"#, r#"{"ref":"k"}"#] {
             assert!(key(missing).is_err(), "{missing}");

@@ -1,5 +1,5 @@
-//! Registration: claim the key, or answer from what the store knows (DESIGN §4 steps 3,
-//! 4 and 7).
+//! Registration: claim the key, or answer from what the store knows (step 6 of the
+//! list in [`super`]).
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use idem_contract::{Concurrency, Contract};
 use tokio::time::Instant;
 
 use super::answer;
-use super::guard::Attempt;
+use super::guard::Held;
 use super::replay::replay;
 use crate::recovery::{Recovered, Recoverer, recover};
 use crate::store::{
@@ -27,7 +27,7 @@ const WAIT_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration:
 /// What registration came to.
 pub(crate) enum Registered {
     /// This request holds the key: run the handler.
-    Run(Attempt),
+    Run(Held),
     /// Answer without running the handler.
     Answer(Response),
 }
@@ -69,7 +69,7 @@ where
                     attempt = record.attempt,
                     "idem: key registered"
                 );
-                return Registered::Run(Attempt {
+                return Registered::Run(Held {
                     idem: idem.clone(),
                     contract,
                     key: key.clone(),

@@ -18,7 +18,7 @@ use crate::store::{Lease, OwnerToken, UnixMillis};
 /// contract's concurrency answer, and recovery waits until the attempt has ended.
 ///
 /// Other processes cannot see this set; across instances only a store that commits the
-/// effect and the record in one transaction closes the gap (DESIGN §5). Work that a
+/// effect and the record in one transaction closes the gap. Work that a
 /// handler detaches from its own future (`tokio::task::spawn_blocking` or `spawn` whose
 /// result it awaits) outlives the attempt when the attempt is stopped at its lease's end,
 /// and is not covered either.

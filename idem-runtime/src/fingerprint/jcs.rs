@@ -8,8 +8,13 @@
 //!   array order is kept;
 //! - numbers are IEEE 754 doubles written as ECMAScript's `Number.prototype.toString`
 //!   writes them (§3.2.2.3), through the `ryu-js` crate: `1`, `1.0` and `1e0` are all `1`,
-//!   `-0` is `0`, `1e21` is `1e+21`; integers beyond 2^53 lose precision exactly as they do
-//!   in JavaScript;
+//!   `-0` is `0`, `1e21` is `1e+21`;
+//! - one deliberate departure: an integer literal beyond 2^53 that fits 64 bits is written
+//!   with its exact digits instead of being rounded to the nearest double. RFC 8785 would
+//!   give `9007199254740993` and `9007199254740992` one form, so an amount changed by one
+//!   unit would be answered with the first request's replay instead of 422. The price:
+//!   beyond 2^53, an integer literal and the same value spelt as a fraction or with an
+//!   exponent (`1152921504606846976` and `1.152921504606846976e18`) have two forms;
 //! - strings escaped as `JSON.stringify` escapes them (§3.2.2.2): `\"`, `\\`, `\b`, `\f`,
 //!   `\n`, `\r`, `\t`, other control characters as `\u00xx` (lowercase hex), everything
 //!   else as literal UTF-8;
@@ -45,6 +50,8 @@ pub enum Value {
     Bool(bool),
     /// A number, as an IEEE 754 double.
     Number(f64),
+    /// An integer literal beyond ±2^53, kept exact (see the module docs).
+    Integer(i128),
     /// A string.
     String(String),
     /// An array, in its order.
@@ -103,6 +110,7 @@ impl Value {
             Value::Bool(true) => out.extend_from_slice(b"true"),
             Value::Bool(false) => out.extend_from_slice(b"false"),
             Value::Number(n) => write_number(out, *n)?,
+            Value::Integer(n) => out.extend_from_slice(n.to_string().as_bytes()),
             Value::String(s) => write_string(out, s),
             Value::Array(items) => {
                 out.push(b'[');
@@ -153,6 +161,21 @@ pub(crate) fn write_object<'a>(
     }
     out.push(b'}');
     Ok(())
+}
+
+/// An integer literal: a double up to ±2^53, where every integer is exact (RFC 8785's
+/// model), and kept exact beyond (see the module docs).
+#[allow(
+    clippy::cast_precision_loss,
+    reason = "exact up to 2^53, checked first"
+)]
+fn integer(v: i128) -> Value {
+    const EXACT: u128 = 1 << 53;
+    if v.unsigned_abs() <= EXACT {
+        Value::Number(v as f64)
+    } else {
+        Value::Integer(v)
+    }
 }
 
 /// Writes `n` as ECMAScript's `Number.prototype.toString` does (RFC 8785 §3.2.2.3).
@@ -226,16 +249,12 @@ impl<'de> Visitor<'de> for ValueVisitor {
         Ok(Value::Bool(v))
     }
 
-    // JSON numbers are doubles in RFC 8785's model, as in JavaScript: integers beyond
-    // 2^53 round to the nearest double.
-    #[allow(clippy::cast_precision_loss)]
     fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
-        Ok(Value::Number(v as f64))
+        Ok(integer(i128::from(v)))
     }
 
-    #[allow(clippy::cast_precision_loss)]
     fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
-        Ok(Value::Number(v as f64))
+        Ok(integer(i128::from(v)))
     }
 
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
@@ -377,7 +396,17 @@ mod tests {
         assert_eq!(canon("-0.0"), "0");
         assert_eq!(canon("100"), "100");
         assert_eq!(canon("1e21"), "1e+21");
-        assert_eq!(canon("9007199254740993"), "9007199254740992");
+        // Integer literals beyond 2^53 keep their digits (the one departure from RFC 8785);
+        // where a double holds them exactly, that is RFC 8785's own form.
+        assert_eq!(canon("9007199254740993"), "9007199254740993");
+        assert_eq!(canon("9007199254740992"), "9007199254740992");
+        assert_eq!(canon("-9007199254740993"), "-9007199254740993");
+        // The price: beyond 2^53, an integer and the same value spelt as a double differ.
+        assert_eq!(canon("1152921504606846976"), "1152921504606846976");
+        assert_eq!(canon("1.152921504606846976e18"), "1152921504606847000");
+        assert_eq!(canon("18446744073709551615"), "18446744073709551615");
+        // A fraction is a double: it rounds as in RFC 8785.
+        assert_eq!(canon("9007199254740993.0"), "9007199254740992");
     }
 
     #[test]
@@ -477,6 +506,24 @@ mod tests {
         }
     }
 
+    /// The same data with every integer beyond 2^53 rounded to its double, as RFC 8785
+    /// reads it: a double beyond 2^53 is written as an integer literal (its shortest
+    /// round-trip digits), which reads back as [`Value::Integer`].
+    #[allow(clippy::cast_precision_loss)]
+    fn as_doubles(value: Value) -> Value {
+        match value {
+            Value::Integer(i) => Value::Number(i as f64),
+            Value::Array(items) => Value::Array(items.into_iter().map(as_doubles).collect()),
+            Value::Object(members) => Value::Object(
+                members
+                    .into_iter()
+                    .map(|(k, v)| (k, as_doubles(v)))
+                    .collect(),
+            ),
+            other => other,
+        }
+    }
+
     proptest! {
         #[test]
         fn canonical_form_is_idempotent(value in arb_json()) {
@@ -496,8 +543,8 @@ mod tests {
         fn canonical_form_reads_back_as_the_same_data(value in arb_json()) {
             let canonical = canonicalize(value.to_string().as_bytes()).unwrap();
             prop_assert_eq!(
-                Value::parse(&canonical).unwrap(),
-                Value::parse(value.to_string().as_bytes()).unwrap()
+                as_doubles(Value::parse(&canonical).unwrap()),
+                as_doubles(Value::parse(value.to_string().as_bytes()).unwrap())
             );
         }
 

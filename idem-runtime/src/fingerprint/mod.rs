@@ -1,4 +1,4 @@
-//! The fingerprint of a request: a hash of its significant content (DESIGN §4, step 2).
+//! The fingerprint of a request: a hash of its significant content.
 //!
 //! The contract's [`Fingerprint`] property names the significant content: listed members
 //! of the JSON body, or the whole body. That content is put into the canonical form of

@@ -10,7 +10,7 @@ use super::{
 };
 
 /// A [`Store`] in a concurrent hash map ([`dashmap`]): the default for tests and
-/// single-process services (DESIGN §5).
+/// single-process services.
 ///
 /// Every change happens under the lock of the key's shard, so `begin` is one atomic
 /// insert-if-absent (the map's entry API) and every other change one compare-and-set.

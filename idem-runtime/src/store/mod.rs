@@ -1,4 +1,4 @@
-//! Stores: where keys, leases and results live (DESIGN §5).
+//! Stores: where keys, leases and results live.
 //!
 //! One trait, [`Store`], several backends, one conformance suite (`store::conformance`, under the feature
 //! `conformance`) that every
@@ -35,7 +35,7 @@
 //! Each attempt holds a [`Lease`]: a random [`OwnerToken`] and the time the lease ends.
 //! `complete` and `release` succeed only for the token of a lease that is still live;
 //! `take_over` succeeds only for the token of a lease that has ended, and replaces it, so a
-//! worker whose lease ran out can never overwrite what recovery decided (DESIGN §4 step 3).
+//! worker whose lease ran out can never overwrite what recovery decided.
 //!
 //! # Time
 //!
@@ -106,7 +106,7 @@ impl StoreError {
     }
 }
 
-/// A backend that keeps idempotency records (DESIGN §5).
+/// A backend that keeps idempotency records.
 ///
 /// Used as `Arc<dyn Store>`. Every method takes `now` in unix milliseconds. Every method
 /// that changes a record does so atomically: one insert-if-absent, one compare-and-set,

@@ -9,11 +9,11 @@ use http::{HeaderName, HeaderValue};
 use super::UnixMillis;
 use crate::OperationId;
 
-/// The namespace and name of one key (DESIGN §2, property 1): two clients with one key, or
+/// The namespace and name of one key: two clients with one key, or
 /// one client's key on two operations, are different records.
 ///
 /// Its `Debug` output hides the client identity and the key, which may be credentials or
-/// personal data (DESIGN §9).
+/// personal data.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct RecordKey {
     /// The contract's operation, such as `create_order`.

@@ -106,7 +106,7 @@ const TAKE_OVER: &str = "UPDATE idem_records
 
 const PURGE: &str = "DELETE FROM idem_records WHERE expires_at <= ?1";
 
-/// A durable [`Store`] in an SQLite database, through sqlx (DESIGN §5).
+/// A durable [`Store`] in an SQLite database, through sqlx.
 ///
 /// Records live in the table `idem_records`, primary key `(operation, client, key)`, with
 /// an index on `expires_at` for purging; [`SqliteStore::open`] creates both if missing
@@ -480,7 +480,7 @@ mod tests {
     }
 
     /// A completed record survives closing the pool and opening the file again, byte for
-    /// byte (DESIGN §5: "survives a restart").
+    /// byte.
     #[tokio::test]
     async fn completed_records_survive_a_reopen() {
         let dir = tempfile::tempdir().unwrap();

@@ -1,0 +1,81 @@
+//! Operation names: keys live per client and per operation, and an operation is named by
+//! its handler's name. Two contracted handlers with one name (`orders::create` and
+//! `refunds::create`) would share every key, so one would answer with the other's
+//! results. The first handler to serve a request claims its name in the [`Idem`] handle;
+//! a second one is refused with 500 `not-configured` and a detail that says to rename it.
+//!
+//! [`Idem`]: crate::Idem
+
+use std::any::{TypeId, type_name};
+use std::sync::Arc;
+
+use dashmap::DashMap;
+
+use super::wire::{self, Wire};
+use crate::recovery::Contracted;
+
+/// What one operation's claim holds: its type, and its body fields under their wire names
+/// (resolved once, see [`super::wire`]), or why they cannot be.
+#[derive(Clone)]
+pub(crate) struct Claim {
+    id: TypeId,
+    type_name: &'static str,
+    pub(crate) wire: Arc<Result<Wire, String>>,
+}
+
+/// The operation names claimed under one `Idem` handle, each with the type that claimed it.
+#[derive(Default)]
+pub(crate) struct Names(DashMap<&'static str, Claim>);
+
+impl Names {
+    /// Claims `C`'s operation name for `C`, and returns the claim.
+    ///
+    /// # Errors
+    ///
+    /// The type name of the other operation that holds the name.
+    pub(crate) fn claim<C: Contracted>(&self) -> Result<Claim, &'static str> {
+        let contract: &'static idem_contract::Contract = C::CONTRACT;
+        let name: &'static str = &contract.operation;
+        let id = TypeId::of::<C>();
+        let claim = match self.0.get(name) {
+            Some(claim) => claim.clone(),
+            None => self
+                .0
+                .entry(name)
+                .or_insert_with(|| Claim {
+                    id,
+                    type_name: type_name::<C>(),
+                    wire: Arc::new(wire::resolve(contract, C::body_fields())),
+                })
+                .clone(),
+        };
+        if claim.id == id {
+            Ok(claim)
+        } else {
+            Err(claim.type_name)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::__private::PLACEHOLDER_CONTRACT;
+
+    struct First;
+    struct Second;
+    impl Contracted for First {
+        const CONTRACT: &'static idem_contract::Contract = &PLACEHOLDER_CONTRACT;
+    }
+    impl Contracted for Second {
+        const CONTRACT: &'static idem_contract::Contract = &PLACEHOLDER_CONTRACT;
+    }
+
+    #[test]
+    fn a_name_belongs_to_one_operation() {
+        let names = Names::default();
+        assert!(names.claim::<First>().is_ok());
+        assert!(names.claim::<First>().is_ok());
+        assert_eq!(names.claim::<Second>().err(), Some(type_name::<First>()));
+    }
+}

@@ -1,0 +1,176 @@
+//! The contract's body fields under the names they have on the wire.
+//!
+//! A contract names fingerprint fields (and a body key) by their Rust names, which the
+//! compiler checks against the body type. The JSON body may spell them otherwise:
+//! `#[serde(rename_all = "camelCase")]` turns `customer_id` into `customerId`. Looked up
+//! under its Rust name, such a field would always be absent, and every request with one
+//! key would have the same (empty) fingerprint: a client bug would be answered with
+//! another request's result instead of 422.
+//!
+//! So each field's first segment is resolved once per operation against the member names
+//! serde reads ([`Contracted::body_fields`]): the name itself if serde reads it, else the
+//! one name among its `rename_all` spellings (camelCase, PascalCase, kebab-case,
+//! SCREAMING_SNAKE_CASE, SCREAMING-KEBAB-CASE, lowercase, UPPERCASE) that serde reads. A
+//! field with no such name (a `#[serde(rename = "..")]` to something else) is a
+//! configuration error: the operation answers 500 `not-configured`, naming the field and
+//! the body's members, rather than fingerprint nothing. Segments after the first (members
+//! of nested types) are taken as written.
+
+use std::borrow::Cow;
+
+use heck::{ToKebabCase, ToLowerCamelCase, ToShoutyKebabCase, ToShoutySnakeCase, ToUpperCamelCase};
+use idem_contract::{Contract, FieldPath, Fingerprint, KeySource};
+
+/// The contract's body fields, resolved to their wire names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Wire {
+    /// The fingerprint, with wire names.
+    pub(crate) fingerprint: Fingerprint,
+    /// The body member that carries the key, with its wire name.
+    pub(crate) key_field: Option<FieldPath>,
+}
+
+/// Resolves `contract`'s body fields against `members`, the names serde reads (`None`:
+/// unknown, take the names as written).
+///
+/// # Errors
+///
+/// A message naming each field that the body does not have under any spelling.
+pub(crate) fn resolve(contract: &Contract, members: Option<&[&str]>) -> Result<Wire, String> {
+    let mut missing = Vec::new();
+    let mut resolve_path = |path: &FieldPath| -> FieldPath {
+        let Some(members) = members else {
+            return path.clone();
+        };
+        let mut segments = path.segments();
+        let first = segments.next().unwrap_or_default();
+        let Some(wire) = wire_name(first, members) else {
+            missing.push(format!("`{first}`"));
+            return path.clone();
+        };
+        let rest: Vec<&str> = segments.collect();
+        let joined = std::iter::once(wire)
+            .chain(rest)
+            .collect::<Vec<_>>()
+            .join(".");
+        FieldPath::parse(joined).unwrap_or_else(|_| path.clone())
+    };
+    let fingerprint = match &contract.fingerprint {
+        Fingerprint::Body => Fingerprint::Body,
+        Fingerprint::Fields(fields) => {
+            Fingerprint::Fields(Cow::Owned(fields.iter().map(&mut resolve_path).collect()))
+        }
+    };
+    let key_field = match &contract.key_scope.source {
+        KeySource::Body { field } => Some(resolve_path(field)),
+        KeySource::Header { .. } => None,
+    };
+    if missing.is_empty() {
+        return Ok(Wire {
+            fingerprint,
+            key_field,
+        });
+    }
+    let members: Vec<String> = members
+        .unwrap_or_default()
+        .iter()
+        .map(|m| format!("`{m}`"))
+        .collect();
+    Err(format!(
+        "the contract of `{}` names {} of the JSON body, which serde reads under none of its spellings (the body's members are {}): \
+         a `#[serde(rename)]` the contract cannot follow; rename the Rust field, or fingerprint the whole body with `fingerprint = body`",
+        contract.operation,
+        missing.join(", "),
+        members.join(", ")
+    ))
+}
+
+/// `name` if serde reads it, else the one `rename_all` spelling of it that serde reads.
+fn wire_name<'m>(name: &str, members: &[&'m str]) -> Option<&'m str> {
+    if let Some(found) = members.iter().find(|m| **m == name) {
+        return Some(found);
+    }
+    let spellings = [
+        name.to_lower_camel_case(),
+        name.to_upper_camel_case(),
+        name.to_kebab_case(),
+        name.to_shouty_snake_case(),
+        name.to_shouty_kebab_case(),
+        name.to_lowercase(),
+        name.to_uppercase(),
+    ];
+    let mut found = members.iter().filter(|m| spellings.iter().any(|s| s == *m));
+    match (found.next(), found.next()) {
+        (Some(only), None) => Some(only),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::__private::PLACEHOLDER_CONTRACT;
+
+    fn contract(fields: &'static [FieldPath]) -> Contract {
+        Contract {
+            fingerprint: Fingerprint::Fields(Cow::Borrowed(fields)),
+            ..PLACEHOLDER_CONTRACT
+        }
+    }
+
+    const FIELDS: &[FieldPath] = &[
+        FieldPath::from_static("customer_id"),
+        FieldPath::from_static("amount_minor"),
+        FieldPath::from_static("items.sku"),
+    ];
+
+    fn names(wire: &Wire) -> Vec<String> {
+        let Fingerprint::Fields(fields) = &wire.fingerprint else {
+            panic!()
+        };
+        fields.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn names_serde_reads_are_kept() {
+        let wire = resolve(
+            &contract(FIELDS),
+            Some(&["customer_id", "amount_minor", "items"]),
+        )
+        .unwrap();
+        assert_eq!(names(&wire), ["customer_id", "amount_minor", "items.sku"]);
+    }
+
+    #[test]
+    fn rename_all_spellings_are_followed() {
+        let camel = resolve(
+            &contract(FIELDS),
+            Some(&["customerId", "amountMinor", "items"]),
+        )
+        .unwrap();
+        assert_eq!(names(&camel), ["customerId", "amountMinor", "items.sku"]);
+        let kebab = resolve(
+            &contract(FIELDS),
+            Some(&["customer-id", "AMOUNT_MINOR", "items"]),
+        )
+        .unwrap();
+        assert_eq!(names(&kebab), ["customer-id", "AMOUNT_MINOR", "items.sku"]);
+    }
+
+    #[test]
+    fn unknown_members_are_a_configuration_error() {
+        let error =
+            resolve(&contract(FIELDS), Some(&["cust", "amountMinor", "items"])).unwrap_err();
+        assert!(
+            error.contains("names `customer_id` of the JSON body"),
+            "{error}"
+        );
+        assert!(error.contains("`cust`, `amountMinor`, `items`"), "{error}");
+    }
+
+    #[test]
+    fn unknown_bodies_take_the_names_as_written() {
+        let wire = resolve(&contract(FIELDS), None).unwrap();
+        assert_eq!(names(&wire), ["customer_id", "amount_minor", "items.sku"]);
+    }
+}
