@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use idem_contract::file::CONTRACTS_FILE_VERSION;
 use idem_contract::{Contract, ContractEntry, ContractsFile, Location, Target};
 
-use crate::error::{Error, Errors, Position};
+use crate::error::{Error, Errors, Position, Warning};
 
 /// Where a contract came from, for messages.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +37,16 @@ impl Origin {
             (Some(p), _) => Error::at(&self.file, p.line, p.column, message),
             (None, Some(n)) => Error::in_file(&self.file, format!("contract {n}: {message}")),
             (None, None) => Error::in_file(&self.file, message),
+        }
+    }
+
+    /// A warning about the contract from here, placed like [`Origin::error`].
+    pub fn warning(&self, message: impl Into<String>) -> Warning {
+        let e = self.error(message);
+        Warning {
+            file: e.file,
+            position: e.position,
+            message: e.message,
         }
     }
 }
@@ -84,7 +94,7 @@ pub fn from_sources(paths: &[PathBuf]) -> Result<Vec<Sourced>, Errors> {
 ///
 /// The file cannot be read, is not a contracts file (with line and column: an unknown
 /// field, a malformed duration), has another version, or holds contracts that break the
-/// rules of DESIGN §3 (every violation is listed).
+/// compile-time rules (every violation is listed).
 pub fn from_file(path: &Path) -> Result<Vec<Sourced>, Errors> {
     let text = crate::io::read_text(path)?;
     parse_file(path, &text)

@@ -71,6 +71,32 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// Something the `idem` command or this crate's functions found doubtful but not wrong
+/// enough to refuse: the output is written, the command succeeds.
+///
+/// Displayed like [`Error`], with `warning` for `error`: `path:line:col: warning: message`,
+/// `path: warning: message`, or `warning: message`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Warning {
+    /// The file the doubt is about, as the user named it.
+    pub file: Option<PathBuf>,
+    /// Where in the file, when known.
+    pub position: Option<Position>,
+    /// What looks wrong and what to check; lowercase, no final period.
+    pub message: String,
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.file, self.position) {
+            (Some(file), Some(p)) => write!(f, "{}:{}:{}: ", file.display(), p.line, p.column)?,
+            (Some(file), None) => write!(f, "{}: ", file.display())?,
+            (None, _) => {}
+        }
+        write!(f, "warning: {}", self.message)
+    }
+}
+
 /// Every problem found in one run: inputs are checked as a whole, so that one run shows
 /// all of them (like a compiler), not one per run. Never empty.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -127,6 +153,12 @@ mod tests {
             "x.json: error: empty"
         );
         assert_eq!(Error::new("usage").to_string(), "error: usage");
+        let w = Warning {
+            file: Some("c.json".into()),
+            position: None,
+            message: "doubtful".into(),
+        };
+        assert_eq!(w.to_string(), "c.json: warning: doubtful");
     }
 
     #[test]

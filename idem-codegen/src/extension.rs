@@ -1,4 +1,4 @@
-//! What a contract adds to an OpenAPI operation (DESIGN §7): the `x-idempotency`
+//! What a contract adds to an OpenAPI operation: the `x-idempotency`
 //! extension, the key header parameter, the problem answers 400, 409, 422, 429 and 503
 //! (and 202 for `concurrency = accepted`), and the shared components they refer to.
 //!
@@ -49,7 +49,7 @@ pub fn extension(contract: &Contract) -> Value {
 /// The key header parameter (`in: header`, required), or `None` when the key is a body
 /// field.
 ///
-/// Its schema is what the server accepts (DESIGN §4): 1 to 255 visible ASCII characters,
+/// Its schema is what the server accepts: 1 to 255 visible ASCII characters,
 /// or a hyphenated UUID for `format = uuid`.
 pub fn key_parameter(contract: &Contract) -> Option<Value> {
     let name = contract.key_scope.header()?;
@@ -122,6 +122,27 @@ fn retry_sentence(contract: &Contract, status: u16) -> String {
     }
 }
 
+/// What a client does with `status` when the operation itself answers it (a problem
+/// `type` that is not idem's, or no problem body), by the contract's `retryable`: a
+/// retryable status released the key, anything else is final. For 503 the
+/// list decides for idem's own answers too; idem's 409s are its concurrency response,
+/// retried whatever the list says.
+fn own_answer(contract: &Contract, status: u16) -> String {
+    let own =
+        format!("The operation itself may answer {status} too, with a problem `type` of its own.");
+    match (retryable(contract, status), status) {
+        (true, _) => format!(
+            "{own} {status} is retryable under this operation's contract, whoever answered it: wait for `Retry-After` (or back off when there is none), then send the same request with the same key."
+        ),
+        (false, 503) => format!(
+            "{own} 503 is not retryable under this operation's contract, whoever answered it: stop, and ask the status lookup before starting the operation again."
+        ),
+        (false, _) => format!(
+            "A {status} with a problem `type` other than these comes from the operation itself and is final: {status} is not retryable under this operation's contract."
+        ),
+    }
+}
+
 /// The Response Objects a contract adds, by status: 400, 409, 422, 429, 503, and 202 for
 /// `concurrency = accepted`.
 pub fn responses(contract: &Contract) -> Vec<(String, Value)> {
@@ -145,18 +166,19 @@ pub fn responses(contract: &Contract) -> Vec<(String, Value)> {
         let description = match status {
             400 => "The request was refused before anything ran: the idempotency key is missing or malformed, the body is not valid JSON, or the client is not identified. Fix the request; do not retry it unchanged.".to_owned(),
             409 => format!(
-                "{} Retry with the same key after `Retry-After`; never with a new key, which could run the operation twice.",
+                "{} Retry with the same key after `Retry-After`; never with a new key, which could run the operation twice. {}",
                 match contract.concurrency {
                     Concurrency::Conflict { .. } => "An earlier attempt with the same key is still running (`operation-in-progress`), or stopped before its outcome was recorded (`operation-outcome-unknown`).".to_owned(),
                     Concurrency::Wait { limit } => format!("An earlier attempt with the same key was still running after the server waited {} for it (`operation-in-progress`), or stopped before its outcome was recorded (`operation-outcome-unknown`).", words::duration(limit)),
                     Concurrency::Accepted => "An earlier attempt with the same key stopped before its outcome was recorded (`operation-outcome-unknown`).".to_owned(),
-                }
+                },
+                own_answer(contract, 409),
             ),
             422 => "The idempotency key was already used with different significant content (`fingerprint-mismatch`); this request was not run. Do not retry: a retry sends exactly the first request's content, and a new business intent needs a new key.".to_owned(),
             429 => format!("Too many requests. {}", retry_sentence(contract, 429)),
             _ => format!(
-                "This attempt did not complete: the idempotency store is unavailable and nothing ran (`store-unavailable`), or the attempt ran out of time on the server and its outcome is not known yet (`attempt-timed-out`). {}",
-                retry_sentence(contract, 503)
+                "This attempt did not complete: the idempotency store is unavailable and nothing ran (`store-unavailable`), or the attempt ran out of time on the server (`attempt-timed-out`) or failed before it answered (`attempt-failed`) and its outcome is not known yet. {}",
+                own_answer(contract, 503)
             ),
         };
         let mut headers = Map::new();
@@ -256,7 +278,7 @@ pub fn components() -> Vec<(&'static str, &'static str, Value)> {
                     "type": {
                         "type": "string",
                         "format": "uri-reference",
-                        "description": format!("A URI naming the problem: `{}` followed by one of {}; or another URI for answers that do not come from the idempotency layer (such as a rate limiter's 429).", problem::TYPE_PREFIX, words::list(&slugs, "or")),
+                        "description": format!("A URI naming the problem: `{}` followed by one of {}; or another URI for answers that do not come from the idempotency layer (such as a rate limiter's 429, or a 503 of the operation itself).", problem::TYPE_PREFIX, words::list(&slugs, "or")),
                         "example": format!("{}operation-in-progress", problem::TYPE_PREFIX),
                     },
                     "title": { "type": "string", "description": "A short summary of the problem type." },

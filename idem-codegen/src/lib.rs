@@ -1,4 +1,4 @@
-//! The published side of an idem contract (DESIGN §7), and the `idem` command.
+//! The published side of an idem contract, and the `idem` command.
 //!
 //! - [`extension`]: what a contract adds to an OpenAPI operation: the `x-idempotency`
 //!   extension (the contract's serde form, described by [`idem_contract::schema`]), the
@@ -47,4 +47,4 @@ pub mod problem;
 pub mod scan;
 pub mod words;
 
-pub use error::{Error, Errors, Position};
+pub use error::{Error, Errors, Position, Warning};

@@ -255,6 +255,11 @@ fn a_target_that_matches_nothing() {
         "{err}"
     );
     assert!(err.contains("petstore.yaml does not have: no operation has the operationId `addPets` (did you mean `addPet`?)"), "{err}");
+    // The error says how to name the operation the contract describes.
+    assert!(
+        err.contains("help: name the operation it describes with `--target NAME=TARGET`: `--target addPet=OPERATION_ID`, `--target addPet=\"METHOD /path\"`"),
+        "{err}"
+    );
     let err = case.merge_fails(&spec, &["--target", "addPet=PUT /pets"]);
     assert!(
         err.contains("the path `/pets` has no `put` operation; it has `get`, `post`"),
@@ -264,6 +269,39 @@ fn a_target_that_matches_nothing() {
     assert!(
         err.contains("webhooks are an OpenAPI 3.1 feature and this document is OpenAPI 3.0.0"),
         "{err}"
+    );
+    // A contracts file may name the target in its entry too.
+    let file = case.file(
+        "c.json",
+        std::fs::read_to_string(fixture("stripe.contracts.json")).unwrap(),
+    );
+    let err = case.merge_fails(&spec, &["--contracts", file.to_str().unwrap()]);
+    assert!(
+        err.contains("c.json: error: contract 1: `create_charge` targets `PostCharges`")
+            && err
+                .contains("`--target NAME=TARGET` (or the entry's `target` in the contracts file)"),
+        "{err}"
+    );
+    // `idem docs --spec` says the same.
+    let run = idem(
+        &[
+            "docs",
+            "--spec",
+            spec.to_str().unwrap(),
+            "--src",
+            fixture("src/pets.rs").to_str().unwrap(),
+            "--target",
+            "addPet=addPets",
+            "--out",
+            case.path("site").to_str().unwrap(),
+        ],
+        case.dir.path(),
+    );
+    assert_eq!(run.status.code(), Some(1));
+    assert!(
+        stderr(&run).contains("`--target NAME=TARGET`"),
+        "{}",
+        stderr(&run)
     );
 }
 

@@ -177,7 +177,12 @@ fn check_passes_good_source_and_export_round_trips() {
     let src = fixture("src");
     let run = idem(&["check", "--src", src.to_str().unwrap()], dir.path());
     assert!(run.status.success(), "{}", stderr(&run));
-    assert!(stderr(&run).contains("checked 2 contracts in 2 Rust files: no errors"));
+    let said = stderr(&run);
+    // The success line claims idem's own checks only, and names what needs the compiler.
+    assert!(
+        said.contains("checked 2 contracts in 2 Rust files: no contract errors of idem's own; fingerprint fields and the status lookup and reconcile functions are checked by the compiler (`cargo check`)"),
+        "{said}"
+    );
     let out = dir.path().join("contracts.json");
     let run = idem(
         &[
@@ -202,6 +207,153 @@ fn check_passes_good_source_and_export_round_trips() {
     let run = idem(&["schema"], dir.path());
     let schema: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
     assert_eq!(schema["title"], "x-idempotency");
+}
+
+#[test]
+fn check_says_what_it_does_not_check_and_needs_an_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let help = common::stdout(&idem(&["check", "--help"], dir.path()));
+    assert!(!help.contains("as the compiler would"), "{help}");
+    assert!(
+        help.contains("Check contracts for the errors `#[idem::contract]` itself reports")
+            && help.contains("(`cargo check`)"),
+        "{help}"
+    );
+    assert!(
+        help.contains("Usage: idem check <--src <PATH>|--contracts <FILE>>"),
+        "{help}"
+    );
+    let run = idem(&["check"], dir.path());
+    assert_eq!(run.status.code(), Some(2));
+    assert!(
+        stderr(&run).contains("the following required arguments were not provided")
+            && stderr(&run).contains("<--src <PATH>|--contracts <FILE>>"),
+        "{}",
+        stderr(&run)
+    );
+}
+
+#[test]
+fn target_help_explains_the_webhook_form() {
+    let dir = tempfile::tempdir().unwrap();
+    for command in ["merge", "docs", "export"] {
+        let help = common::stdout(&idem(&[command, "--help"], dir.path()));
+        assert!(
+            help.contains("--target <NAME=TARGET>")
+                && help.contains(
+                    "`on_new_pet='POST webhook newPet'`, where `newPet` is the webhook's key under"
+                )
+                && help.contains(&format!("idem {command} ")),
+            "{command}: {help}"
+        );
+        assert!(
+            help.lines()
+                .any(|l| l.trim_start().starts_with("idem ") && l.contains("webhook")),
+            "{command} has a webhook example: {help}"
+        );
+    }
+}
+
+/// The orders fixture's contract as a contracts file entry for `createOrder`, after
+/// `edit`.
+fn orders_contract(edit: impl FnOnce(&mut serde_json::Value)) -> Vec<Sourced> {
+    let scanned = contracts::from_sources(&[fixture("orders/api.rs")]).unwrap();
+    let mut contract = serde_json::to_value(&scanned[0].contract).unwrap();
+    edit(&mut contract);
+    let file =
+        json!({ "version": 1, "contracts": [{ "target": "createOrder", "contract": contract }] });
+    contracts::parse_file(Path::new("c.json"), &file.to_string()).unwrap()
+}
+
+fn orders_doc() -> Document {
+    let text = std::fs::read_to_string(fixture("orders/openapi.yaml")).unwrap();
+    Document::parse(Path::new("orders.yaml"), &text).unwrap()
+}
+
+#[test]
+fn a_contract_that_fits_its_document_has_no_warnings() {
+    // Fields through `allOf` and a nested `$ref` (`shipping.zip`); the lookup path under
+    // another parameter name (`{key}` in the contract, `{id}` in the document).
+    let mut doc = orders_doc();
+    let merged = openapi::merge(&mut doc, &orders_contract(|_| {})).unwrap();
+    assert!(merged.warnings.is_empty(), "{:?}", merged.warnings);
+}
+
+#[test]
+fn contracts_that_do_not_fit_their_document_are_warned_about() {
+    let found = orders_contract(|c| {
+        c["key_scope"]["source"] = json!({ "in": "body", "field": "client_ref" });
+        // `items` is an array: what lies under it cannot be told, so `items.sku` is
+        // not reported.
+        c["fingerprint"] =
+            json!({ "fields": ["customer_id", "amount", "shipping.zipp", "items.sku"] });
+        c["status_lookup"]["path"] = "/orders/operation/{key}".into();
+    });
+    let mut doc = orders_doc();
+    let merged = openapi::merge(&mut doc, &found).unwrap();
+    assert!(
+        doc.root["paths"]["/orders"]["post"]["x-idempotency"].is_object(),
+        "the merge is done all the same"
+    );
+    let warnings: Vec<String> = merged.warnings.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        warnings,
+        [
+            "c.json: warning: contract 1: `create_order`: the key field `client_ref` is not in the JSON request body of `POST /orders` in orders.yaml: the body has no property `client_ref` (it has `customer_id`, `currency`, `amount_minor`, `items` and `shipping`); the document or the contract is out of date",
+            "c.json: warning: contract 1: `create_order`: the fingerprint field `amount` is not in the JSON request body of `POST /orders` in orders.yaml: the body has no property `amount` (it has `customer_id`, `currency`, `amount_minor`, `items` and `shipping`); the document or the contract is out of date",
+            "c.json: warning: contract 1: `create_order`: the fingerprint field `shipping.zipp` is not in the JSON request body of `POST /orders` in orders.yaml: `shipping` has no property `zipp` (did you mean `zip`?); the document or the contract is out of date",
+            "c.json: warning: contract 1: `create_order`: the status lookup `GET /orders/operation/{key}` is not a path of orders.yaml (did you mean `/orders/operations/{id}`?); the published contract sends clients there after a lost answer",
+        ]
+    );
+    // A path without a `get` is named as such.
+    let mut doc = orders_doc();
+    let item = doc.root["paths"]["/orders/operations/{id}"]
+        .as_object_mut()
+        .unwrap();
+    let get = item.remove("get").unwrap();
+    item.insert("delete".into(), get);
+    let merged = openapi::merge(&mut doc, &orders_contract(|_| {})).unwrap();
+    let warnings: Vec<&str> = merged.warnings.iter().map(|w| w.message.as_str()).collect();
+    assert_eq!(
+        warnings,
+        [
+            "contract 1: `create_order`: the status lookup `GET /orders/operations/{key}` is not an operation of orders.yaml: its path `/orders/operations/{id}` has no `get`; the published contract sends clients there after a lost answer"
+        ]
+    );
+}
+
+#[test]
+fn merge_prints_warnings_and_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("orders.yaml");
+    std::fs::copy(fixture("orders/openapi.yaml"), &spec).unwrap();
+    let src = dir.path().join("api.rs");
+    let text = std::fs::read_to_string(fixture("orders/api.rs")).unwrap();
+    std::fs::write(&src, text.replace("shipping.zip", "shipping.zipcode")).unwrap();
+    let run = idem(
+        &[
+            "merge",
+            "--spec",
+            "orders.yaml",
+            "--src",
+            "api.rs",
+            "--target",
+            "create_order=createOrder",
+        ],
+        dir.path(),
+    );
+    assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+    let said = stderr(&run);
+    assert!(
+        said.contains("api.rs:6:1: warning: `create_order`: the fingerprint field `shipping.zipcode` is not in the JSON request body of `POST /orders` in orders.yaml: `shipping` has no property `zipcode` (it has `street` and `zip`); the document or the contract is out of date"),
+        "{said}"
+    );
+    assert!(
+        std::fs::read_to_string(&spec)
+            .unwrap()
+            .contains("x-idempotency:"),
+        "the document was merged"
+    );
 }
 
 #[test]

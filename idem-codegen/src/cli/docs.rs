@@ -16,12 +16,7 @@ pub(super) fn run(args: DocsArgs) -> Result<(), Errors> {
             Some(doc) => match find_operation(doc, &c.target) {
                 Ok(op) => OperationInfo::from_document(doc, &op),
                 Err(message) => {
-                    errors.push(c.origin.error(format!(
-                        "`{}` targets `{}`, which {} does not have: {message}",
-                        c.contract.operation,
-                        c.target,
-                        doc.path.display()
-                    )));
+                    errors.push(crate::openapi::unmatched(&c, doc, &message));
                     continue;
                 }
             },

@@ -47,5 +47,9 @@ pub(super) fn run(args: MergeArgs) -> Result<(), Errors> {
             .unwrap_or_default();
         eprintln!("  {name} -> {}{id}", op.label());
     }
+    // Doubts about a contract do not stop the merge: they are printed after it.
+    for warning in &merged.warnings {
+        eprintln!("{warning}");
+    }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The `idem` command: merge contracts into an OpenAPI document, render consumer docs,
-//! export contracts from source, check contracts the way the compiler does, and print
-//! the JSON Schema of the `x-idempotency` extension.
+//! export contracts from source, check contracts for the errors `#[idem::contract]`
+//! reports of its own (not those rustc reports on the generated code), and print the
+//! JSON Schema of the `x-idempotency` extension.
 //!
 //! Exit codes: 0 on success, 1 when an input is refused (every problem is printed as
 //! `file:line:col: error: message`), 2 for a usage error (clap's convention).
@@ -47,8 +48,13 @@ pub enum Command {
     /// order included. A contract describes the operation whose `operationId` is its
     /// handler's name unless `--target` or the contracts file says otherwise. Nothing
     /// is written unless every contract finds its operation.
+    ///
+    /// Once merged, each contract is compared with its operation, and what does not fit
+    /// is printed as a warning (the merge is written all the same): a fingerprint field
+    /// or key field that the JSON request body schema lacks, a status lookup path that
+    /// is not a `get` operation of the document.
     #[command(
-        after_help = "Examples:\n  idem merge --spec openapi.yaml --src src/\n  idem merge --spec openapi.json --contracts contracts.json --out openapi.merged.json\n  idem merge --spec openapi.yaml --src src/ --target create_order=\"POST /orders\" --schema-out x-idempotency.schema.json"
+        after_help = "Examples:\n  idem merge --spec openapi.yaml --src src/\n  idem merge --spec openapi.json --contracts contracts.json --out openapi.merged.json\n  idem merge --spec openapi.yaml --src src/ --target create_order=\"POST /orders\" --schema-out x-idempotency.schema.json\n  idem merge --spec webhooks.yaml --src src/ --target on_new_pet='POST webhook newPet'"
     )]
     Merge(MergeArgs),
     /// Render consumer docs: Markdown and/or one self-contained HTML file.
@@ -57,26 +63,49 @@ pub enum Command {
     /// safely, what each answer means, and a worked request sequence. Writes
     /// `operations.md` and/or `operations.html` into the output folder.
     #[command(
-        after_help = "Examples:\n  idem docs --src src/ --out docs/api\n  idem docs --contracts contracts.json --spec openapi.yaml --out site/ --format html --title \"Orders API: safe retries\""
+        after_help = "Examples:\n  idem docs --src src/ --out docs/api\n  idem docs --contracts contracts.json --spec openapi.yaml --out site/ --format html --title \"Orders API: safe retries\"\n  idem docs --src src/ --spec webhooks.yaml --target on_new_pet='POST webhook newPet' --out docs/api"
     )]
     Docs(DocsArgs),
     /// Export the contracts of Rust source files as a contracts file (JSON).
     ///
     /// The file is what `idem merge --contracts` and `idem docs --contracts` read, for
     /// builds where the source is not at hand.
-    #[command(after_help = "Example:\n  idem export --src src/ --out contracts.json")]
+    #[command(
+        after_help = "Examples:\n  idem export --src src/ --out contracts.json\n  idem export --src src/ --out contracts.json --target on_new_pet='POST webhook newPet'"
+    )]
     Export(ExportArgs),
-    /// Check the contracts in Rust source files, as the compiler would.
+    /// Check contracts for the errors `#[idem::contract]` itself reports.
     ///
-    /// Prints every contract error as `path:line:col: error: message`, with the
-    /// messages `#[idem::contract]` gives at compile time, and exits with 1 if there is
-    /// any.
-    #[command(after_help = "Example:\n  idem check --src src/ --src crates/payments/src/")]
+    /// Reads the attributes with the macro's own parser and prints every error it
+    /// reports (a missing, unknown or repeated property, a bad duration, `ttl` shorter
+    /// than `deadline`, a permanent status in `retryable`, …) as
+    /// `path:line:col: error: message`, with the messages and positions of a compile,
+    /// and exits with 1 if there is any.
+    ///
+    /// It does not see types, so it cannot stand in for the compiler: a fingerprint
+    /// field the request body type does not have, and a status lookup or reconcile
+    /// function that does not resolve or has the wrong shape, are reported by rustc on
+    /// the code the macro generates (`cargo check`).
+    #[command(
+        after_help = "Examples:\n  idem check --src src/ --src crates/payments/src/\n  idem check --contracts contracts.json"
+    )]
     Check(CheckArgs),
     /// Print the JSON Schema (draft 2020-12) of the `x-idempotency` extension.
     #[command(after_help = "Example:\n  idem schema > x-idempotency.schema.json")]
     Schema(SchemaArgs),
 }
+
+/// The long help of `--target`, shared by `merge`, `docs` and `export`.
+const TARGET_HELP: &str = concat!(
+    "Describe another operation than the one whose operationId is the handler's name. ",
+    "NAME is the handler's name (the contract's operation); TARGET is one of:\n",
+    "  - an operationId: `create_order=PostOrders`\n",
+    "  - a method and a path of `paths`: `create_order='POST /orders'`\n",
+    "  - a method and a webhook name, in an OpenAPI 3.1 document:\n",
+    "    `on_new_pet='POST webhook newPet'`, where `newPet` is the webhook's key under\n",
+    "    `webhooks` (a webhook has a name, not a path)\n",
+    "Quote a TARGET that holds spaces. Repeat for several.",
+);
 
 /// Where contracts come from: at least one `--src` or `--contracts`.
 #[derive(Debug, Args)]
@@ -90,10 +119,9 @@ pub struct Inputs {
     /// A contracts file written by `idem export`. Repeat for several.
     #[arg(long, value_name = "FILE")]
     pub contracts: Vec<PathBuf>,
-    /// Describe another operation than the one whose operationId is the handler's name:
-    /// `create_order=PostOrders`, `create_order="POST /orders"` or
-    /// `notify="POST webhook newPet"`. Repeat for several.
-    #[arg(long, value_name = "OPERATION=TARGET", value_parser = parse_target)]
+    /// Describe another operation than the one whose operationId is the handler's
+    /// name. Repeat for several.
+    #[arg(long, value_name = "NAME=TARGET", value_parser = parse_target, long_help = TARGET_HELP)]
     pub target: Vec<(String, Target)>,
 }
 
@@ -160,14 +188,15 @@ pub struct ExportArgs {
     /// The contracts file to write; `-` for standard output.
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
-    /// Record another target than the operationId equal to the handler's name:
-    /// `create_order="POST /orders"`. Repeat for several.
-    #[arg(long, value_name = "OPERATION=TARGET", value_parser = parse_target)]
+    /// Record another target than the operationId equal to the handler's name. Repeat
+    /// for several.
+    #[arg(long, value_name = "NAME=TARGET", value_parser = parse_target, long_help = TARGET_HELP)]
     pub target: Vec<(String, Target)>,
 }
 
-/// `idem check`.
+/// `idem check`: at least one `--src` or `--contracts`.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("inputs").args(["src", "contracts"]).required(true).multiple(true)))]
 pub struct CheckArgs {
     /// A Rust file, or a folder searched for `.rs` files. Repeat for several.
     #[arg(long, value_name = "PATH")]

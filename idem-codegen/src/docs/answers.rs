@@ -2,7 +2,7 @@
 
 use idem_contract::{Concurrency, Contract, Fingerprint, Retryable, StatusCode};
 
-use super::content::{Answer, OperationInfo, Step, header_or_field, lookup_path};
+use super::content::{Answer, HeaderExample, OperationInfo, Step, header_or_field, lookup_path};
 use super::rich::Rich;
 use crate::extension::EXAMPLE_KEY;
 use crate::problem::{self, ProblemType};
@@ -16,7 +16,7 @@ pub(super) fn answers(c: &Contract) -> Vec<Answer> {
     let retryable_status = |s: u16| c.retryable.contains(&Retryable::Status(StatusCode(s)));
     let mut out = vec![
         Answer {
-            answer: Rich::new("A success (2xx)"),
+            answer: Rich::new("A success (`2xx`)"),
             problem_type: None,
             meaning: Rich::new(&format!(
                 "The operation ran once; its answer is stored for {}.",
@@ -45,10 +45,12 @@ pub(super) fn answers(c: &Contract) -> Vec<Answer> {
             action: Rich::new("Ask the status lookup at `Location` for the outcome."),
         });
     }
-    for p in ProblemType::ALL
-        .iter()
-        .filter(|p| matches!(p.status(), 400 | 401 | 409 | 422))
-    {
+    // Every problem type of the catalogue gets a row: these here, the 503s after 429,
+    // and the status lookup's and the set-up's at the end.
+    let later = |p: &ProblemType| {
+        p.status() == 503 || matches!(p.slug(), "operation-not-found" | "not-configured")
+    };
+    for p in ProblemType::ALL.iter().filter(|p| !later(p)) {
         if p.slug() == "operation-in-progress" && matches!(c.concurrency, Concurrency::Accepted) {
             continue;
         }
@@ -67,28 +69,34 @@ pub(super) fn answers(c: &Contract) -> Vec<Answer> {
     for p in ProblemType::ALL.iter().filter(|p| p.status() == 503) {
         out.push(problem_answer(p, Some(retryable_status(503))));
     }
-    let others: Vec<String> = c
+    // A retryable status the operation answers itself, with a problem `type` of its own
+    // (or none): the server released the key, so a retry runs again.
+    let mut own: Vec<u16> = c
         .retryable
         .iter()
         .filter_map(|r| match r {
-            Retryable::Status(s) if !matches!(s.as_u16(), 409 | 429 | 503) => {
-                Some(words::status(*s))
-            }
+            Retryable::Status(s) if s.as_u16() != 429 => Some(s.as_u16()),
             _ => None,
         })
         .collect();
-    if !others.is_empty() {
+    own.sort_unstable();
+    own.dedup();
+    for status in own {
         out.push(Answer {
-            answer: Rich::new(&words::list(&others, "or")),
-            problem_type: None,
-            meaning: Rich::new(
-                "The attempt failed in a way that may pass; the server released the key.",
+            answer: Rich::default()
+                .code(status_words(status))
+                .text(" from the service itself"),
+            problem_type: Some(Rich::new("any other, or none")),
+            meaning: Rich::new(&format!(
+                "The service itself answered {status}, with none of the problem types above. {status} is in this operation's retry list, so the server released the key: a retry runs the operation again."
+            )),
+            action: Rich::new(
+                "Back off (at least `Retry-After`, when the answer carries it), then retry with the same key.",
             ),
-            action: Rich::new("Back off, then retry with the same key."),
         });
     }
     out.push(Answer {
-        answer: Rich::new("Any other 4xx or 5xx"),
+        answer: Rich::new("Any other `4xx` or `5xx`"),
         problem_type: None,
         meaning: Rich::new(
             "The operation failed for good; the answer is stored and replayed to a retry.",
@@ -138,7 +146,7 @@ fn problem_answer(p: &ProblemType, retryable: Option<bool>) -> Answer {
     };
     Answer {
         answer,
-        problem_type: Some(p.type_uri().to_owned()),
+        problem_type: Some(Rich::default().code(p.type_uri())),
         meaning: Rich::new(&sentence(p.meaning())),
         action: Rich::new(&sentence(&action)),
     }
@@ -173,11 +181,23 @@ fn request(c: &Contract, info: &OperationInfo) -> String {
     }
     members.push("…".to_owned());
     let mut text = format!("{method} {path} HTTP/1.1\nContent-Type: application/json\n");
+    for h in other_headers(c, info) {
+        text.push_str(&format!("{}: {}\n", h.name, h.value));
+    }
     if in_header {
         text.push_str(&format!("{key}: {EXAMPLE_KEY}\n"));
     }
     text.push_str(&format!("\n{{ {} }}", members.join(", ")));
     text
+}
+
+/// The headers the operation requires besides the key.
+fn other_headers<'a>(c: &Contract, info: &'a OperationInfo) -> Vec<&'a HeaderExample> {
+    let key = c.key_scope.header();
+    info.headers
+        .iter()
+        .filter(|h| key.is_none_or(|k| !h.name.eq_ignore_ascii_case(k)))
+        .collect()
 }
 
 /// `"a": v` or `"a": { "b": v }` for a dotted path.
@@ -203,11 +223,37 @@ pub(super) fn example(c: &Contract, info: &OperationInfo) -> Vec<Step> {
         "HTTP/1.1 {success}\nIdempotent-Replayed: true\nOperation-Id: 0191f6a4-7a2b-7c3d-8e4f-5a6b7c8d9e0f\n\n(the answer of attempt 1, byte for byte)"
     );
     let req = request(c, info);
+    let mut first =
+        Rich::new("Attempt 1: make a new key for this intent, keep it, and send the request.");
+    let headers = other_headers(c, info);
+    if !headers.is_empty() {
+        let mut names = Rich::default();
+        for (i, h) in headers.iter().enumerate() {
+            if i > 0 {
+                names = names.text(if i + 1 == headers.len() {
+                    " and "
+                } else {
+                    ", "
+                });
+            }
+            names = names.code(&h.name);
+        }
+        first = first
+            .text(if headers.len() == 1 {
+                " Besides the key, the operation requires the header "
+            } else {
+                " Besides the key, the operation requires the headers "
+            })
+            .then(names)
+            .text(if headers.iter().any(|h| h.placeholder) {
+                " on every attempt; put your own value where the example shows `<…>`."
+            } else {
+                " on every attempt (the example shows sample values)."
+            });
+    }
     let mut steps = vec![
         Step {
-            text: Rich::new(
-                "Attempt 1: make a new key for this intent, keep it, and send the request.",
-            ),
+            text: first,
             http: Some(req.clone()),
         },
         Step {
@@ -230,7 +276,8 @@ pub(super) fn example(c: &Contract, info: &OperationInfo) -> Vec<Step> {
             steps.push(Step {
                 text: Rich::new("Attempt 2, after a short random wait: the same request with the same key. Attempt 1 is still running on the server:"),
                 http: Some(format!(
-                    "HTTP/1.1 409 Conflict\nContent-Type: application/problem+json\nRetry-After: {secs}\nOperation-Id: 0191f6a4-7a2b-7c3d-8e4f-5a6b7c8d9e0f\n\n{{ \"type\": \"{uri}\", \"title\": \"Operation in progress\", \"status\": 409,\n  \"operation_id\": \"0191f6a4-7a2b-7c3d-8e4f-5a6b7c8d9e0f\", \"state\": \"processing\", \"new_key_safe\": false }}",
+                    // One member a line, so that the body fits a page and a phone scrolls it.
+                    "HTTP/1.1 409 Conflict\nContent-Type: application/problem+json\nRetry-After: {secs}\nOperation-Id: 0191f6a4-7a2b-7c3d-8e4f-5a6b7c8d9e0f\n\n{{\n  \"type\": \"{uri}\",\n  \"title\": \"Operation in progress\",\n  \"status\": 409,\n  \"operation_id\": \"0191f6a4-7a2b-7c3d-8e4f-5a6b7c8d9e0f\",\n  \"state\": \"processing\",\n  \"new_key_safe\": false\n}}",
                     secs = retry_after.as_secs_ceil(),
                     uri = format_args!("{}operation-in-progress", problem::TYPE_PREFIX),
                 )),

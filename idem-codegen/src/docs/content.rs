@@ -6,8 +6,10 @@ use serde::Serialize;
 
 use idem_contract::{Contract, KeyFormat, KeySource};
 
+use serde_json::Value;
+
 use super::rich::Rich;
-use crate::openapi::{Document, Operation, Route};
+use crate::openapi::{Document, Operation, Route, refs};
 use crate::words;
 use idem_contract::Target;
 
@@ -26,10 +28,30 @@ pub struct OperationInfo {
     /// The section's heading when it is not `METHOD path`, such as
     /// `POST webhook newPet`.
     pub label: Option<String>,
+    /// The operation's `operationId`, the name consumers know it by.
+    pub operation_id: Option<String>,
+    /// The other header parameters the operation requires (its own and its path's, with
+    /// `$ref`s followed), each with an example value, in the document's order: what a
+    /// client sends besides the idempotency key. `Accept`, `Content-Type` and
+    /// `Authorization` are left out, as OpenAPI ignores them as parameters.
+    pub headers: Vec<HeaderExample>,
+}
+
+/// A required header of an operation and a value to show in the worked example.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderExample {
+    /// The header's name, as the document writes it.
+    pub name: String,
+    /// The parameter's `example`, the first of its `examples`, its schema's `example` or
+    /// first `examples` item; else a placeholder such as `<your X-Client-Id>`.
+    pub value: String,
+    /// Whether `value` is a placeholder.
+    pub placeholder: bool,
 }
 
 impl OperationInfo {
-    /// Method, route, summary and first success status of `op` in `doc`.
+    /// Method, route, `operationId`, summary, first success status and required headers
+    /// of `op` in `doc`.
     pub fn from_document(doc: &Document, op: &Operation) -> OperationInfo {
         let object = op.get(&doc.root);
         let success = object
@@ -53,13 +75,18 @@ impl OperationInfo {
                 .map(str::to_owned),
             success,
             label: matches!(op.route, Route::Webhook(_)).then(|| op.label()),
+            operation_id: op.operation_id.clone(),
+            headers: required_headers(doc, op),
         }
     }
 
     /// What a target alone says: the method and path of `POST /orders`.
     pub fn from_target(target: &Target) -> OperationInfo {
         match target {
-            Target::OperationId(_) => OperationInfo::default(),
+            Target::OperationId(id) => OperationInfo {
+                operation_id: Some(id.clone()),
+                ..OperationInfo::default()
+            },
             Target::Path { method, path } => OperationInfo {
                 method: Some(method.to_ascii_uppercase()),
                 path: Some(path.clone()),
@@ -75,11 +102,99 @@ impl OperationInfo {
     }
 }
 
+/// The required header parameters of `op`: the operation's own, then its path item's
+/// that the operation does not override (same name and location).
+fn required_headers(doc: &Document, op: &Operation) -> Vec<HeaderExample> {
+    let root = &doc.root;
+    let item_pointer = &op.pointer[..op.pointer.len().saturating_sub(1)];
+    let item = item_pointer.iter().try_fold(root, |v, k| v.get(k));
+    let lists = [op.get(root), item].map(|o| {
+        o.and_then(|o| o.get("parameters"))
+            .and_then(|p| p.as_array())
+            .map(|p| {
+                p.iter()
+                    .filter_map(|p| refs::resolve(root, p))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    });
+    let is_header = |p: &Value| p.get("in").and_then(Value::as_str) == Some("header");
+    let name = |p: &Value| p.get("name").and_then(Value::as_str).map(str::to_owned);
+    let mut out: Vec<HeaderExample> = Vec::new();
+    let mut seen: Vec<String> = Vec::new();
+    for p in lists.iter().flatten().copied().filter(|p| is_header(p)) {
+        let Some(n) = name(p) else { continue };
+        let lower = n.to_ascii_lowercase();
+        if seen.contains(&lower) {
+            continue;
+        }
+        seen.push(lower.clone());
+        if p.get("required") != Some(&Value::Bool(true))
+            || matches!(lower.as_str(), "accept" | "content-type" | "authorization")
+        {
+            continue;
+        }
+        out.push(match example_value(root, p) {
+            Some(value) => HeaderExample {
+                name: n,
+                value,
+                placeholder: false,
+            },
+            None => HeaderExample {
+                value: format!("<your {n}>"),
+                name: n,
+                placeholder: true,
+            },
+        });
+    }
+    out
+}
+
+/// An example value of the parameter `p`, on one line.
+fn example_value(root: &Value, p: &Value) -> Option<String> {
+    let first_example = |examples: &Value| -> Option<Value> {
+        examples
+            .as_object()?
+            .values()
+            .find_map(|e| refs::resolve(root, e)?.get("value").cloned())
+    };
+    let schema = p.get("schema").and_then(|s| refs::resolve(root, s));
+    let value = p
+        .get("example")
+        .cloned()
+        .or_else(|| p.get("examples").and_then(first_example))
+        .or_else(|| schema.and_then(|s| s.get("example")).cloned())
+        .or_else(|| {
+            schema
+                .and_then(|s| s.get("examples"))
+                .and_then(Value::as_array)
+                .and_then(|e| e.first())
+                .cloned()
+        })?;
+    let text = match value {
+        Value::String(s) => s,
+        Value::Null => return None,
+        other => other.to_string(),
+    };
+    // A header value is one line of visible characters.
+    let text: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let text = text.trim();
+    (!text.is_empty()).then(|| text.to_owned())
+}
+
 /// One operation's section.
 #[derive(Clone, Debug, Serialize)]
 pub struct Section {
-    /// The operation's name.
+    /// The operation's name: its `operationId` when known, else the name of the handler
+    /// that declares the contract.
     pub name: String,
+    /// The handler that declares the contract.
+    pub handler: String,
+    /// Whether `name` is an `operationId`.
+    pub named_by_id: bool,
     /// An HTML id and Markdown anchor.
     pub anchor: String,
     /// `POST /orders`, or the name when the route is unknown.
@@ -112,8 +227,9 @@ pub struct PropertyText {
 pub struct Answer {
     /// The status or situation, such as `409 Conflict`.
     pub answer: Rich,
-    /// The problem `type` URI, if the answer has one.
-    pub problem_type: Option<String>,
+    /// The problem `type`: one of idem's URIs as code, or words such as "any other"
+    /// for answers of the service itself; `None` when the answer has none.
+    pub problem_type: Option<Rich>,
     /// What it means.
     pub meaning: Rich,
     /// What the client does.
@@ -131,14 +247,17 @@ pub struct Step {
 
 /// The docs section of `contract`.
 pub fn section(contract: &Contract, info: &OperationInfo) -> Section {
-    let name = contract.operation.to_string();
+    let handler = contract.operation.to_string();
+    let name = info.operation_id.clone().unwrap_or_else(|| handler.clone());
     let heading = match (&info.label, &info.method, &info.path) {
         (Some(label), _, _) => label.clone(),
         (None, Some(m), Some(p)) => format!("{m} {p}"),
         _ => name.clone(),
     };
     Section {
-        anchor: anchor(&name),
+        anchor: anchor(&handler),
+        named_by_id: info.operation_id.is_some(),
+        handler,
         heading,
         summary: info.summary.clone(),
         properties: super::properties::properties(contract),

@@ -1,4 +1,4 @@
-//! Consumer docs (DESIGN §7): one section per contracted operation with the nine
+//! Consumer docs: one section per contracted operation with the nine
 //! properties in plain words, how to retry it safely, what each answer means, and a
 //! worked request sequence; in Markdown, or as one self-contained HTML file (inline CSS,
 //! no external assets).
@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use idem_contract::Contract;
 
-pub use content::{Answer, OperationInfo, PropertyText, Section, Step};
+pub use content::{Answer, HeaderExample, OperationInfo, PropertyText, Section, Step};
 pub use rich::{Rich, Span};
 
 use crate::problem::ProblemType;
@@ -78,6 +78,12 @@ fn environment() -> Environment<'static> {
         rich::markdown(&spans, true)
     });
     env.add_filter("code", |s: String| rich::code_span(&s));
+    // A problem type URI in two pieces that are never broken: its prefix up to the
+    // last `:` and its slug, so that a narrow column wraps it only between them.
+    env.add_filter("type_parts", |s: String| match s.rfind(':') {
+        Some(i) if i + 1 < s.len() => vec![s[..=i].to_owned(), s[i + 1..].to_owned()],
+        _ => vec![s],
+    });
     env.add_filter("fence", |s: String| rich::block_fence(&s));
     env.add_template("docs.md", MARKDOWN)
         .expect("the Markdown template parses");

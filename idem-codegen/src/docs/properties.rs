@@ -38,8 +38,9 @@ pub(super) fn properties(c: &Contract) -> Vec<PropertyText> {
     ));
     let deadline = Rich::new(&match c.deadline.per_attempt {
         Some(p) => format!(
-            "Give the whole operation at most {}, all attempts and waits included, and each attempt at most {}.",
+            "Give the whole operation at most {}, all attempts and waits included. The server gives each attempt {}, then stops it and answers `503` (`attempt-timed-out`); give each attempt a timeout of {} plus a margin for the network, so that this answer reaches you.",
             words::duration(c.deadline.total),
+            words::duration(p),
             words::duration(p)
         ),
         None => format!(
@@ -86,10 +87,10 @@ pub(super) fn properties(c: &Contract) -> Vec<PropertyText> {
         None => Rich::new("The service has a status lookup for this operation, but its contract does not publish the route: ask the API's provider for it."),
     };
     let recovery = match &c.recovery {
-        Recovery::Reconcile { .. } => Rich::new("If the server stops between doing the work and recording its result, the outcome is unknown for a while. The server then checks its own records and settles it; until then, retries and the status lookup answer with the state `unknown`."),
-        Recovery::Manual { runbook } => Rich::new("If the server stops between doing the work and recording its result, the outcome is unknown until an operator settles it by a runbook (")
+        Recovery::Reconcile { .. } => Rich::new("If an attempt stops between doing the work and recording its result, the outcome is unknown for a while: until the attempt's time is up, retries get `409` and the status lookup says `processing`. The first retry or lookup after that makes the server check its own records and settle it: the stored answer if the work was done, a fresh run if it was not. If the records cannot tell, the operation is parked as `unknown` for an operator: do not start it again with a new key."),
+        Recovery::Manual { runbook } => Rich::new("If an attempt stops between doing the work and recording its result, the outcome is unknown: once the attempt's time is up, the operation is parked as `unknown` until an operator settles it by a runbook (")
             .url(runbook)
-            .text("). Until then, retries and the status lookup answer with the state `unknown`: do not start the operation again with a new key."),
+            .text("). Until then, retries get `409` and the status lookup says `processing`, then `unknown`: do not start the operation again with a new key."),
     };
     let texts = [
         key_scope,
@@ -133,14 +134,21 @@ pub(super) fn retry(c: &Contract) -> Vec<Rich> {
     let timeout_retryable = c
         .retryable
         .contains(&Retryable::Transport(TransportFailure::Timeout));
+    // The client waits a little longer than the server's per-attempt limit, so that the
+    // server's `503 attempt-timed-out` reaches it instead of a timeout of its own.
     let per_attempt = c.deadline.per_attempt.map_or_else(
         || {
             format!(
-                "well under the deadline of {}",
+                "Give each attempt a timeout, well under the deadline of {}.",
                 words::duration(c.deadline.total)
             )
         },
-        words::duration,
+        |p| {
+            let p = words::duration(p);
+            format!(
+                "Give each attempt a timeout a little longer than the server's limit per attempt: {p}, plus a margin for the network. The server stops an attempt after {p} and answers `503` (`attempt-timed-out`); a client that gives up at exactly {p} never sees that answer."
+            )
+        },
     );
     let mut steps = vec![
         Rich::new(
@@ -152,7 +160,7 @@ pub(super) fn retry(c: &Contract) -> Vec<Rich> {
             Rich::new("Send every attempt with the same key in the body member ").code(&key).text(" and the same content. Never make a new key for a retry: that is how one intent becomes two operations.")
         },
         Rich::new(&format!(
-            "Give each attempt a timeout ({per_attempt}). {}",
+            "{per_attempt} {}",
             if timeout_retryable {
                 "A timeout is retryable: retry with the same key."
             } else {

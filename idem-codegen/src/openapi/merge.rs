@@ -1,27 +1,49 @@
-//! Merging contracts into a document (DESIGN §7): each contracted operation gets the
+//! Merging contracts into a document: each contracted operation gets the
 //! additions of [`crate::extension`]; everything else stays as it was, key order
 //! included. What the operation already defines wins, except where the contract is the
 //! truth (the extension itself, the key parameter's `required` and `schema`).
 //!
 //! Merging is all or nothing: every target is resolved and every conflict found before
 //! the tree is changed, and a merge of the same contracts into the merged document
-//! changes nothing.
+//! changes nothing. Once merged, each contract is compared with its operation
+//! ([`super::consistency`]); what looks inconsistent is returned as warnings.
 
 use serde_json::{Map, Value};
 
 use crate::contracts::Sourced;
-use crate::error::{Error, Errors};
+use crate::error::{Error, Errors, Warning};
 use crate::extension::{self, EXTENSION, GENERATED_MARK};
 
 use super::Document;
 use super::target::{Operation, find_operation};
 
 /// What a merge did: the operations that received a contract, in the order of the
-/// contracts.
+/// contracts, and what looked inconsistent between a contract and the document.
 #[derive(Clone, Debug)]
 pub struct Merged {
     /// `(operation name, operation)` pairs.
     pub operations: Vec<(String, Operation)>,
+    /// Contracts that do not fit their operation, at the contract's origin: a
+    /// fingerprint field or key field that the JSON request body schema does not have,
+    /// a status lookup path that is not a `get` operation of the document. The merge
+    /// is done all the same.
+    pub warnings: Vec<Warning>,
+}
+
+/// The error for a contract whose target `message` says is not in `doc`, with how to
+/// name the operation it describes instead.
+pub fn unmatched(sourced: &Sourced, doc: &Document, message: &str) -> Error {
+    let name = &sourced.contract.operation;
+    let file_target = match sourced.origin.entry {
+        Some(_) => " (or the entry's `target` in the contracts file)",
+        None => "",
+    };
+    sourced.origin.error(format!(
+        "`{name}` targets `{}`, which {} does not have: {message}\n\
+         help: name the operation it describes with `--target NAME=TARGET`{file_target}: `--target {name}=OPERATION_ID`, `--target {name}=\"METHOD /path\"` or, for a webhook of an OpenAPI 3.1 document, `--target {name}=\"METHOD webhook NAME\"`",
+        sourced.target,
+        doc.path.display()
+    ))
 }
 
 /// Merges `contracts` into `doc`.
@@ -29,7 +51,7 @@ pub struct Merged {
 /// # Errors
 ///
 /// Every problem at once, and `doc` unchanged: a target that matches no operation (named
-/// at the contract's origin, with the closest names), two contracts on one operation, a
+/// at the contract's origin, with the closest names and how to name another), two contracts on one operation, a
 /// component idem did not write under one of idem's component names, or a `components`,
 /// `parameters` or `responses` member that is not of its required type.
 pub fn merge(doc: &mut Document, contracts: &[Sourced]) -> Result<Merged, Errors> {
@@ -47,12 +69,7 @@ pub fn merge(doc: &mut Document, contracts: &[Sourced]) -> Result<Merged, Errors
                 }
                 found.push((sourced.contract.operation.to_string(), op));
             }
-            Err(message) => errors.push(sourced.origin.error(format!(
-                "`{}` targets `{}`, which {} does not have: {message}",
-                sourced.contract.operation,
-                sourced.target,
-                doc.path.display()
-            ))),
+            Err(message) => errors.push(unmatched(sourced, doc, &message)),
         }
     }
     for (name, op) in &found {
@@ -75,7 +92,12 @@ pub fn merge(doc: &mut Document, contracts: &[Sourced]) -> Result<Merged, Errors
         );
     }
     install_components(&mut doc.root);
-    Ok(Merged { operations: found })
+    let ops: Vec<Operation> = found.iter().map(|(_, op)| op.clone()).collect();
+    let warnings = super::consistency::check(doc, contracts, &ops);
+    Ok(Merged {
+        operations: found,
+        warnings,
+    })
 }
 
 /// The operation's `parameters` and `responses`, where present, have the types OpenAPI

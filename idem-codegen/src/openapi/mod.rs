@@ -4,11 +4,13 @@
 //!
 //! The tree is `serde_json::Value` with `preserve_order` rather than a typed model: the
 //! typed models (`openapiv3` for 3.0, `oas3` for 3.1) drop what they do not know and
-//! reorder keys, and merging must keep every other part of a document intact (DESIGN §7).
+//! reorder keys, and merging must keep every other part of a document intact.
 //! Comments in YAML are not part of the data and are not kept.
 
+mod consistency;
 mod guard;
 mod merge;
+pub(crate) mod refs;
 mod target;
 pub(crate) mod tree;
 mod yaml;
@@ -19,7 +21,7 @@ use serde_json::Value;
 
 use crate::error::{Error, position_of};
 
-pub use merge::{Merged, merge};
+pub use merge::{Merged, merge, unmatched};
 pub use target::{Operation, Route, find_operation, operations};
 
 /// The format a document is written in; a merged document is saved in the same one.

@@ -134,7 +134,7 @@ pub fn find_operation(doc: &Document, target: &Target) -> Result<Operation, Stri
                         .filter_map(|o| o.operation_id.as_deref())
                         .collect();
                     Err(format!(
-                        "no operation has the operationId `{id}`{}; name the operation with its operationId or as `POST /path`",
+                        "no operation has the operationId `{id}`{}",
                         did_you_mean(id, &ids)
                     ))
                 }
@@ -222,7 +222,7 @@ fn methods(ops: &[&Operation]) -> String {
 }
 
 /// ` (did you mean `x`?)` for the closest candidate, or nothing.
-fn did_you_mean(word: &str, candidates: &[&str]) -> String {
+pub(super) fn did_you_mean(word: &str, candidates: &[&str]) -> String {
     let lower = word.to_ascii_lowercase();
     candidates
         .iter()
