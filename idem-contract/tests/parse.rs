@@ -307,10 +307,18 @@ fn missing_properties_do_not_hide_the_other_rules() {
     assert!(m[0].starts_with("the contract is missing 2 properties"));
     assert!(m[1].starts_with("`ttl` (10s) is shorter than `deadline` (30s)"));
     assert!(m[2].starts_with("`404` (Not Found) is a permanent answer"));
-    assert!(m[3].starts_with("the wait of `concurrency = wait(\"1m\")` is longer than the deadline"));
+    assert!(
+        m[3].starts_with("the wait of `concurrency = wait(\"1m\")` is longer than the deadline")
+    );
     // A rule that reads a missing or refused value is not reported against a stand-in.
     let parsed = run(quote! { ttl = "10s", deadline = "30 parsecs" }, handler());
-    assert!(messages(&parsed).iter().all(|m| !m.contains("shorter than")), "{:#?}", messages(&parsed));
+    assert!(
+        messages(&parsed)
+            .iter()
+            .all(|m| !m.contains("shorter than")),
+        "{:#?}",
+        messages(&parsed)
+    );
 }
 
 #[test]
@@ -319,6 +327,8 @@ fn an_option_written_as_a_property_says_where_it_goes() {
     args.extend(quote!(per_attempt = "5s"));
     assert_eq!(
         messages(&run(args, handler())),
-        ["`per_attempt` is an option of `deadline`, not a property: write `deadline = (\"30s\", per_attempt = \"5s\")`"]
+        [
+            "`per_attempt` is an option of `deadline`, not a property: write `deadline = (\"30s\", per_attempt = \"5s\")`"
+        ]
     );
 }
