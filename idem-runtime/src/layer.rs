@@ -7,6 +7,13 @@ use tower::{Layer, Service};
 
 use crate::Idem;
 
+impl Idem {
+    /// The layer that puts this handle into every request's extensions.
+    pub fn layer(&self) -> IdemLayer {
+        IdemLayer::new(self.clone())
+    }
+}
+
 /// A tower [`Layer`] that inserts an [`Idem`] handle into the extensions of every request,
 /// where contracted handlers and status lookups find it. Made by [`Idem::layer`].
 ///

@@ -94,22 +94,30 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod enforce;
-pub mod fingerprint;
-mod idem;
-pub mod identity;
-mod layer;
-mod lookup;
+// Modules from the bottom up: each imports only from the ones above it.
+pub mod store;
 mod operation_id;
 pub mod problem;
+pub mod identity;
+mod reconcile;
+mod operation;
+mod wire;
+mod idem;
+mod answer;
+mod replay;
+mod attempt;
 pub mod recovery;
-pub mod store;
+pub mod enforce;
+mod lookup;
+mod layer;
+pub mod fingerprint;
 
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
 
-pub use crate::enforce::{Attempt, IDEMPOTENT_REPLAYED_HEADER};
+pub use crate::attempt::Attempt;
+pub use crate::replay::IDEMPOTENT_REPLAYED_HEADER;
 pub use crate::idem::{
     DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS, DEFAULT_UNAVAILABLE_RETRY_AFTER, Idem,
 };

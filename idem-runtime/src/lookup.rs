@@ -10,9 +10,11 @@ use http::request::Parts;
 use http::{HeaderValue, StatusCode, header};
 use idem_contract::KeyError;
 
-use crate::enforce::answer;
+use crate::answer;
 use crate::problem::{Problem, ProblemType};
-use crate::recovery::{Contracted, Recover, Recovered, Recoverer, recover};
+use crate::operation::{Contracted, Recover};
+use crate::reconcile::Recoverer;
+use crate::recovery::{Recovered, recover};
 use crate::store::{Record, RecordKey, RecordState, UnixMillis, unix_now};
 use crate::{Idem, OperationId};
 

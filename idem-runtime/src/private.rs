@@ -11,8 +11,10 @@ use idem_contract::{
     Recovery, StatusLookup,
 };
 
-pub use crate::enforce::{Attempt, Enforced, Guard};
-pub use crate::recovery::{Contracted, Reconcile, ReconcileWith, Recover, Recoverer};
+pub use crate::attempt::{Attempt, Guard};
+pub use crate::enforce::Enforced;
+pub use crate::operation::{Contracted, Recover};
+pub use crate::reconcile::{Reconcile, ReconcileWith, Recoverer};
 
 /// A handler that can serve a status lookup: an async function whose arguments are
 /// extractors and whose output is a response. Checked by the macro at the path given in

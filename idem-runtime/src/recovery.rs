@@ -19,196 +19,21 @@
 //! The reconcile function runs in a task of its own, so a client that hangs up does not
 //! cancel it halfway.
 
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
 
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use futures_util::FutureExt;
-use futures_util::future::BoxFuture;
 use idem_contract::{Contract, Recovery};
 
-use crate::enforce::answer;
-use crate::enforce::guard::Held;
-use crate::store::{Lease, OwnerToken, Record, RecordKey, StoreError, UnixMillis, unix_now};
-use crate::{Idem, OperationId};
-
-/// An operation that the macro made from a contracted handler: `create_order::Operation`.
-///
-/// Implemented by `#[idem::contract(..)]`; write it by hand only for a handler without
-/// the macro.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a contracted operation",
-    note = "`#[idem::contract(..)]` on `async fn create_order` makes `create_order::Operation`: name that type"
-)]
-pub trait Contracted: Send + Sync + 'static {
-    /// The operation's contract.
-    const CONTRACT: &'static Contract;
-
-    /// The member names of the JSON body type as serde reads them (after `rename` and
-    /// `rename_all`), when the handler takes `Json<T>` of a struct: the fingerprint's
-    /// fields and a body key are looked up under these names. `None` (the default) takes
-    /// the contract's field names as they are. The macro implements it with
-    /// [`crate::__private::serde_fields`].
-    fn body_fields() -> Option<&'static [&'static str]> {
-        None
-    }
-}
-
-/// How a contracted operation recovers, given the router's state `S`.
-///
-/// The macro implements it from `recovery = ..`: a reconcile function gets the
-/// handler's `State<T>` (through `FromRef<S>`), `manual(..)` needs no state.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot recover with the router state `{S}`",
-    note = "the reconcile function's state type must be reachable from the router's state through `axum::extract::FromRef`"
-)]
-pub trait Recover<S>: Contracted {
-    /// The recoverer, made from the router's state.
-    fn recoverer(state: &S) -> Recoverer;
-}
-
-/// What a reconcile function decided about an operation whose outcome was unknown.
-#[derive(Debug)]
-pub enum Resolution {
-    /// The effect happened; this is the answer the first attempt would have given (build
-    /// it from the business data). It is stored and replayed like a handler's answer.
-    Applied(Response),
-    /// The effect did not happen: running the handler again is safe.
-    NotApplied,
-    /// The reconcile function cannot tell: the operation is parked as `unknown` with this
-    /// reason for an operator.
-    Unknown(String),
-}
-
-impl Resolution {
-    /// [`Resolution::Applied`] from anything that is a response.
-    pub fn applied(response: impl IntoResponse) -> Resolution {
-        Resolution::Applied(response.into_response())
-    }
-
-    /// [`Resolution::Unknown`] with `reason`.
-    pub fn unknown(reason: impl Into<String>) -> Resolution {
-        Resolution::Unknown(reason.into())
-    }
-}
-
-/// The operation a reconcile function must decide about.
-#[derive(Clone)]
-#[non_exhaustive]
-pub struct UnknownOperation {
-    /// The contract's operation, such as `create_order`.
-    pub operation: String,
-    /// The operation id, as the first attempt's answer (if any) carried it.
-    pub operation_id: OperationId,
-    /// The client's identity.
-    pub client: String,
-    /// The idempotency key: find the business record written under it.
-    pub key: String,
-    /// The fingerprint of the significant content.
-    pub fingerprint: String,
-    /// The attempt whose outcome is unknown (1 for the first).
-    pub attempt: u32,
-    /// When the operation was first registered, in unix milliseconds.
-    pub started_at: UnixMillis,
-}
-
-impl std::fmt::Debug for UnknownOperation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UnknownOperation")
-            .field("operation", &self.operation)
-            .field("operation_id", &self.operation_id)
-            .field("attempt", &self.attempt)
-            .field("started_at", &self.started_at)
-            .finish_non_exhaustive()
-    }
-}
-
-/// A reconcile function that takes the handler's state:
-/// `async fn(state: T, op: UnknownOperation) -> Resolution`.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a reconcile function for the state `{T}`",
-    label = "not a reconcile function",
-    note = "a reconcile function is `async fn(state: T, op: idem::UnknownOperation) -> idem::Resolution`, where `T` is the handler's `State<T>` type"
-)]
-pub trait ReconcileWith<T>: Send + 'static {
-    /// Calls the function.
-    fn call(self, state: T, op: UnknownOperation) -> BoxFuture<'static, Resolution>;
-}
-
-impl<T, F, Fut> ReconcileWith<T> for F
-where
-    T: Send + 'static,
-    F: FnOnce(T, UnknownOperation) -> Fut + Send + 'static,
-    Fut: Future<Output = Resolution> + Send + 'static,
-{
-    fn call(self, state: T, op: UnknownOperation) -> BoxFuture<'static, Resolution> {
-        Box::pin(self(state, op))
-    }
-}
-
-/// A reconcile function without state: `async fn(op: UnknownOperation) -> Resolution`.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a reconcile function",
-    label = "not a reconcile function",
-    note = "a reconcile function is `async fn(op: idem::UnknownOperation) -> idem::Resolution`, or `async fn(state: T, op: idem::UnknownOperation) -> idem::Resolution` for a handler with `State<T>`"
-)]
-pub trait Reconcile: Send + 'static {
-    /// Calls the function.
-    fn call(self, op: UnknownOperation) -> BoxFuture<'static, Resolution>;
-}
-
-impl<F, Fut> Reconcile for F
-where
-    F: FnOnce(UnknownOperation) -> Fut + Send + 'static,
-    Fut: Future<Output = Resolution> + Send + 'static,
-{
-    fn call(self, op: UnknownOperation) -> BoxFuture<'static, Resolution> {
-        Box::pin(self(op))
-    }
-}
-
-type ReconcileFn = Box<dyn FnOnce(UnknownOperation) -> BoxFuture<'static, Resolution> + Send>;
-
-/// The contract's recovery, ready to run: a reconcile function (with its state) or the
-/// manual path. Made by [`Recover::recoverer`].
-pub struct Recoverer {
-    reconcile: Option<ReconcileFn>,
-}
-
-impl Recoverer {
-    /// A reconcile function that takes the handler's state `state`.
-    pub fn reconcile_with<T, F>(state: T, f: F) -> Recoverer
-    where
-        T: Send + 'static,
-        F: ReconcileWith<T>,
-    {
-        Recoverer {
-            reconcile: Some(Box::new(move |op| f.call(state, op))),
-        }
-    }
-
-    /// A reconcile function without state.
-    pub fn reconcile<F: Reconcile>(f: F) -> Recoverer {
-        Recoverer {
-            reconcile: Some(Box::new(move |op| f.call(op))),
-        }
-    }
-
-    /// Manual recovery: park the operation as `unknown` with the contract's runbook.
-    pub fn manual() -> Recoverer {
-        Recoverer { reconcile: None }
-    }
-}
-
-impl std::fmt::Debug for Recoverer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.reconcile.is_some() {
-            "Recoverer::Reconcile"
-        } else {
-            "Recoverer::Manual"
-        })
-    }
-}
+use crate::Idem;
+use crate::answer;
+use crate::attempt::Held;
+pub use crate::operation::{Contracted, Recover};
+use crate::reconcile::ReconcileFn;
+pub use crate::reconcile::{
+    Reconcile, ReconcileWith, Recoverer, Resolution, UnknownOperation,
+};
+use crate::store::{Lease, OwnerToken, Record, RecordKey, StoreError, unix_now};
 
 /// What the recovery of one ended lease came to.
 pub(crate) enum Recovered {

@@ -37,14 +37,7 @@
 //!
 //! Then [`Guard::run`] runs the handler and settles its answer.
 
-pub(crate) mod answer;
-mod attempt;
-pub(crate) mod guard;
-pub(crate) mod names;
 mod register;
-pub(crate) mod replay;
-pub(crate) mod running;
-pub(crate) mod wire;
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -55,15 +48,15 @@ use axum::response::{IntoResponse, Response};
 use http::HeaderMap;
 use idem_contract::{Contract, Fingerprint, KeyScope, KeySource};
 
-pub use self::attempt::Attempt;
-pub use self::guard::Guard;
 use self::register::{Registered, register};
-pub use self::replay::IDEMPOTENT_REPLAYED_HEADER;
-use self::wire::Wire;
 use crate::Idem;
+use crate::answer;
+pub use crate::attempt::{Attempt, Guard};
 use crate::fingerprint::{self, jcs::Value};
-use crate::recovery::Recover;
+use crate::operation::Recover;
+pub use crate::replay::IDEMPOTENT_REPLAYED_HEADER;
 use crate::store::RecordKey;
+use crate::wire::Wire;
 
 /// The extractor of a contracted handler: the handler's own last extractor `E`, plus the
 /// [`Guard`] of the attempt that holds the key of operation `C`.
@@ -281,7 +274,7 @@ mod tests {
         contract.key_scope.source = KeySource::Body {
             field: FieldPath::from_static("ref.id"),
         };
-        let wire = wire::resolve(&contract, None).unwrap();
+        let wire = crate::wire::resolve(&contract, None).unwrap();
         let key =
             |json: &str| key_from_body(&Value::parse(json.as_bytes()).unwrap(), &wire, &contract);
         assert_eq!(key(r#"{"ref":{"id":"k-1"}}"#).unwrap(), "k-1");

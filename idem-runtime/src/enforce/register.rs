@@ -7,10 +7,11 @@ use axum::response::Response;
 use idem_contract::{Concurrency, Contract};
 use tokio::time::Instant;
 
-use super::answer;
-use super::guard::Held;
-use super::replay::replay;
-use crate::recovery::{Recovered, Recoverer, recover};
+use crate::answer;
+use crate::attempt::Held;
+use crate::reconcile::Recoverer;
+use crate::recovery::{Recovered, recover};
+use crate::replay::replay;
 use crate::store::{
     Begin, Lease, NewRecord, OwnerToken, RecordKey, RecordState, StoreError, unix_now,
 };

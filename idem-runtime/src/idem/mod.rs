@@ -1,5 +1,8 @@
 //! The `Idem` handle: the store, the client identity and the runtime's settings.
 
+pub(crate) mod names;
+pub(crate) mod running;
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,10 +12,9 @@ use http::header::{
     CONTENT_ENCODING, CONTENT_LOCATION, CONTENT_TYPE, ETAG, LAST_MODIFIED, LINK, LOCATION,
 };
 
-use crate::enforce::names::Names;
-use crate::enforce::running::Running;
+use self::names::Names;
+use self::running::Running;
 use crate::identity::ClientIdentity;
-use crate::layer::IdemLayer;
 use crate::store::{Store, StoreError, unix_now};
 
 /// The headers replayed with a stored result unless [`Idem::with_replayed_headers`] says
@@ -121,11 +123,6 @@ impl Idem {
     pub fn with_unavailable_retry_after(mut self, after: Duration) -> Idem {
         self.inner_mut().unavailable_retry_after = after;
         self
-    }
-
-    /// The layer that puts this handle into every request's extensions.
-    pub fn layer(&self) -> IdemLayer {
-        IdemLayer::new(self.clone())
     }
 
     /// The store.

@@ -7,7 +7,7 @@ use futures_util::{StreamExt, stream};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, response::Parts};
 use http_body_util::BodyExt;
 
-use super::answer::with_operation_id;
+use crate::answer::with_operation_id;
 use crate::OperationId;
 use crate::store::StoredResponse;
 

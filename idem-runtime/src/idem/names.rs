@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use super::wire::{self, Wire};
-use crate::recovery::Contracted;
+use crate::operation::Contracted;
+use crate::wire::{self, Wire};
 
 /// What one operation's claim holds: its type, and its body fields under their wire names
 /// (resolved once, see [`super::wire`]), or why they cannot be.

@@ -1,0 +1,157 @@
+//! The guard of an attempt: what a contracted handler's code receives to run under the
+//! key's lease.
+
+use std::fmt;
+use std::future::Future;
+
+use axum::response::{IntoResponse, Response};
+use tracing::Instrument;
+
+use super::Held;
+use super::current::Attempt;
+use crate::OperationId;
+use crate::answer;
+
+/// The attempt that holds a contracted operation's key, handed to the handler's code by
+/// [`Enforced::into_parts`](super::Enforced::into_parts).
+///
+/// [`Guard::run`] runs the handler under the attempt's lease and settles its answer. A
+/// guard dropped without running anything leaves the record *processing*: the outcome is
+/// unknown and recovery decides once the lease has ended, never a blind re-run
+///.
+pub struct Guard {
+    /// `None` once [`Guard::run`] took the attempt.
+    attempt: Option<Held>,
+    current: Attempt,
+}
+
+impl Guard {
+    pub(crate) fn new(attempt: Held) -> Guard {
+        let current = Attempt {
+            operation: attempt.key.operation.clone(),
+            operation_id: attempt.operation_id,
+            client: attempt.key.client.clone(),
+            key: attempt.key.key.clone(),
+            number: attempt.attempt,
+        };
+        Guard {
+            attempt: Some(attempt),
+            current,
+        }
+    }
+
+    /// The operation's id.
+    pub fn operation_id(&self) -> OperationId {
+        self.current.operation_id
+    }
+
+    /// This attempt's number (1 for the first).
+    pub fn attempt(&self) -> u32 {
+        self.current.number
+    }
+
+    /// The attempt, as the handler sees it (the `idem::Attempt` argument).
+    pub fn current(&self) -> Attempt {
+        self.current.clone()
+    }
+
+    /// Runs `handler` to its end on a task of its own, detached from the connection, within
+    /// the attempt's lease (the contract's per-attempt timeout, or else its deadline,
+    /// counted from registration), then settles its answer:
+    ///
+    /// - a status in the contract's `retryable` releases the key, so that a retry with the
+    ///   same key runs again; sound only when the effect did not commit;
+    /// - any other status (a success, or a permanent error such as 422) is stored with
+    ///   the selected headers and the body, and replayed to every later request with the
+    ///   key; a body larger than [`Idem::with_max_stored_body`] is sent but not stored,
+    ///   and the operation is parked as `unknown`;
+    /// - past the lease the handler's future is dropped and the answer is 503
+    ///   `attempt-timed-out`: the record stays processing, and recovery decides; the
+    ///   handler's response body is read within the same lease;
+    /// - a panic in the handler, or a response body that fails or panics while it is
+    ///   read, is answered with 503 `attempt-failed` and a `Retry-After` at the end of the
+    ///   lease: the record stays processing, and recovery decides;
+    /// - a handler that blocks its thread cannot be stopped at the lease's end: until it
+    ///   returns, its lease still counts as held in this process (duplicates get the
+    ///   concurrency answer, recovery waits), so the operation never runs twice at once
+    ///   here. Work the handler detaches (`spawn_blocking`, `spawn`) is not covered.
+    ///
+    /// Because the handler runs on its own task, a client that hangs up (the typical lost
+    /// answer) does not cancel it: the attempt still ends and its result is stored, so the
+    /// client's retry is answered with the replay. Storing needs the lease to be live: when
+    /// recovery took the lease over, the answer is still returned, but not recorded
+    /// (logged as `lease_lost`). Every answer carries the `Operation-Id` header.
+    pub async fn run<F>(mut self, handler: F) -> Response
+    where
+        F: Future + Send + 'static,
+        F::Output: IntoResponse + Send,
+    {
+        let Some(attempt) = self.attempt.take() else {
+            return answer::attempt_failed(self.current.operation_id, 1);
+        };
+        let span = tracing::info_span!(
+            "idem.attempt",
+            operation = %attempt.contract.operation,
+            operation_id = %attempt.operation_id,
+            attempt = attempt.attempt,
+        );
+        let deadline = attempt.deadline;
+        let task = tokio::spawn(
+            async move {
+                match tokio::time::timeout_at(deadline, handler).await {
+                    Ok(output) => {
+                        let response = output.into_response();
+                        attempt.settle(response).await
+                    }
+                    Err(_elapsed) => {
+                        tracing::warn!(
+                            outcome = "timed_out",
+                            "idem: the handler outlasted its lease; its outcome is unknown until recovery decides"
+                        );
+                        answer::attempt_timed_out(attempt.contract, attempt.operation_id)
+                    }
+                }
+            }
+            .instrument(span.clone()),
+        );
+        match task.await {
+            Ok(response) => response,
+            Err(error) => {
+                let outcome = if error.is_panic() {
+                    "panicked"
+                } else {
+                    "cancelled"
+                };
+                tracing::error!(
+                    parent: &span,
+                    outcome,
+                    "idem: the attempt failed before it answered; the outcome is unknown until the lease ends and recovery decides"
+                );
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                answer::attempt_failed(self.current.operation_id, left.as_secs().saturating_add(1))
+            }
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let Some(a) = &self.attempt else { return };
+        tracing::warn!(
+            operation = %a.contract.operation,
+            operation_id = %a.operation_id,
+            attempt = a.attempt,
+            outcome = "abandoned",
+            "idem: the attempt ended before its handler ran; the outcome is unknown until the lease ends and recovery decides"
+        );
+    }
+}
+
+impl fmt::Debug for Guard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guard")
+            .field("operation_id", &self.current.operation_id)
+            .field("attempt", &self.current.number)
+            .finish_non_exhaustive()
+    }
+}
