@@ -377,16 +377,20 @@ async fn a_panicking_handler_is_recovered_not_rerun_blindly() {
     assert_eq!(
         first.header("retry-after"),
         Some("1"),
-        "the 300 ms lease ends within a second"
+        "the attempt is over: its lease ended at once"
     );
-    let retry_at_once = f.post("/panics-first", "k-panic").await;
-    retry_at_once.problem(409, "operation-in-progress");
+    let key = RecordKey::new("panics_first", "client-a", "k-panic");
+    let record = f.idem.store().get(&key, unix_now()).await.unwrap().unwrap();
+    assert!(
+        matches!(record.state, RecordState::Processing { lease } if !lease.is_live(unix_now())),
+        "nothing is recorded as final, and the lease has ended: {record:?}"
+    );
     assert_eq!(f.app.reconciles(), 0);
-    tokio::time::sleep(Duration::from_millis(350)).await;
     let retry = f.post("/panics-first", "k-panic").await;
     assert_eq!(retry.status, 201);
     assert_eq!(f.app.reconciles(), 1, "recovery decided before the re-run");
     assert_eq!(f.app.runs(), 2);
+    assert_eq!(retry.operation_id(), first.operation_id());
 }
 
 /// The typical lost answer: the client hangs up before the handler answers. The handler is
@@ -434,18 +438,25 @@ async fn recovery_unknown_parks_the_operation() {
     assert_eq!(f.app.runs(), 1);
 }
 
-/// A panicking reconcile function parks the operation as unknown.
+/// A panicking reconcile function could not decide: nothing is parked, and the next retry
+/// asks again.
 #[tokio::test]
-async fn a_panicking_reconcile_parks_the_operation() {
+async fn a_panicking_reconcile_is_asked_again() {
     let f = Fixture::new().await;
     f.time_out_first_attempt("/panicking", "k-rp").await;
     let answer = f.post("/panicking", "k-rp").await;
-    let problem = answer.problem(409, "operation-outcome-unknown");
+    let problem = answer.problem(503, "recovery-pending");
     assert!(problem["detail"].as_str().unwrap().contains("panicked"));
-    f.post("/panicking", "k-rp")
-        .await
-        .problem(409, "operation-outcome-unknown");
-    assert_eq!(f.app.reconciles(), 1);
+    assert_eq!(problem["state"], "processing");
+    assert_eq!(answer.header("retry-after"), Some("2"));
+    let again = f.post("/panicking", "k-rp").await;
+    again.problem(503, "recovery-pending");
+    assert_eq!(
+        f.app.reconciles(),
+        2,
+        "nothing was parked: recovery asks again"
+    );
+    assert_eq!(f.app.runs(), 1, "the handler never re-ran blindly");
 }
 
 /// `recovery = manual(..)`: parked as unknown; the answer names the runbook.

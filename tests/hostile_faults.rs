@@ -247,17 +247,18 @@ fn assert_recovered(answer: &Answer, key: &str, operation_id: &str) {
     assert_eq!(answer.operation_id(), operation_id);
 }
 
-/// The store fails on `complete`, after the effect: the client still gets the handler's
-/// answer (live, not replayed); the record stays processing, so a retry within the lease
-/// is told "in progress", and after it recovery finds the order and replays it. One run.
+/// The store fails on `complete`, after the effect: the client gets 503
+/// `store-unavailable` (its 201 was not recorded, so it is not claimed); the record stays
+/// processing, so a retry within the lease is told "in progress", and after it recovery
+/// finds the order and replays it. One run.
 #[tokio::test]
 async fn complete_failing_after_the_effect_is_recovered() {
     let store = FaultyStore::memory();
     let f = Fixture::new(store.clone()).await;
     store.fail(Call::Complete);
     let first = f.post("/orders", "k-complete", "ok").await;
-    assert_eq!(first.status, 201);
-    assert!(!first.replayed());
+    first.problem(503, "store-unavailable");
+    assert!(first.header("retry-after").is_some());
     assert!(matches!(
         f.state("reconciled", "k-complete").await,
         RecordState::Processing { .. }
@@ -269,7 +270,6 @@ async fn complete_failing_after_the_effect_is_recovered() {
     past_the_lease().await;
     let retry = f.post("/orders", "k-complete", "ok").await;
     assert_recovered(&retry, "k-complete", first.operation_id());
-    assert_eq!(retry.body, first.body, "the same answer as the first one");
     assert_eq!((f.app.runs(), f.app.reconciles()), (1, 1));
     assert!(f.post("/orders", "k-complete", "ok").await.replayed());
 }
@@ -281,7 +281,9 @@ async fn complete_failing_with_manual_recovery_parks() {
     let store = FaultyStore::memory();
     let f = Fixture::new(store.clone()).await;
     store.fail(Call::Complete);
-    assert_eq!(f.post("/manual", "k-manual", "ok").await.status, 201);
+    f.post("/manual", "k-manual", "ok")
+        .await
+        .problem(503, "store-unavailable");
     store.heal(Call::Complete);
     past_the_lease().await;
     for _ in 0..2 {
@@ -343,7 +345,8 @@ async fn take_over_failing_fails_closed() {
 }
 
 /// The store fails on `release` after a retryable answer given before the effect: the
-/// client gets the handler's 503; the key stays held until the lease ends; then recovery
+/// client gets 503 `store-unavailable`, not the handler's answer (whose "retry and it
+/// runs again" was not recorded); the key stays held until the lease ends; then recovery
 /// finds nothing written and the retry runs.
 #[tokio::test]
 async fn release_failing_holds_the_key_until_recovery() {
@@ -351,8 +354,7 @@ async fn release_failing_holds_the_key_until_recovery() {
     let f = Fixture::new(store.clone()).await;
     store.fail(Call::Release);
     let first = f.post("/orders", "k-release", "503-before-effect").await;
-    assert_eq!(first.status, 503);
-    assert_eq!(first.body, b"busy");
+    first.problem(503, "store-unavailable");
     store.heal(Call::Release);
     f.post("/orders", "k-release", "ok")
         .await
@@ -488,7 +490,8 @@ async fn a_handler_blocking_past_its_lease_is_not_run_twice() {
     let during = f.post("/orders", "k-block", "ok").await;
     during.problem(409, "operation-in-progress");
     let first = first.await.unwrap();
-    assert_eq!(first.status, 201, "the first attempt's own answer");
+    // Its 201 came after its lease ended, so it could not be recorded and is not claimed.
+    first.problem(503, "attempt-timed-out");
     let after = f.post("/orders", "k-block", "ok").await;
     assert_recovered(&after, "k-block", first.operation_id());
     assert_eq!(f.app.writes.load(SeqCst), 1, "one write");
@@ -548,9 +551,9 @@ fn slow_order(f: &Fixture, key: &str) -> reqwest::RequestBuilder {
         .json(&json!({ "customer_id": "c-1", "amount": 100, "delay_ms": 200 }))
 }
 
-/// The SQLite store is closed while an attempt runs: the client still gets its answer
-/// (not recorded); new requests fail closed with 503; the service restarts on the same
-/// file and recovery replays the order. One run.
+/// The SQLite store is closed while an attempt runs: the client gets 503 (its answer
+/// could not be recorded); new requests fail closed with 503; the service restarts on
+/// the same file and recovery replays the order. One run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_closed_mid_attempt_is_recovered_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -561,8 +564,7 @@ async fn sqlite_closed_mid_attempt_is_recovered_after_a_restart() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     store.close().await;
     let first = in_flight.await.unwrap();
-    assert_eq!(first.status, 201);
-    assert!(!first.replayed());
+    first.problem(503, "store-unavailable");
     f.post("/orders", "k-closed", "ok")
         .await
         .problem(503, "store-unavailable");

@@ -151,7 +151,7 @@ fn a_retryable_status_of_the_service_itself_has_its_row() {
     );
     assert!(rows(&md, "`429 Too Many Requests` from").is_empty());
     // Each of idem's own 503s keeps its row, and the rest stops.
-    assert_eq!(rows(&md, "`503 Service Unavailable` |").len(), 3);
+    assert_eq!(rows(&md, "`503 Service Unavailable` |").len(), 5);
     assert_eq!(rows(&md, "Any other `4xx` or `5xx`").len(), 1);
 
     let mut doc = orders_doc();

@@ -23,9 +23,12 @@
 //! | `operation-outcome-unknown` | 409 | `unknown` | false | – |
 //! | `attempt-timed-out` | 503 | `processing` | false | yes |
 //! | `attempt-failed` | 503 | `processing` | false | yes |
+//! | `attempt-rolled-back` | 503 | the record's | true only when the record is `released` | yes |
+//! | `recovery-pending` | 503 | `processing` | false | yes |
 //! | `store-unavailable` | 503 | – | false | yes |
 //! | `operation-not-found` | 404 | – | true | – |
 //! | `not-configured` | 500 | – | true | – |
+//! | `result-too-large` | 500 | `released` | true | – |
 
 /// The media type of problem bodies (RFC 9457 §3).
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -148,11 +151,22 @@ problem_types! {
         state: Some("processing"), new_key_safe: Some(false), retry_after: true,
         meaning: "this attempt ran out of its time on the server and was stopped; it may or may not have taken effect",
         action: "wait for `Retry-After`, then retry with the same key: the server finds out what happened and answers with the outcome or the operation's state";
-    /// 503: the attempt failed before answering.
+    /// 503: the attempt failed before its answer was recorded.
     AttemptFailed => "attempt-failed", 503, "Attempt failed",
         state: Some("processing"), new_key_safe: Some(false), retry_after: true,
-        meaning: "this attempt failed on the server before it answered; it may or may not have taken effect",
-        action: "wait for `Retry-After` (the end of the attempt's lease), then retry with the same key: the server finds out what happened";
+        meaning: "this attempt failed on the server before its answer was recorded (it crashed, or answered with a server error); it may or may not have taken effect",
+        action: "wait for `Retry-After`, then retry with the same key: the server finds out what happened before anything runs again";
+    /// 503: the attempt failed and everything it wrote was rolled back (the
+    /// transactional mode).
+    AttemptRolledBack => "attempt-rolled-back", 503, "Attempt rolled back",
+        state: None, new_key_safe: None, retry_after: true,
+        meaning: "this attempt did not finish (it failed, ran out of time, or lost its lease to another attempt), and everything it wrote was rolled back: it took no effect",
+        action: "wait for `Retry-After`, then retry with the same key: the operation runs again";
+    /// 503: recovery could not decide yet.
+    RecoveryPending => "recovery-pending", 503, "Recovery pending",
+        state: Some("processing"), new_key_safe: Some(false), retry_after: true,
+        meaning: "an earlier attempt with this key ended without an outcome, and the server could not find out yet whether it took effect (its business data could not be read)",
+        action: "wait for `Retry-After`, then retry with the same key or ask the status lookup: the server asks again";
     /// 503: the store failed; nothing ran.
     StoreUnavailable => "store-unavailable", 503, "Idempotency store unavailable",
         state: None, new_key_safe: Some(false), retry_after: true,
@@ -168,6 +182,12 @@ problem_types! {
         state: None, new_key_safe: Some(true), retry_after: false,
         meaning: "the server is not set up to enforce this operation's contract, so it refused to run it",
         action: "stop, and report it to the API's provider";
+    /// 500: the result cannot be stored, so the attempt was rolled back (the
+    /// transactional mode).
+    ResultTooLarge => "result-too-large", 500, "Result too large to store",
+        state: Some("released"), new_key_safe: Some(true), retry_after: false,
+        meaning: "the operation's answer is larger than the server stores for replay, so everything the attempt wrote was rolled back: it took no effect",
+        action: "stop, and report it to the API's provider: sending it again gets the same answer";
 }
 
 impl ProblemType {

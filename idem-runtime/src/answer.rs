@@ -187,13 +187,16 @@ pub(crate) fn attempt_timed_out(contract: &Contract, id: OperationId) -> Respons
     .into_response()
 }
 
-/// 503 `attempt-failed`: the handler panicked before answering; the record stays
-/// processing until its lease ends (`retry_after_secs` away), then recovery decides.
-pub(crate) fn attempt_failed(id: OperationId, retry_after_secs: u64) -> Response {
+/// 503 `attempt-failed`: the handler panicked, or answered a server error the contract
+/// does not declare retryable, so its outcome is unknown; the record stays processing
+/// and recovery decides once its lease has ended (`retry_after_secs` away).
+pub(crate) fn attempt_failed(id: OperationId, why: &str, retry_after_secs: u64) -> Response {
     Problem::new(
         ProblemType::AttemptFailed,
-        "the attempt failed before it answered, so its outcome is unknown; \
-         retry with the same key after `Retry-After`: recovery decides what happened before anything runs again",
+        format!(
+            "the attempt {why}, so its outcome is unknown; \
+             retry with the same key after `Retry-After`: recovery decides what happened before anything runs again"
+        ),
     )
     .with_operation_id(id)
     .with_state(OperationState::Processing)
@@ -201,7 +204,62 @@ pub(crate) fn attempt_failed(id: OperationId, retry_after_secs: u64) -> Response
     .into_response()
 }
 
-/// 503 `store-unavailable` (fail closed: the handler did not run).
+/// 503 `attempt-rolled-back` (the transactional mode): nothing the attempt wrote was
+/// committed. `state` is the record's: `released` when this attempt gave the key back,
+/// `processing` when another attempt holds it now.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn attempt_rolled_back(
+    id: OperationId,
+    why: &str,
+    state: OperationState,
+    retry_after_secs: u64,
+) -> Response {
+    Problem::new(
+        ProblemType::AttemptRolledBack,
+        format!(
+            "the attempt {why}, and everything it wrote was rolled back, so it took no effect; \
+             retry with the same key after `Retry-After` and it runs again"
+        ),
+    )
+    .with_operation_id(id)
+    .with_state(state)
+    .with_new_key_safe(state == OperationState::Released)
+    .with_retry_after_secs(retry_after_secs)
+    .into_response()
+}
+
+/// 503 `recovery-pending`: the reconcile function could not decide now; the operation
+/// stays recoverable and the next retry or status lookup asks again.
+pub(crate) fn recovery_pending(idem: &Idem, id: OperationId, reason: &str) -> Response {
+    Problem::new(
+        ProblemType::RecoveryPending,
+        format!(
+            "an earlier attempt with this key ended without an outcome, and recovery could not decide yet ({reason}); \
+             retry with the same key after `Retry-After`: recovery asks again before anything runs"
+        ),
+    )
+    .with_operation_id(id)
+    .with_state(OperationState::Processing)
+    .with_retry_after_secs(idem.unavailable_retry_after_secs())
+    .into_response()
+}
+
+/// 500 `result-too-large` (the transactional mode): the result could not be stored, so
+/// the attempt was rolled back and the key released.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn result_too_large(id: OperationId, why: &str) -> Response {
+    Problem::new(
+        ProblemType::ResultTooLarge,
+        format!("{why}; everything the attempt wrote was rolled back, so it took no effect"),
+    )
+    .with_operation_id(id)
+    .with_state(OperationState::Released)
+    .into_response()
+}
+
+/// 503 `store-unavailable`: the store failed, so the operation's state could not be
+/// read (the handler did not run: fail closed) or the state an answer depends on could
+/// not be recorded (the answer would claim what is not so).
 pub(crate) fn store_unavailable(
     idem: &Idem,
     contract: &Contract,
@@ -214,11 +272,11 @@ pub(crate) fn store_unavailable(
         operation_id = %id,
         error = %error,
         outcome = "store_unavailable",
-        "idem: the store failed; the handler did not run"
+        "idem: the store failed; answering 503 store-unavailable"
     );
     Problem::new(
         ProblemType::StoreUnavailable,
-        "the idempotency store cannot be reached, so nothing was run; retry with the same key",
+        "the idempotency store cannot be reached, so the state of this operation could not be read or recorded; retry with the same key",
     )
     .with_operation_id(id)
     .with_retry_after_secs(idem.unavailable_retry_after_secs())

@@ -95,29 +95,31 @@
 #![warn(missing_docs)]
 
 // Modules from the bottom up: each imports only from the ones above it.
-pub mod store;
+mod answer;
+mod attempt;
+pub mod enforce;
+mod fault;
+pub mod fingerprint;
+mod idem;
+pub mod identity;
+mod layer;
+mod lookup;
+mod operation;
 mod operation_id;
 pub mod problem;
-pub mod identity;
 mod reconcile;
-mod operation;
-mod wire;
-mod idem;
-mod answer;
-mod replay;
-mod attempt;
 pub mod recovery;
-pub mod enforce;
-mod lookup;
-mod layer;
-pub mod fingerprint;
+mod replay;
+pub mod store;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod transaction;
+mod wire;
 
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
 
 pub use crate::attempt::Attempt;
-pub use crate::replay::IDEMPOTENT_REPLAYED_HEADER;
 pub use crate::idem::{
     DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS, DEFAULT_UNAVAILABLE_RETRY_AFTER, Idem,
 };
@@ -127,6 +129,15 @@ pub use crate::operation_id::{OPERATION_ID_HEADER, OperationId};
 pub use crate::recovery::{
     Contracted, Reconcile, ReconcileWith, Recover, Recoverer, Resolution, UnknownOperation,
 };
+pub use crate::replay::IDEMPOTENT_REPLAYED_HEADER;
+#[cfg(feature = "postgres")]
+pub use crate::store::PostgresStore;
 #[cfg(feature = "sqlite")]
 pub use crate::store::SqliteStore;
 pub use crate::store::{MemoryStore, Store, StoreError};
+#[cfg(feature = "postgres")]
+pub use crate::transaction::PgTx;
+#[cfg(feature = "sqlite")]
+pub use crate::transaction::SqliteTx;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use crate::transaction::Tx;

@@ -11,8 +11,8 @@ use http::{HeaderValue, StatusCode, header};
 use idem_contract::KeyError;
 
 use crate::answer;
-use crate::problem::{Problem, ProblemType};
 use crate::operation::{Contracted, Recover};
+use crate::problem::{Problem, ProblemType};
 use crate::reconcile::Recoverer;
 use crate::recovery::{Recovered, recover};
 use crate::store::{Record, RecordKey, RecordState, UnixMillis, unix_now};
@@ -124,7 +124,11 @@ impl<C: Contracted> Lookup<C> {
                 return OperationStatus::Found(OperationReport::new(&key, record, now));
             }
             match recover(&self.idem, contract, &key, &record, &mut recoverer).await {
-                Recovered::Run(attempt) => attempt.release().await,
+                Recovered::Run(attempt) => {
+                    if let Err(error) = attempt.release().await {
+                        return unavailable(&error);
+                    }
+                }
                 Recovered::Answer(_) | Recovered::Lost => {}
                 Recovered::Failed(error) => return unavailable(&error),
             }

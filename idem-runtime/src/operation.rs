@@ -39,4 +39,3 @@ pub trait Recover<S>: Contracted {
     /// The recoverer, made from the router's state.
     fn recoverer(state: &S) -> Recoverer;
 }
-

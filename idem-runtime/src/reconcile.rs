@@ -18,9 +18,15 @@ pub enum Resolution {
     Applied(Response),
     /// The effect did not happen: running the handler again is safe.
     NotApplied,
-    /// The reconcile function cannot tell: the operation is parked as `unknown` with this
-    /// reason for an operator.
+    /// The reconcile function looked and cannot tell (the business data is there but
+    /// says neither): the operation is parked as `unknown` with this reason for an
+    /// operator, and answers 409 `operation-outcome-unknown` until then.
     Unknown(String),
+    /// The reconcile function cannot decide now, with this reason: the business data
+    /// could not be read (a database that is down, a timeout). Nothing is recorded; the
+    /// operation stays recoverable, the client gets 503 `recovery-pending` with
+    /// `Retry-After`, and the next retry or status lookup asks again.
+    CannotDecideNow(String),
 }
 
 impl Resolution {
@@ -33,6 +39,12 @@ impl Resolution {
     pub fn unknown(reason: impl Into<String>) -> Resolution {
         Resolution::Unknown(reason.into())
     }
+
+    /// [`Resolution::CannotDecideNow`] with `reason`, such as the error that kept the
+    /// business data from being read.
+    pub fn cannot_decide_now(reason: impl Into<String>) -> Resolution {
+        Resolution::CannotDecideNow(reason.into())
+    }
 }
 
 /// The operation a reconcile function must decide about.
@@ -41,11 +53,13 @@ impl Resolution {
 pub struct UnknownOperation {
     /// The contract's operation, such as `create_order`.
     pub operation: String,
-    /// The operation id, as the first attempt's answer (if any) carried it.
+    /// The operation id, as every attempt's answer carried it: find the business record
+    /// written under it. (Not the key alone: after its TTL a key names a new operation,
+    /// and must not find an older one's effect.)
     pub operation_id: OperationId,
     /// The client's identity.
     pub client: String,
-    /// The idempotency key: find the business record written under it.
+    /// The idempotency key, as the client meant it.
     pub key: String,
     /// The fingerprint of the significant content.
     pub fingerprint: String,
@@ -110,7 +124,8 @@ where
     }
 }
 
-pub(crate) type ReconcileFn = Box<dyn FnOnce(UnknownOperation) -> BoxFuture<'static, Resolution> + Send>;
+pub(crate) type ReconcileFn =
+    Box<dyn FnOnce(UnknownOperation) -> BoxFuture<'static, Resolution> + Send>;
 
 /// The contract's recovery, ready to run: a reconcile function (with its state) or the
 /// manual path. Made by [`Recover::recoverer`].
@@ -152,4 +167,3 @@ impl std::fmt::Debug for Recoverer {
         })
     }
 }
-

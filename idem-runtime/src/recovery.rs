@@ -13,8 +13,13 @@
 //! | [`Resolution::Applied`]`(response)` | the effect happened: `response` is stored as the result and replayed |
 //! | [`Resolution::NotApplied`] | the effect did not happen: the request runs the handler as the next attempt (a status lookup releases the key instead, so the client's next retry runs) |
 //! | [`Resolution::Unknown`]`(reason)` | parked as `unknown` with `reason`: 409 `operation-outcome-unknown` until an operator resolves it |
+//! | [`Resolution::CannotDecideNow`]`(reason)` | nothing is recorded and the lease ends at once: 503 `recovery-pending`, and the next retry or status lookup asks again |
+//! | the reconcile function panics or outlasts the lease | as `CannotDecideNow`, with a reason that says so |
 //! | `recovery = manual("runbook")` | parked as `unknown` with the runbook |
-//! | the reconcile function panics or outlasts the lease | parked as `unknown` |
+//!
+//! Only an explicit `Unknown`, or `manual(..)`, parks an operation. When the store write
+//! a decision needs fails (complete, park, the end of the lease), the answer is 503
+//! `store-unavailable` and the operation stays recoverable.
 //!
 //! The reconcile function runs in a task of its own, so a client that hangs up does not
 //! cancel it halfway.
@@ -30,9 +35,7 @@ use crate::answer;
 use crate::attempt::Held;
 pub use crate::operation::{Contracted, Recover};
 use crate::reconcile::ReconcileFn;
-pub use crate::reconcile::{
-    Reconcile, ReconcileWith, Recoverer, Resolution, UnknownOperation,
-};
+pub use crate::reconcile::{Reconcile, ReconcileWith, Recoverer, Resolution, UnknownOperation};
 use crate::store::{Lease, OwnerToken, Record, RecordKey, StoreError, unix_now};
 
 /// What the recovery of one ended lease came to.
@@ -98,6 +101,7 @@ where
         deadline,
         operation_id: taken.operation_id,
         attempt: taken.attempt,
+        tx: None,
         _alive: idem.running().enter(lease.token),
     };
     tracing::warn!(
@@ -123,7 +127,8 @@ where
     let operation_id = attempt.operation_id;
     match tokio::spawn(decide(attempt, reconcile, op)).await {
         Ok(recovered) => recovered,
-        Err(_) => Recovered::Answer(answer::outcome_unknown(
+        Err(_) => Recovered::Answer(answer::recovery_pending(
+            idem,
             operation_id,
             "recovery was interrupted; it runs again when the lease ends",
         )),
@@ -161,20 +166,23 @@ async fn decide(attempt: Held, reconcile: ReconcileFn, op: UnknownOperation) -> 
             Recovered::Run(attempt)
         }
         Ok(Ok(Resolution::Unknown(reason))) => Recovered::Answer(attempt.park(&reason).await),
+        Ok(Ok(Resolution::CannotDecideNow(reason))) => {
+            Recovered::Answer(attempt.postpone(&reason).await)
+        }
         Ok(Err(_panic)) => {
             tracing::error!(
                 operation = %attempt.contract.operation,
                 operation_id = %attempt.operation_id,
                 "idem: the reconcile function panicked"
             );
-            Recovered::Answer(attempt.park("the reconcile function panicked").await)
+            Recovered::Answer(attempt.postpone("the reconcile function panicked").await)
         }
         Err(_elapsed) => {
             let reason = format!(
                 "the reconcile function did not finish within the lease of {}",
                 attempt.contract.lease()
             );
-            Recovered::Answer(attempt.park(&reason).await)
+            Recovered::Answer(attempt.postpone(&reason).await)
         }
     }
 }

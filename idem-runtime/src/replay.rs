@@ -7,8 +7,8 @@ use futures_util::{StreamExt, stream};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, response::Parts};
 use http_body_util::BodyExt;
 
-use crate::answer::with_operation_id;
 use crate::OperationId;
+use crate::answer::with_operation_id;
 use crate::store::StoredResponse;
 
 /// The header that marks a replayed result (the IETF draft "The Idempotency-Key HTTP

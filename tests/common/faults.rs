@@ -17,17 +17,19 @@ pub enum Call {
     Get,
     Complete,
     Release,
+    Renew,
     Park,
     TakeOver,
     Purge,
 }
 
 impl Call {
-    pub const ALL: [Call; 7] = [
+    pub const ALL: [Call; 8] = [
         Call::Begin,
         Call::Get,
         Call::Complete,
         Call::Release,
+        Call::Renew,
         Call::Park,
         Call::TakeOver,
         Call::Purge,
@@ -151,6 +153,17 @@ impl<S: Store> Store for FaultyStore<S> {
     ) -> Result<(), StoreError> {
         self.enter(Call::Release)?;
         self.inner.release(key, token, now).await
+    }
+
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        until: UnixMillis,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.enter(Call::Renew)?;
+        self.inner.renew(key, token, until, now).await
     }
 
     async fn park_unknown(

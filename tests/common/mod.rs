@@ -196,6 +196,17 @@ impl Store for CountingStore {
         self.inner.release(key, token, now).await
     }
 
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        until: UnixMillis,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.count();
+        self.inner.renew(key, token, until, now).await
+    }
+
     async fn park_unknown(
         &self,
         key: &RecordKey,

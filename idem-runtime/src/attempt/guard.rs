@@ -3,22 +3,23 @@
 
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 
 use axum::response::{IntoResponse, Response};
+use futures_util::FutureExt;
 use tracing::Instrument;
 
-use super::Held;
 use super::current::Attempt;
+use super::{Ended, Held};
 use crate::OperationId;
 use crate::answer;
 
 /// The attempt that holds a contracted operation's key, handed to the handler's code by
-/// [`Enforced::into_parts`](super::Enforced::into_parts).
+/// [`Enforced::into_parts`](crate::enforce::Enforced::into_parts).
 ///
 /// [`Guard::run`] runs the handler under the attempt's lease and settles its answer. A
 /// guard dropped without running anything leaves the record *processing*: the outcome is
-/// unknown and recovery decides once the lease has ended, never a blind re-run
-///.
+/// unknown and recovery decides once the lease has ended, never a blind re-run.
 pub struct Guard {
     /// `None` once [`Guard::run`] took the attempt.
     attempt: Option<Held>,
@@ -56,38 +57,43 @@ impl Guard {
     }
 
     /// Runs `handler` to its end on a task of its own, detached from the connection, within
-    /// the attempt's lease (the contract's per-attempt timeout, or else its deadline,
-    /// counted from registration), then settles its answer:
+    /// the attempt's time (the contract's lease: its per-attempt timeout, or else its
+    /// deadline, counted from registration, less a margin of a tenth of it, at most 1 s,
+    /// kept to record the outcome), then settles its answer (the table of
+    /// [`crate::transaction`] for a handler that takes the transaction):
     ///
     /// - a status in the contract's `retryable` releases the key, so that a retry with the
     ///   same key runs again; sound only when the effect did not commit;
+    /// - another 5xx is not a finished answer: its outcome is unknown, so it is never
+    ///   stored; the lease ends at once and the answer is 503 `attempt-failed`, so that
+    ///   the retry has recovery decide;
     /// - any other status (a success, or a permanent error such as 422) is stored with
     ///   the selected headers and the body, and replayed to every later request with the
-    ///   key; a body larger than [`Idem::with_max_stored_body`] is sent but not stored,
-    ///   and the operation is parked as `unknown`;
-    /// - past the lease the handler's future is dropped and the answer is 503
+    ///   key; a body larger than [`Idem::with_max_stored_body`](crate::Idem::with_max_stored_body)
+    ///   is sent but not stored, and the operation is parked as `unknown`;
+    /// - past its time the handler's future is dropped and the answer is 503
     ///   `attempt-timed-out`: the record stays processing, and recovery decides; the
-    ///   handler's response body is read within the same lease;
-    /// - a panic in the handler, or a response body that fails or panics while it is
-    ///   read, is answered with 503 `attempt-failed` and a `Retry-After` at the end of the
-    ///   lease: the record stays processing, and recovery decides;
-    /// - a handler that blocks its thread cannot be stopped at the lease's end: until it
-    ///   returns, its lease still counts as held in this process (duplicates get the
+    ///   handler's response body is read within the same time;
+    /// - a panic in the handler, or a response body that fails while it is read, is
+    ///   answered as a 5xx: 503 `attempt-failed`, and recovery decides;
+    /// - when the store write that settles the attempt fails, the answer is 503
+    ///   `store-unavailable` (never an answer that claims what was not recorded);
+    /// - a handler that blocks its thread cannot be stopped at the end of its time: until
+    ///   it returns, its lease still counts as held in this process (duplicates get the
     ///   concurrency answer, recovery waits), so the operation never runs twice at once
     ///   here. Work the handler detaches (`spawn_blocking`, `spawn`) is not covered.
     ///
     /// Because the handler runs on its own task, a client that hangs up (the typical lost
     /// answer) does not cancel it: the attempt still ends and its result is stored, so the
-    /// client's retry is answered with the replay. Storing needs the lease to be live: when
-    /// recovery took the lease over, the answer is still returned, but not recorded
-    /// (logged as `lease_lost`). Every answer carries the `Operation-Id` header.
+    /// client's retry is answered with the replay. Every answer carries the `Operation-Id`
+    /// header.
     pub async fn run<F>(mut self, handler: F) -> Response
     where
         F: Future + Send + 'static,
         F::Output: IntoResponse + Send,
     {
         let Some(attempt) = self.attempt.take() else {
-            return answer::attempt_failed(self.current.operation_id, 1);
+            return answer::attempt_failed(self.current.operation_id, "had already run", 1);
         };
         let span = tracing::info_span!(
             "idem.attempt",
@@ -95,21 +101,21 @@ impl Guard {
             operation_id = %attempt.operation_id,
             attempt = attempt.attempt,
         );
-        let deadline = attempt.deadline;
+        let until = attempt.handler_deadline();
         let task = tokio::spawn(
             async move {
-                match tokio::time::timeout_at(deadline, handler).await {
-                    Ok(output) => {
-                        let response = output.into_response();
-                        attempt.settle(response).await
+                let ran =
+                    tokio::time::timeout_at(until, AssertUnwindSafe(handler).catch_unwind()).await;
+                let response = match ran {
+                    Ok(Ok(output)) => {
+                        std::panic::catch_unwind(AssertUnwindSafe(|| output.into_response()))
                     }
-                    Err(_elapsed) => {
-                        tracing::warn!(
-                            outcome = "timed_out",
-                            "idem: the handler outlasted its lease; its outcome is unknown until recovery decides"
-                        );
-                        answer::attempt_timed_out(attempt.contract, attempt.operation_id)
-                    }
+                    Ok(Err(panic)) => Err(panic),
+                    Err(_elapsed) => return attempt.settle_ended(Ended::TimedOut).await,
+                };
+                match response {
+                    Ok(response) => attempt.settle(response).await,
+                    Err(_panic) => attempt.settle_ended(Ended::Panicked).await,
                 }
             }
             .instrument(span.clone()),
@@ -125,10 +131,14 @@ impl Guard {
                 tracing::error!(
                     parent: &span,
                     outcome,
-                    "idem: the attempt failed before it answered; the outcome is unknown until the lease ends and recovery decides"
+                    "idem: settling the attempt failed; the outcome is unknown until the lease ends and recovery decides"
                 );
-                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                answer::attempt_failed(self.current.operation_id, left.as_secs().saturating_add(1))
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                answer::attempt_failed(
+                    self.current.operation_id,
+                    "failed while its answer was settled",
+                    left.as_secs().saturating_add(1),
+                )
             }
         }
     }

@@ -1,19 +1,82 @@
-//! The attempt: run the handler under its lease, then store or release its answer.
+//! The attempt: run the handler under its lease, then record its answer, release the
+//! key, or hand the operation to recovery (DESIGN §4.1).
+//!
+//! | the handler | without a transaction | in the transactional mode |
+//! |---|---|---|
+//! | answers a success or a permanent 4xx | stored, then answered | stored in the transaction, committed, then answered |
+//! | answers a status the contract declares retryable | the key is released; answered as is | rolled back, released; answered as is |
+//! | answers another 5xx | its outcome is unknown: the lease ends now and recovery decides on the next retry; 503 `attempt-failed` | rolled back, released; answered as is |
+//! | panics | as a 5xx; 503 `attempt-failed` | rolled back, released; 503 `attempt-rolled-back` |
+//! | outlasts its time | its outcome is unknown; 503 `attempt-timed-out` | rolled back, released; 503 `attempt-rolled-back` |
+//!
+//! Whenever the store write that an answer depends on fails (complete, release, the end
+//! of the lease, park), the answer is 503 `store-unavailable`: an answer never claims a
+//! state that was not recorded. When the lease was lost (recovery took the record over),
+//! the answer is 503 `attempt-timed-out`, or `attempt-rolled-back` in the transactional
+//! mode: the attempt that holds the record now decides.
 
 mod current;
 mod guard;
 
-pub use self::current::Attempt;
-pub use self::guard::Guard;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::response::Response;
 use idem_contract::Contract;
+use tokio::time::Instant;
 
+pub use self::current::Attempt;
+pub use self::guard::Guard;
 use crate::answer::{self, with_operation_id};
 use crate::idem::running::Alive;
 use crate::replay::{Captured, capture, replay, select_headers};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::store::OperationState;
 use crate::store::{OwnerToken, RecordKey, StoreError, StoredResponse, unix_now};
-use crate::{Idem, OperationId};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::transaction::{CommitError, TxControl};
+use crate::{Idem, OperationId, fault};
+
+/// The longest share of a lease kept back from the handler to record its outcome: the
+/// handler (and the reading of its answer's body) must end this much before the lease,
+/// so that the store write that settles the attempt is made while the lease is still
+/// live. A tenth of the lease, at most one second.
+const SETTLE_MARGIN: Duration = Duration::from_secs(1);
+
+/// How an attempt ended without an answer to record.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Ended {
+    /// The handler panicked (or its answer could not be made).
+    Panicked,
+    /// The handler, or the reading of its answer's body, ran out of its time.
+    TimedOut,
+    /// The handler's answer's body failed while it was read.
+    BodyFailed,
+    /// The handler answered a server error that the contract does not declare
+    /// retryable.
+    ServerError(u16),
+}
+
+impl Ended {
+    fn describe(self) -> String {
+        match self {
+            Ended::Panicked => "failed before it answered".into(),
+            Ended::TimedOut => "did not finish within its time".into(),
+            Ended::BodyFailed => "failed while its answer was read".into(),
+            Ended::ServerError(status) => format!(
+                "answered {status}, a server error that the contract does not declare retryable"
+            ),
+        }
+    }
+}
+
+/// The transaction of an attempt in the transactional mode.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) type AttemptTx = Arc<dyn TxControl>;
+/// Without a SQL store there is no transactional mode.
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+pub(crate) type AttemptTx = std::convert::Infallible;
 
 /// One attempt that holds the key's lease.
 pub(crate) struct Held {
@@ -21,102 +84,81 @@ pub(crate) struct Held {
     pub(crate) contract: &'static Contract,
     pub(crate) key: RecordKey,
     pub(crate) token: OwnerToken,
-    /// When the lease ends, on the monotonic clock: the handler is stopped then.
-    pub(crate) deadline: tokio::time::Instant,
+    /// When the lease ends, on the monotonic clock.
+    pub(crate) deadline: Instant,
     pub(crate) operation_id: OperationId,
     pub(crate) attempt: u32,
+    /// The attempt's transaction, in the transactional mode.
+    pub(crate) tx: Option<AttemptTx>,
     /// Holds the lease, even past its end, for as long as this attempt is alive
-    /// ([`super::running::Running`]).
+    /// ([`crate::idem::running::Running`]).
     pub(crate) _alive: Alive,
 }
 
 impl Held {
-    /// Settles the handler's answer: a retryable status releases the key,
-    /// anything else is stored as the result. Returns the answer for this client.
+    /// When the handler, and the reading of its answer, must be done: the end of the
+    /// lease less [`SETTLE_MARGIN`] (a tenth of the lease when that is less).
+    pub(crate) fn handler_deadline(&self) -> Instant {
+        let lease = self.contract.lease().to_std();
+        self.deadline - SETTLE_MARGIN.min(lease / 10)
+    }
+
+    /// Settles the handler's answer (see the module docs).
     pub(crate) async fn settle(&self, response: Response) -> Response {
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
+        if let Some(tx) = &self.tx {
+            return self.settle_in_transaction(tx, response).await;
+        }
+        self.settle_alone(response).await
+    }
+
+    /// Settles an attempt that ended without an answer to record.
+    pub(crate) async fn settle_ended(&self, ended: Ended) -> Response {
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
+        if let Some(tx) = &self.tx {
+            let why = ended.describe();
+            self.log_ended(ended);
+            return self
+                .roll_back_and_release(tx, |state| {
+                    answer::attempt_rolled_back(self.operation_id, &why, state, 1)
+                })
+                .await;
+        }
+        self.hand_to_recovery(ended).await
+    }
+
+    async fn settle_alone(&self, response: Response) -> Response {
         let status = response.status().as_u16();
         if self.contract.is_retryable_status(status) {
-            // Releasing is only sound when the effect did not commit: a transactional store
-            // guarantees it; with other stores the handler must answer a retryable status
-            // only before its effect.
-            match self
-                .idem
-                .store()
-                .release(&self.key, self.token, unix_now())
-                .await
-            {
-                Ok(()) => self.log_outcome("released", status),
-                Err(error) => self.log_store_failure("release", &error),
-            }
-            return with_operation_id(response, self.operation_id);
+            // Releasing is only sound when the effect did not commit: the transactional
+            // mode guarantees it; here the handler must answer a retryable status only
+            // before its effect.
+            return match self.store_release().await {
+                Ok(()) => {
+                    self.log_outcome("released", status);
+                    with_operation_id(response, self.operation_id)
+                }
+                Err(error) => self.write_failed("release", &error),
+            };
         }
-        self.store(response).await.0
-    }
-
-    /// Stores `response` as the result whatever its status (recovery found the operation
-    /// applied), and answers with its replay.
-    pub(crate) async fn complete_applied(&self, response: Response) -> Response {
-        match self.store(response).await {
-            (_, Some(stored)) => replay(&stored, self.operation_id),
-            (live, None) => live,
+        if (500..600).contains(&status) {
+            return self.hand_to_recovery(Ended::ServerError(status)).await;
         }
-    }
-
-    /// Buffers, stores and returns `response`, and the stored result if it was stored.
-    ///
-    /// Reading the body is part of the attempt: it must end within the lease, like the
-    /// handler. A body that fails, panics or outlasts the lease leaves the outcome unknown,
-    /// exactly as a handler that does: the record stays processing, the client gets 503
-    /// (`attempt-failed` or `attempt-timed-out`) and recovery decides once the lease has
-    /// ended. Nothing of such an answer has been sent yet.
-    async fn store(&self, response: Response) -> (Response, Option<StoredResponse>) {
-        let status = response.status().as_u16();
         let limit = self.idem.max_stored_body();
-        let captured = tokio::time::timeout_at(self.deadline, capture(response, limit)).await;
-        let (parts, body) = match captured {
-            Err(_elapsed) => {
-                tracing::warn!(
-                    operation = %self.contract.operation,
-                    operation_id = %self.operation_id,
-                    attempt = self.attempt,
-                    status,
-                    outcome = "timed_out",
-                    "idem: the handler's response body outlasted the lease; its outcome is unknown until recovery decides"
-                );
-                let answer = answer::attempt_timed_out(self.contract, self.operation_id);
-                return (answer, None);
-            }
+        let (parts, body) = match self.capture(response).await {
             Ok(Captured::Buffered { parts, body }) => (parts, body),
             Ok(Captured::TooLarge(response)) => {
                 let reason = format!(
                     "the result (status {status}) has a body larger than the {limit} bytes idem stores, \
                      so it cannot be replayed; raise `Idem::with_max_stored_body` or make the answer smaller"
                 );
-                tracing::error!(
-                    operation = %self.contract.operation,
-                    operation_id = %self.operation_id,
-                    attempt = self.attempt,
-                    status,
-                    limit,
-                    outcome = "too_large",
-                    "idem: the result is too large to store; the operation is parked as unknown"
-                );
-                self.park_quietly(&reason).await;
-                return (with_operation_id(response, self.operation_id), None);
+                return self.too_large(response, &reason).await;
             }
             Ok(Captured::Failed(error)) => {
-                tracing::error!(
-                    operation = %self.contract.operation,
-                    operation_id = %self.operation_id,
-                    attempt = self.attempt,
-                    status,
-                    error = %error,
-                    outcome = "body_failed",
-                    "idem: the handler's response body failed; its outcome is unknown until the lease ends and recovery decides"
-                );
-                let answer = answer::attempt_failed(self.operation_id, self.lease_left_secs());
-                return (answer, None);
+                tracing::error!(error = %error, "idem: the handler's response body failed");
+                return self.hand_to_recovery(Ended::BodyFailed).await;
             }
+            Err(ended) => return self.hand_to_recovery(ended).await,
         };
         let stored = StoredResponse {
             status,
@@ -124,7 +166,6 @@ impl Held {
             body: body.clone(),
         };
         let response = Response::from_parts(parts, axum::body::Body::from(body));
-        let response = with_operation_id(response, self.operation_id);
         match self
             .idem
             .store()
@@ -132,66 +173,323 @@ impl Held {
             .await
         {
             Ok(()) => {
+                fault::point("after_complete");
                 self.log_outcome("completed", status);
-                (response, Some(stored))
+                with_operation_id(response, self.operation_id)
             }
             Err(StoreError::TooLarge { size, limit }) => {
-                self.park_quietly(&format!(
+                let reason = format!(
                     "the result is {size} bytes and the store keeps at most {limit}, so it cannot be replayed"
-                ))
-                .await;
-                (response, None)
+                );
+                self.too_large(response, &reason).await
             }
-            Err(error) => {
+            Err(error) => self.write_failed("complete", &error),
+        }
+    }
+
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    async fn settle_in_transaction(&self, tx: &AttemptTx, response: Response) -> Response {
+        let status = response.status().as_u16();
+        if self.contract.is_retryable_status(status) || (500..600).contains(&status) {
+            let outcome = if (500..600).contains(&status) {
+                "rolled_back"
+            } else {
+                "released"
+            };
+            self.log_outcome(outcome, status);
+            return self
+                .roll_back_and_release(tx, |_| with_operation_id(response, self.operation_id))
+                .await;
+        }
+        let limit = self.idem.max_stored_body();
+        let (parts, body) = match self.capture(response).await {
+            Ok(Captured::Buffered { parts, body }) => (parts, body),
+            Ok(Captured::TooLarge(_)) => {
+                let why = format!(
+                    "the answer (status {status}) has a body larger than the {limit} bytes idem stores, so it cannot be replayed"
+                );
+                tracing::error!(
+                    operation = %self.contract.operation,
+                    operation_id = %self.operation_id,
+                    limit,
+                    outcome = "too_large",
+                    "idem: the result is too large to store; the attempt is rolled back"
+                );
+                return self
+                    .roll_back_and_release(tx, |_| {
+                        answer::result_too_large(self.operation_id, &why)
+                    })
+                    .await;
+            }
+            Ok(Captured::Failed(error)) => {
+                tracing::error!(error = %error, "idem: the handler's response body failed");
+                return self.settle_ended(Ended::BodyFailed).await;
+            }
+            Err(ended) => return self.settle_ended(ended).await,
+        };
+        let stored = StoredResponse {
+            status,
+            headers: select_headers(&parts.headers, self.idem.replayed_headers()),
+            body: body.clone(),
+        };
+        match Arc::clone(tx)
+            .commit_completed(&self.key, self.token, &stored, self.deadline)
+            .await
+        {
+            Ok(()) => {
+                self.log_outcome("committed", status);
+                let response = Response::from_parts(parts, axum::body::Body::from(body));
+                with_operation_id(response, self.operation_id)
+            }
+            Err(CommitError::RolledBack(StoreError::LeaseLost)) => {
+                self.log_lease_lost("commit");
+                answer::attempt_rolled_back(
+                    self.operation_id,
+                    "lost its lease to another attempt before it could commit",
+                    OperationState::Processing,
+                    1,
+                )
+            }
+            Err(CommitError::RolledBack(StoreError::TooLarge { size, limit })) => {
+                let why = format!(
+                    "the result is {size} bytes and the store keeps at most {limit}, so it cannot be replayed"
+                );
+                self.release_after_rollback(|_| answer::result_too_large(self.operation_id, &why))
+                    .await
+            }
+            Err(CommitError::RolledBack(error)) => {
                 self.log_store_failure("complete", &error);
-                (response, None)
+                self.release_after_rollback(|state| {
+                    answer::attempt_rolled_back(
+                        self.operation_id,
+                        "could not record its answer (the store failed)",
+                        state,
+                        self.idem.unavailable_retry_after_secs(),
+                    )
+                })
+                .await
+            }
+            Err(CommitError::Commit(error)) => {
+                // Nothing was committed, unless the commit's answer was lost on the way
+                // back: then the record is completed, the fenced release below changes
+                // nothing, and the answer cannot say which, so it is 503.
+                self.log_store_failure("commit", &error);
+                match self.store_release().await {
+                    Ok(()) => answer::attempt_rolled_back(
+                        self.operation_id,
+                        "could not commit (the store failed)",
+                        OperationState::Released,
+                        self.idem.unavailable_retry_after_secs(),
+                    ),
+                    Err(_) => answer::store_unavailable(
+                        &self.idem,
+                        self.contract,
+                        Some(self.operation_id),
+                        &error,
+                    ),
+                }
             }
         }
     }
 
-    /// Whole seconds until the lease ends, rounded up: the `Retry-After` of an attempt
-    /// whose outcome is unknown.
-    fn lease_left_secs(&self) -> u64 {
-        let left = self
-            .deadline
-            .saturating_duration_since(tokio::time::Instant::now());
-        left.as_secs().saturating_add(1)
+    /// Rolls `tx` back, then releases the key; answers with `answer(state)` when that is
+    /// recorded (`released`, or `processing` when another attempt took the record over),
+    /// else 503 `store-unavailable`.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    async fn roll_back_and_release(
+        &self,
+        tx: &AttemptTx,
+        answer: impl FnOnce(OperationState) -> Response,
+    ) -> Response {
+        Arc::clone(tx).roll_back(self.deadline).await;
+        self.release_after_rollback(answer).await
     }
 
-    /// Parks the operation as unknown and answers 409 `operation-outcome-unknown`.
-    pub(crate) async fn park(&self, reason: &str) -> Response {
-        self.park_quietly(reason).await;
-        answer::outcome_unknown(self.operation_id, reason)
+    /// Releases the key of an attempt whose transaction has rolled back.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    async fn release_after_rollback(
+        &self,
+        answer: impl FnOnce(OperationState) -> Response,
+    ) -> Response {
+        match self.store_release().await {
+            Ok(()) => answer(OperationState::Released),
+            Err(StoreError::LeaseLost) => {
+                self.log_lease_lost("release");
+                answer(OperationState::Processing)
+            }
+            Err(error) => self.write_failed("release", &error),
+        }
     }
 
-    async fn park_quietly(&self, reason: &str) {
+    /// The outcome of an attempt without a transaction is unknown: its lease ends now,
+    /// so that the next retry (or status lookup) has recovery decide, exactly as after a
+    /// crash. The answer says so: 503 `attempt-failed` or `attempt-timed-out`.
+    async fn hand_to_recovery(&self, ended: Ended) -> Response {
+        self.log_ended(ended);
+        let answer = match ended {
+            Ended::TimedOut => answer::attempt_timed_out(self.contract, self.operation_id),
+            other => answer::attempt_failed(self.operation_id, &other.describe(), 1),
+        };
+        let now = unix_now();
         match self
             .idem
             .store()
-            .park_unknown(&self.key, self.token, reason, unix_now())
+            .renew(&self.key, self.token, now, now)
             .await
         {
-            Ok(()) => tracing::warn!(
-                operation = %self.contract.operation,
-                operation_id = %self.operation_id,
-                attempt = self.attempt,
-                outcome = "unknown",
-                "idem: the operation is parked as unknown for an operator"
-            ),
-            Err(error) => self.log_store_failure("park", &error),
+            Ok(()) => answer,
+            // Ended already (the time ran out), or taken over: recovery decides either way.
+            Err(StoreError::LeaseLost) => answer,
+            Err(error) => self.write_failed("end the lease", &error),
+        }
+    }
+
+    /// Reads the body of `response` within the handler's time.
+    async fn capture(&self, response: Response) -> Result<Captured, Ended> {
+        let limit = self.idem.max_stored_body();
+        tokio::time::timeout_at(self.handler_deadline(), capture(response, limit))
+            .await
+            .map_err(|_elapsed| Ended::TimedOut)
+    }
+
+    /// A result too large to store, without a transaction: the effect happened, so the
+    /// answer goes to this client, and the operation is parked as unknown (a later
+    /// request cannot be answered with it).
+    async fn too_large(&self, response: Response, reason: &str) -> Response {
+        tracing::error!(
+            operation = %self.contract.operation,
+            operation_id = %self.operation_id,
+            attempt = self.attempt,
+            outcome = "too_large",
+            "idem: the result is too large to store; the operation is parked as unknown"
+        );
+        if let Err(error) = self.store_park(reason).await {
+            self.log_store_failure("park", &error);
+        }
+        with_operation_id(response, self.operation_id)
+    }
+
+    /// Stores `response` as the result whatever its status (recovery found the operation
+    /// applied), and answers with its replay.
+    pub(crate) async fn complete_applied(&self, response: Response) -> Response {
+        let status = response.status().as_u16();
+        let limit = self.idem.max_stored_body();
+        let (parts, body) = match self.capture(response).await {
+            Ok(Captured::Buffered { parts, body }) => (parts, body),
+            Ok(Captured::TooLarge(response)) => {
+                let reason = format!(
+                    "recovery's result (status {status}) has a body larger than the {limit} bytes idem stores"
+                );
+                return self.too_large(response, &reason).await;
+            }
+            Ok(Captured::Failed(_)) | Err(_) => {
+                return self
+                    .park("the reconcile function's answer could not be read")
+                    .await;
+            }
+        };
+        let stored = StoredResponse {
+            status,
+            headers: select_headers(&parts.headers, self.idem.replayed_headers()),
+            body,
+        };
+        match self
+            .idem
+            .store()
+            .complete(&self.key, self.token, &stored, unix_now())
+            .await
+        {
+            Ok(()) => {
+                self.log_outcome("recovered", status);
+                replay(&stored, self.operation_id)
+            }
+            Err(StoreError::TooLarge { size, limit }) => {
+                let reason = format!(
+                    "recovery's result is {size} bytes and the store keeps at most {limit}"
+                );
+                let response = Response::from_parts(parts, axum::body::Body::from(stored.body));
+                self.too_large(response, &reason).await
+            }
+            Err(error) => self.write_failed("complete", &error),
+        }
+    }
+
+    /// Parks the operation as unknown and answers 409 `operation-outcome-unknown`, or
+    /// 503 `store-unavailable` when that cannot be recorded.
+    pub(crate) async fn park(&self, reason: &str) -> Response {
+        match self.store_park(reason).await {
+            Ok(()) => {
+                tracing::warn!(
+                    operation = %self.contract.operation,
+                    operation_id = %self.operation_id,
+                    attempt = self.attempt,
+                    outcome = "unknown",
+                    "idem: the operation is parked as unknown for an operator"
+                );
+                answer::outcome_unknown(self.operation_id, reason)
+            }
+            Err(error) => self.write_failed("park", &error),
+        }
+    }
+
+    /// Recovery could not decide now: the lease ends at once, so that the next retry or
+    /// status lookup asks again, and the answer is 503 `recovery-pending`.
+    pub(crate) async fn postpone(&self, reason: &str) -> Response {
+        tracing::warn!(
+            operation = %self.contract.operation,
+            operation_id = %self.operation_id,
+            attempt = self.attempt,
+            reason,
+            outcome = "recovery_pending",
+            "idem: recovery could not decide now; the next retry asks again"
+        );
+        let now = unix_now();
+        match self
+            .idem
+            .store()
+            .renew(&self.key, self.token, now, now)
+            .await
+        {
+            Ok(()) | Err(StoreError::LeaseLost) => {
+                answer::recovery_pending(&self.idem, self.operation_id, reason)
+            }
+            Err(error) => self.write_failed("end the lease", &error),
         }
     }
 
     /// Releases the key (a status lookup found the operation not applied).
-    pub(crate) async fn release(&self) {
-        match self
-            .idem
+    pub(crate) async fn release(&self) -> Result<(), StoreError> {
+        let released = self.store_release().await;
+        match &released {
+            Ok(()) => self.log_outcome("released", 0),
+            Err(error) => self.log_store_failure("release", error),
+        }
+        released
+    }
+
+    async fn store_release(&self) -> Result<(), StoreError> {
+        self.idem
             .store()
             .release(&self.key, self.token, unix_now())
             .await
-        {
-            Ok(()) => self.log_outcome("released", 0),
-            Err(error) => self.log_store_failure("release", &error),
+    }
+
+    async fn store_park(&self, reason: &str) -> Result<(), StoreError> {
+        self.idem
+            .store()
+            .park_unknown(&self.key, self.token, reason, unix_now())
+            .await
+    }
+
+    /// The answer when the store write of `step` failed: 503 `attempt-timed-out` when
+    /// the lease was lost (recovery holds the record now), else 503 `store-unavailable`.
+    fn write_failed(&self, step: &'static str, error: &StoreError) -> Response {
+        self.log_store_failure(step, error);
+        match error {
+            StoreError::LeaseLost => answer::attempt_timed_out(self.contract, self.operation_id),
+            other => {
+                answer::store_unavailable(&self.idem, self.contract, Some(self.operation_id), other)
+            }
         }
     }
 
@@ -206,16 +504,43 @@ impl Held {
         );
     }
 
+    fn log_ended(&self, ended: Ended) {
+        let transactional = self.tx.is_some();
+        tracing::warn!(
+            operation = %self.contract.operation,
+            operation_id = %self.operation_id,
+            attempt = self.attempt,
+            transactional,
+            outcome = match ended {
+                Ended::Panicked => "panicked",
+                Ended::TimedOut => "timed_out",
+                Ended::BodyFailed => "body_failed",
+                Ended::ServerError(_) => "server_error",
+            },
+            "idem: the attempt {}; {}",
+            ended.describe(),
+            if transactional {
+                "its transaction is rolled back and the key released"
+            } else {
+                "its outcome is unknown until recovery decides"
+            }
+        );
+    }
+
+    fn log_lease_lost(&self, step: &'static str) {
+        tracing::warn!(
+            operation = %self.contract.operation,
+            operation_id = %self.operation_id,
+            attempt = self.attempt,
+            step,
+            outcome = "lease_lost",
+            "idem: the lease was lost (another attempt took the record over); this attempt's result is not recorded"
+        );
+    }
+
     fn log_store_failure(&self, step: &'static str, error: &StoreError) {
         if matches!(error, StoreError::LeaseLost) {
-            tracing::warn!(
-                operation = %self.contract.operation,
-                operation_id = %self.operation_id,
-                attempt = self.attempt,
-                step,
-                outcome = "lease_lost",
-                "idem: the lease was lost (recovery took over); this attempt's result is not recorded"
-            );
+            self.log_lease_lost(step);
         } else {
             tracing::error!(
                 operation = %self.contract.operation,
@@ -223,9 +548,8 @@ impl Held {
                 attempt = self.attempt,
                 step,
                 error = %error,
-                "idem: the store failed; the record stays processing until its lease ends, then recovery decides"
+                "idem: the store failed; the record stays as it was until its lease ends, then recovery decides"
             );
         }
     }
 }
-

@@ -56,6 +56,8 @@ use crate::fingerprint::{self, jcs::Value};
 use crate::operation::Recover;
 pub use crate::replay::IDEMPOTENT_REPLAYED_HEADER;
 use crate::store::RecordKey;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::transaction::TxSlot;
 use crate::wire::Wire;
 
 /// The extractor of a contracted handler: the handler's own last extractor `E`, plus the
@@ -143,6 +145,9 @@ where
         }
         .map_err(answer::body_malformed)?;
 
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
+        let tx = parts.extensions.get::<TxSlot>().cloned();
+
         // The inner extractor runs before anything is registered: what it refuses did
         // nothing, so it must not be stored and replayed for the whole TTL. (The rejection
         // becomes a response at once: it need not be `Send`.)
@@ -154,11 +159,30 @@ where
         let key = RecordKey::new(contract.operation.as_ref(), client, key);
         match register(&idem, contract, &key, &fingerprint, || C::recoverer(state)).await {
             Registered::Answer(response) => Err(response),
-            Registered::Run(attempt) => Ok(Enforced {
-                inner,
-                guard: Guard::new(attempt),
-                contract: PhantomData,
-            }),
+            #[allow(unused_mut, reason = "set only in the transactional mode")]
+            Registered::Run(mut attempt) => {
+                // The transactional mode: the transaction begins once the key is held, so
+                // that registration never waits behind it.
+                #[cfg(any(feature = "sqlite", feature = "postgres"))]
+                if let Some(TxSlot(tx)) = tx {
+                    if let Err(error) = tx.begin().await {
+                        // Nothing ran: give the key back for the retry.
+                        let _ = attempt.release().await;
+                        return Err(answer::store_unavailable(
+                            &idem,
+                            contract,
+                            Some(attempt.operation_id),
+                            &error,
+                        ));
+                    }
+                    attempt.tx = Some(tx);
+                }
+                Ok(Enforced {
+                    inner,
+                    guard: Guard::new(attempt),
+                    contract: PhantomData,
+                })
+            }
         }
     }
 }

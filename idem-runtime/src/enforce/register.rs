@@ -78,6 +78,7 @@ where
                     deadline: started + lease_len.to_std(),
                     operation_id: record.operation_id,
                     attempt: record.attempt,
+                    tx: None,
                     _alive: idem.running().enter(new.lease.token),
                 });
             }

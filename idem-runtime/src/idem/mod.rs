@@ -3,6 +3,7 @@
 pub(crate) mod names;
 pub(crate) mod running;
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,6 +70,13 @@ pub struct Idem {
 #[derive(Clone)]
 struct Inner {
     store: Arc<dyn Store>,
+    /// The same store as an `Arc<dyn TransactionalStore<Database = DB>>`, boxed, when
+    /// the handle was made with `Idem::transactional`.
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres")),
+        allow(dead_code, reason = "read only by the transactional mode")
+    )]
+    transactional: Option<Arc<dyn Any + Send + Sync>>,
     identity: Arc<dyn ClientIdentity>,
     replayed_headers: Arc<[HeaderName]>,
     max_stored_body: usize,
@@ -83,9 +91,33 @@ impl Idem {
     /// A handle over `store` that tells clients apart with `identity`, with the settings
     /// listed under "Default".
     pub fn new(store: impl Store, identity: impl ClientIdentity) -> Idem {
+        Idem::with_store(Arc::new(store), None, identity)
+    }
+
+    /// A handle over a store that can also write records inside a handler's business
+    /// transaction ([`SqliteStore`](crate::SqliteStore), `PostgresStore`): a contracted
+    /// handler that takes the transaction ([`crate::transaction::Tx`]) runs in the
+    /// transactional mode, one that does not runs as with [`Idem::new`].
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub fn transactional<S>(store: S, identity: impl ClientIdentity) -> Idem
+    where
+        S: crate::store::TransactionalStore,
+    {
+        let store = Arc::new(store);
+        let typed: Arc<dyn crate::store::TransactionalStore<Database = S::Database>> =
+            store.clone();
+        Idem::with_store(store, Some(Arc::new(typed)), identity)
+    }
+
+    fn with_store(
+        store: Arc<dyn Store>,
+        transactional: Option<Arc<dyn Any + Send + Sync>>,
+        identity: impl ClientIdentity,
+    ) -> Idem {
         Idem {
             inner: Arc::new(Inner {
-                store: Arc::new(store),
+                store,
+                transactional,
                 identity: Arc::new(identity),
                 replayed_headers: DEFAULT_REPLAYED_HEADERS.into(),
                 max_stored_body: DEFAULT_MAX_STORED_BODY,
@@ -128,6 +160,19 @@ impl Idem {
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
+    }
+
+    /// The store as a transactional store of the database `DB`, if the handle was made
+    /// with [`Idem::transactional`] over such a store.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) fn transactional_store<DB: sqlx::Database>(
+        &self,
+    ) -> Option<Arc<dyn crate::store::TransactionalStore<Database = DB>>> {
+        self.inner
+            .transactional
+            .as_ref()?
+            .downcast_ref::<Arc<dyn crate::store::TransactionalStore<Database = DB>>>()
+            .cloned()
     }
 
     /// How clients are told apart.

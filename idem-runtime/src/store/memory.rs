@@ -116,6 +116,22 @@ impl Store for MemoryStore {
         })
     }
 
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        until: UnixMillis,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.update(key, |record| {
+            if !record.is_live_owner(token, now) {
+                return Err(StoreError::LeaseLost);
+            }
+            *record = record.renewed(until);
+            Ok(())
+        })
+    }
+
     async fn park_unknown(
         &self,
         key: &RecordKey,

@@ -7,7 +7,8 @@
 //! | backend | kind | notes |
 //! |---|---|---|
 //! | [`MemoryStore`] | one process | the default for tests and single-process services; lost on restart |
-//! | `SqliteStore` (feature `sqlite`) | embedded, durable | survives a restart; one writer at a time |
+//! | `SqliteStore` (feature `sqlite`) | embedded, durable | survives a restart; one writer at a time; transactional |
+//! | `PostgresStore` (feature `postgres`) | shared by many instances | a unique key per record; transactional |
 //!
 //! # The record
 //!
@@ -20,6 +21,7 @@
 //! | released, same fingerprint | [`Store::begin`] | processing, attempt + 1, same operation id |
 //! | processing, live lease, caller owns it | [`Store::complete`] | completed, with the result |
 //! | processing, live lease, caller owns it | [`Store::release`] | released |
+//! | processing, live lease, caller owns it | [`Store::renew`] | processing, the lease moved (extended, or ended now) |
 //! | processing, caller owns the lease | [`Store::park_unknown`] | unknown, with a reason |
 //! | processing, lease ended, caller names its owner | [`Store::take_over`] | processing under a new lease, attempt + 1 |
 //!
@@ -33,7 +35,7 @@
 //! # Fencing
 //!
 //! Each attempt holds a [`Lease`]: a random [`OwnerToken`] and the time the lease ends.
-//! `complete` and `release` succeed only for the token of a lease that is still live;
+//! `complete`, `release` and `renew` succeed only for the token of a lease that is still live;
 //! `take_over` succeeds only for the token of a lease that has ended, and replaces it, so a
 //! worker whose lease ran out can never overwrite what recovery decided.
 //!
@@ -44,9 +46,15 @@
 //! same rules.
 
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod record;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod transactional;
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
@@ -56,12 +64,16 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresStore;
 pub use record::{
     Begin, Lease, NewRecord, OperationState, OwnerToken, Record, RecordKey, RecordState,
     StoredResponse,
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use transactional::{OpenTransaction, TransactionalStore};
 
 /// A point in time: milliseconds since the unix epoch, UTC.
 pub type UnixMillis = u64;
@@ -172,6 +184,25 @@ pub trait Store: Send + Sync + 'static {
         now: UnixMillis,
     ) -> Result<(), StoreError>;
 
+    /// Moves the end of the lease that `token` owns to `until`, if that lease is live at
+    /// `now`, and the record's `expires_at` to `until` if that is later: a running attempt
+    /// renews its lease with it (a heartbeat), and an attempt that has ended without an
+    /// outcome ends its lease at once with `until = now`, so that recovery may decide
+    /// without waiting for the lease to run out. A lease that has ended is never revived:
+    /// a takeover may be under way.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when `token` does not own a live lease;
+    /// [`StoreError::Unavailable`].
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        until: UnixMillis,
+        now: UnixMillis,
+    ) -> Result<(), StoreError>;
+
     /// Parks the operation as unknown with `reason`, if `token` owns the current lease,
     /// live or ended. Parking needs no live lease: it only stops automatic recovery, and
     /// a takeover (which replaces the token) still fences it out.
@@ -245,6 +276,16 @@ impl<T: Store + ?Sized> Store for Arc<T> {
         now: UnixMillis,
     ) -> Result<(), StoreError> {
         (**self).release(key, token, now).await
+    }
+
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        until: UnixMillis,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        (**self).renew(key, token, until, now).await
     }
 
     async fn park_unknown(

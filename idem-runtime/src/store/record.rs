@@ -284,6 +284,17 @@ impl Record {
         }
     }
 
+    /// This record with its lease ending at `until`, kept at least until then (what
+    /// `renew` writes).
+    pub fn renewed(&self, until: UnixMillis) -> Record {
+        let mut record = self.clone();
+        if let RecordState::Processing { lease } = &mut record.state {
+            lease.until = until;
+            record.expires_at = record.expires_at.max(until);
+        }
+        record
+    }
+
     /// The lease, if the record is processing.
     pub const fn lease(&self) -> Option<&Lease> {
         match &self.state {

@@ -18,7 +18,8 @@
 //! spawn tokio tasks: run the suite on a multi-threaded runtime to exercise real
 //! parallelism.
 //!
-//! Available under `cfg(test)` and with the `conformance` feature.
+//! Available under `cfg(test)` and with the `conformance` feature; [`postgres`] (with the
+//! `postgres` feature) makes scratch databases on a real server.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -32,6 +33,9 @@ use super::{
     StoredResponse, UnixMillis,
 };
 use crate::OperationId;
+
+#[cfg(feature = "postgres")]
+pub mod postgres;
 
 /// The time every check starts at (unix milliseconds, in 2027).
 pub const T0: UnixMillis = 1_800_000_000_000;
@@ -69,6 +73,12 @@ pub const CHECKS: &[Check] = &[
     ),
     ("release_needs_a_live_lease", |s| {
         Box::pin(release_needs_a_live_lease(s))
+    }),
+    ("renew_moves_a_live_lease_only", |s| {
+        Box::pin(renew_moves_a_live_lease_only(s))
+    }),
+    ("renew_to_now_ends_the_lease", |s| {
+        Box::pin(renew_to_now_ends_the_lease(s))
     }),
     ("take_over_only_after_the_lease_ends", |s| {
         Box::pin(take_over_only_after_the_lease_ends(s))
@@ -430,6 +440,117 @@ pub async fn release_needs_a_live_lease(store: Arc<dyn Store>) {
         store.release(&k, new.lease.token, T0).await,
         "a second release",
     );
+}
+
+/// `renew` moves the end of a live lease for its owner (and `expires_at` with it when
+/// the lease would outlive the TTL), and nobody else's; an ended lease is not revived.
+pub async fn renew_moves_a_live_lease_only(store: Arc<dyn Store>) {
+    let k = key("k1");
+    let new = new_record("sha256:a", T0);
+    let original = started(&*store, &k, &new, T0).await;
+    lease_lost(
+        store
+            .renew(&k, OwnerToken::random(), T0 + 2 * LEASE, T0 + 1)
+            .await,
+        "renew with another token",
+    );
+    lease_lost(
+        store
+            .renew(&key("absent"), new.lease.token, T0 + 2 * LEASE, T0 + 1)
+            .await,
+        "renew of a key that has no record",
+    );
+    store
+        .renew(&k, new.lease.token, T0 + 2 * LEASE, T0 + 1)
+        .await
+        .expect("the owner renews its live lease");
+    let renewed = get(&*store, &k, T0 + 1).await;
+    assert_eq!(
+        renewed,
+        Record {
+            state: RecordState::Processing {
+                lease: Lease {
+                    token: new.lease.token,
+                    until: T0 + 2 * LEASE,
+                },
+            },
+            ..original.clone()
+        },
+        "renew moves the lease's end and nothing else"
+    );
+    lease_lost(
+        store
+            .take_over(&k, new.lease.token, new.lease, T0 + LEASE + 1)
+            .await,
+        "take_over of a renewed lease before its new end",
+    );
+    lease_lost(
+        store
+            .renew(&k, new.lease.token, T0 + 4 * LEASE, T0 + 2 * LEASE)
+            .await,
+        "renew of a lease that has ended",
+    );
+
+    // Near the end of the TTL, a renewal keeps the record until the lease ends.
+    let late_key = key("late");
+    let late = T0 + TTL - 10;
+    let near = NewRecord {
+        lease: Lease {
+            token: OwnerToken::random(),
+            until: late + 5,
+        },
+        ..new_record("sha256:a", T0)
+    };
+    started(&*store, &late_key, &near, T0).await;
+    store
+        .renew(&late_key, near.lease.token, late + LEASE, late)
+        .await
+        .unwrap();
+    assert_eq!(
+        get(&*store, &late_key, late).await.expires_at,
+        late + LEASE,
+        "a renewed lease never outlives its record"
+    );
+    let done = key("done");
+    let finished = new_record("sha256:a", T0);
+    started(&*store, &done, &finished, T0).await;
+    store
+        .complete(&done, finished.lease.token, &created(), T0)
+        .await
+        .unwrap();
+    lease_lost(
+        store
+            .renew(&done, finished.lease.token, T0 + LEASE, T0 + 1)
+            .await,
+        "renew of a completed record",
+    );
+}
+
+/// `renew` to `now` ends the lease at once: the owner can no longer complete or release,
+/// and a takeover succeeds at that very time (an attempt that ended without an outcome
+/// hands its operation to recovery without waiting for the lease to run out).
+pub async fn renew_to_now_ends_the_lease(store: Arc<dyn Store>) {
+    let k = key("k1");
+    let new = new_record("sha256:a", T0);
+    started(&*store, &k, &new, T0).await;
+    let now = T0 + 100;
+    store
+        .renew(&k, new.lease.token, now, now)
+        .await
+        .expect("the owner ends its lease");
+    lease_lost(
+        store.complete(&k, new.lease.token, &created(), now).await,
+        "complete after the lease was ended",
+    );
+    let lease = Lease {
+        token: OwnerToken::random(),
+        until: now + LEASE,
+    };
+    let taken = store
+        .take_over(&k, new.lease.token, lease, now)
+        .await
+        .expect("an ended lease is taken over at once");
+    assert_eq!(taken.attempt, 2);
 }
 
 /// `take_over` needs the current owner's token and an ended lease, and counts an

@@ -1,0 +1,616 @@
+//! The PostgreSQL store: shared by many instances (feature `postgres`).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::Postgres;
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
+
+use super::sql::{changed_one, decode, encode_headers, sql_ms};
+use super::{
+    Begin, Lease, NewRecord, OpenTransaction, OwnerToken, Record, RecordKey, Store, StoreError,
+    StoredResponse, TransactionalStore, UnixMillis,
+};
+
+/// One step of idem's schema in PostgreSQL, as plain SQL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Migration {
+    /// Applied in increasing order; recorded in `idem_schema_migrations`.
+    pub version: i64,
+    /// A short name, such as `idem_records`.
+    pub name: &'static str,
+    /// The SQL, one or more statements. Each is safe to run again (`IF NOT EXISTS`).
+    pub sql: &'static str,
+}
+
+/// idem's schema, in order: the files of `idem-runtime/migrations/postgres/`, for teams
+/// that apply them with their own migration tool (then open the store with
+/// [`PostgresStore::without_migrations`]).
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "idem_records",
+    sql: include_str!("../../migrations/postgres/0001_idem_records.sql"),
+}];
+
+/// The advisory lock key that serialises idem's migrations across instances (the bytes
+/// of `idem` as a number).
+const MIGRATION_LOCK: i64 = 0x6964_656d;
+
+const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (
+        version    BIGINT      PRIMARY KEY,
+        name       TEXT        NOT NULL,
+        applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )";
+
+/// Registration, step one: the insert that wins a free key. `ON CONFLICT DO NOTHING`
+/// neither waits for nor locks an existing row.
+const INSERT: &str = "INSERT INTO idem_records
+        (operation, client, key, operation_id, fingerprint, state, attempt, token,
+         lease_until, created_at, expires_at)
+    VALUES ($1, $2, $3, $4, $5, 'processing', 1, $6, $7, $8, GREATEST($9, $7))
+    ON CONFLICT (operation, client, key) DO NOTHING
+    RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
+              created_at, expires_at, status, headers, body, reason";
+
+/// Registration, step two, when the key exists and may be taken (`Record::begin_over`):
+/// a new operation when the TTL has passed, the next attempt when released with the
+/// same fingerprint; the `WHERE` makes it a compare-and-set. `$8` is `now`, `$7` the
+/// lease's end. PostgreSQL evaluates every SET expression against the old row.
+const RECLAIM: &str = "UPDATE idem_records SET
+        operation_id = CASE WHEN expires_at <= $8 THEN $4 ELSE operation_id END,
+        attempt      = CASE WHEN expires_at <= $8 THEN 1 ELSE attempt + 1 END,
+        created_at   = CASE WHEN expires_at <= $8 THEN $8 ELSE created_at END,
+        expires_at   = CASE WHEN expires_at <= $8 THEN GREATEST($9, $7)
+                            ELSE GREATEST(expires_at, $7) END,
+        fingerprint  = $5,
+        state        = 'processing',
+        token        = $6,
+        lease_until  = $7,
+        status = NULL, headers = NULL, body = NULL, reason = NULL
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND (expires_at <= $8 OR (state = 'released' AND fingerprint = $5))
+    RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
+              created_at, expires_at, status, headers, body, reason";
+
+const SELECT: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
+        created_at, expires_at, status, headers, body, reason
+    FROM idem_records WHERE operation = $1 AND client = $2 AND key = $3";
+
+const GET: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
+        created_at, expires_at, status, headers, body, reason
+    FROM idem_records WHERE operation = $1 AND client = $2 AND key = $3 AND expires_at > $4";
+
+/// `$4` token, `$5` now: the owner of a live lease.
+const COMPLETE: &str = "UPDATE idem_records
+    SET state = 'completed', token = NULL, lease_until = NULL,
+        status = $6, headers = $7, body = $8, reason = NULL
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'processing' AND token = $4 AND lease_until > $5";
+
+const RELEASE: &str = "UPDATE idem_records
+    SET state = 'released', token = NULL, lease_until = NULL
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'processing' AND token = $4 AND lease_until > $5";
+
+/// `$6` the lease's new end (`Record::renewed`).
+const RENEW: &str = "UPDATE idem_records
+    SET lease_until = $6, expires_at = GREATEST(expires_at, $6)
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'processing' AND token = $4 AND lease_until > $5";
+
+/// `$4` token: the current owner, live lease or ended.
+const PARK: &str = "UPDATE idem_records
+    SET state = 'unknown', token = NULL, lease_until = NULL, reason = $5
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'processing' AND token = $4";
+
+/// `$4` expected token, `$5` now, `$6` new token, `$7` new lease end (`Record::leased`).
+const TAKE_OVER: &str = "UPDATE idem_records
+    SET token = $6, lease_until = $7, attempt = attempt + 1, expires_at = GREATEST(expires_at, $7)
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'processing' AND token = $4 AND lease_until <= $5 AND expires_at > $5
+    RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
+              created_at, expires_at, status, headers, body, reason";
+
+/// Purging in batches, so that a large purge never holds many row locks at once.
+const PURGE: &str = "DELETE FROM idem_records WHERE (operation, client, key) IN (
+        SELECT operation, client, key FROM idem_records WHERE expires_at <= $1 LIMIT 5000
+    )";
+const PURGE_BATCH: u64 = 5000;
+
+/// A [`Store`] in PostgreSQL, through sqlx (rustls, no OpenSSL): shared by every instance
+/// of a service, and a [`TransactionalStore`], so that a handler's business writes and
+/// its record commit in one transaction.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), idem_runtime::StoreError> {
+/// use idem_runtime::{Idem, identity, store::PostgresStore};
+///
+/// let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://localhost/app".into());
+/// let store = PostgresStore::connect(&url).await?;
+/// let idem = Idem::transactional(store, identity::header("x-client-id"));
+/// # Ok(()) }
+/// ```
+///
+/// # Schema
+///
+/// One table, `idem_records`, whose primary key `(operation, client, key)` is the last
+/// line of defence against races, and an index on `expires_at` for purging
+/// ([`MIGRATIONS`], also in `idem-runtime/migrations/postgres/` as plain SQL).
+/// [`PostgresStore::connect`] and [`PostgresStore::from_pool`] apply what is missing under
+/// an advisory lock, so that instances starting together do not race, and record it in
+/// `idem_schema_migrations`; both tables live in the connection's `search_path`.
+///
+/// # Atomicity
+///
+/// Registration is one `INSERT … ON CONFLICT DO NOTHING RETURNING`; only a key that
+/// exists and may be taken again (its TTL passed, or released with the same
+/// fingerprint) gets a second statement, a compare-and-set `UPDATE … WHERE … RETURNING`.
+/// Every other change is one `UPDATE` whose `WHERE` names the lease's owner. PostgreSQL's
+/// row locks order two updates of one record, and the second re-reads the row before it
+/// applies its condition, so at most one of two racing owners wins.
+#[derive(Clone, Debug)]
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+impl PostgresStore {
+    /// Connects to the server at `url` (`postgres://user@host/db?sslmode=…`, sqlx's
+    /// form; TLS through rustls) and applies idem's migrations.
+    ///
+    /// # Default
+    ///
+    /// - at most 16 connections;
+    /// - a call waits at most 3 s for a connection (then [`StoreError::Unavailable`],
+    ///   answered with 503: a server that is down fails requests fast instead of holding
+    ///   them);
+    /// - connections are checked before use (sqlx's default), so that a restarted server
+    ///   is reconnected to without restarting the service.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the URL is malformed, the server cannot be
+    /// reached or refuses the login, or the schema cannot be created.
+    pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect(url)
+            .await
+            .map_err(StoreError::unavailable)?;
+        PostgresStore::from_pool(pool).await
+    }
+
+    /// A store over a pool the application configured, applying idem's migrations.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the schema cannot be created.
+    pub async fn from_pool(pool: PgPool) -> Result<PostgresStore, StoreError> {
+        PostgresStore::migrate(&pool).await?;
+        Ok(PostgresStore { pool })
+    }
+
+    /// A store over a pool whose database already has idem's schema ([`MIGRATIONS`],
+    /// applied by the team's own migration tool). Runs no statement.
+    pub fn without_migrations(pool: PgPool) -> PostgresStore {
+        PostgresStore { pool }
+    }
+
+    /// Applies the [`MIGRATIONS`] that `pool`'s database lacks, in one transaction under
+    /// an advisory lock, and records them in `idem_schema_migrations`. Safe to call from
+    /// several instances at once, and again.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the server fails or refuses a statement.
+    pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
+        let mut tx = pool.begin().await.map_err(StoreError::unavailable)?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut *tx)
+            .await
+            .map_err(StoreError::unavailable)?;
+        sqlx::query(MIGRATIONS_TABLE)
+            .execute(&mut *tx)
+            .await
+            .map_err(StoreError::unavailable)?;
+        let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM idem_schema_migrations")
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(StoreError::unavailable)?;
+        for migration in MIGRATIONS {
+            if applied.contains(&migration.version) {
+                continue;
+            }
+            sqlx::raw_sql(migration.sql)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::unavailable)?;
+            sqlx::query("INSERT INTO idem_schema_migrations (version, name) VALUES ($1, $2)")
+                .bind(migration.version)
+                .bind(migration.name)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::unavailable)?;
+        }
+        tx.commit().await.map_err(StoreError::unavailable)
+    }
+
+    /// The pool, to share it with the application.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Closes every connection; later calls fail with [`StoreError::Unavailable`].
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    async fn select(
+        &self,
+        conn: &mut PgConnection,
+        key: &RecordKey,
+    ) -> Result<Option<Record>, StoreError> {
+        let row = sqlx::query(SELECT)
+            .bind(&key.operation)
+            .bind(&key.client)
+            .bind(&key.key)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(StoreError::unavailable)?;
+        row.as_ref().map(decode).transpose()
+    }
+
+    /// One `UPDATE` of a record; the lease is lost unless it changed exactly one row.
+    async fn update(
+        &self,
+        query: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<(), StoreError> {
+        let result = query
+            .execute(&self.pool)
+            .await
+            .map_err(StoreError::unavailable)?;
+        changed_one(result.rows_affected())
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        new: &NewRecord,
+        now: UnixMillis,
+    ) -> Result<Begin, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(StoreError::unavailable)?;
+        // A record purged between the insert and the read makes the key free again; two
+        // rounds cover that, a third would mean the database is being emptied meanwhile.
+        for _ in 0..3 {
+            let inserted = sqlx::query(INSERT)
+                .bind(&key.operation)
+                .bind(&key.client)
+                .bind(&key.key)
+                .bind(new.operation_id.to_string())
+                .bind(&new.fingerprint)
+                .bind(new.lease.token.to_string())
+                .bind(sql_ms(new.lease.until))
+                .bind(sql_ms(now))
+                .bind(sql_ms(new.expires_at))
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(StoreError::unavailable)?;
+            if let Some(row) = inserted {
+                return Ok(Begin::Started(decode(&row)?));
+            }
+            let Some(existing) = self.select(&mut conn, key).await? else {
+                continue;
+            };
+            if existing.begin_over(new, now).is_none() {
+                return Ok(Begin::Exists(existing));
+            }
+            let reclaimed = sqlx::query(RECLAIM)
+                .bind(&key.operation)
+                .bind(&key.client)
+                .bind(&key.key)
+                .bind(new.operation_id.to_string())
+                .bind(&new.fingerprint)
+                .bind(new.lease.token.to_string())
+                .bind(sql_ms(new.lease.until))
+                .bind(sql_ms(now))
+                .bind(sql_ms(new.expires_at))
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(StoreError::unavailable)?;
+            if let Some(row) = reclaimed {
+                return Ok(Begin::Started(decode(&row)?));
+            }
+            // Someone else changed the record first: report it as it stands now.
+            if let Some(current) = self.select(&mut conn, key).await? {
+                return Ok(Begin::Exists(current));
+            }
+        }
+        Err(StoreError::unavailable(
+            "the record kept vanishing while it was registered (a purge running against live keys?)",
+        ))
+    }
+
+    async fn get(&self, key: &RecordKey, now: UnixMillis) -> Result<Option<Record>, StoreError> {
+        let row = sqlx::query(GET)
+            .bind(&key.operation)
+            .bind(&key.client)
+            .bind(&key.key)
+            .bind(sql_ms(now))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(StoreError::unavailable)?;
+        row.as_ref().map(decode).transpose()
+    }
+
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        response: &StoredResponse,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(StoreError::unavailable)?;
+        self.complete_in(&mut conn, key, token, response, now).await
+    }
+
+    async fn release(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.update(
+            sqlx::query(RELEASE)
+                .bind(&key.operation)
+                .bind(&key.client)
+                .bind(&key.key)
+                .bind(token.to_string())
+                .bind(sql_ms(now)),
+        )
+        .await
+    }
+
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        until: UnixMillis,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.update(
+            sqlx::query(RENEW)
+                .bind(&key.operation)
+                .bind(&key.client)
+                .bind(&key.key)
+                .bind(token.to_string())
+                .bind(sql_ms(now))
+                .bind(sql_ms(until)),
+        )
+        .await
+    }
+
+    async fn park_unknown(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        reason: &str,
+        _now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.update(
+            sqlx::query(PARK)
+                .bind(&key.operation)
+                .bind(&key.client)
+                .bind(&key.key)
+                .bind(token.to_string())
+                .bind(reason),
+        )
+        .await
+    }
+
+    async fn take_over(
+        &self,
+        key: &RecordKey,
+        expected: OwnerToken,
+        new_lease: Lease,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError> {
+        let row = sqlx::query(TAKE_OVER)
+            .bind(&key.operation)
+            .bind(&key.client)
+            .bind(&key.key)
+            .bind(expected.to_string())
+            .bind(sql_ms(now))
+            .bind(new_lease.token.to_string())
+            .bind(sql_ms(new_lease.until))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(StoreError::unavailable)?;
+        match row {
+            Some(row) => decode(&row),
+            None => Err(StoreError::LeaseLost),
+        }
+    }
+
+    async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
+        let mut purged = 0;
+        loop {
+            let batch = sqlx::query(PURGE)
+                .bind(sql_ms(now))
+                .execute(&self.pool)
+                .await
+                .map_err(StoreError::unavailable)?
+                .rows_affected();
+            purged += batch;
+            if batch < PURGE_BATCH {
+                return Ok(purged);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl TransactionalStore for PostgresStore {
+    type Database = Postgres;
+
+    /// `BEGIN` (READ COMMITTED, the server's default) on a connection of the pool.
+    async fn begin_transaction(&self) -> Result<OpenTransaction<Postgres>, StoreError> {
+        let tx = self.pool.begin().await.map_err(StoreError::unavailable)?;
+        Ok(OpenTransaction::new(tx, None))
+    }
+
+    async fn complete_in(
+        &self,
+        conn: &mut PgConnection,
+        key: &RecordKey,
+        token: OwnerToken,
+        response: &StoredResponse,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        let result = sqlx::query(COMPLETE)
+            .bind(&key.operation)
+            .bind(&key.client)
+            .bind(&key.key)
+            .bind(token.to_string())
+            .bind(sql_ms(now))
+            .bind(i64::from(response.status))
+            .bind(encode_headers(&response.headers))
+            .bind(response.body.as_ref())
+            .execute(&mut *conn)
+            .await
+            .map_err(StoreError::unavailable)?;
+        changed_one(result.rows_affected())
+    }
+
+    /// The pool checks connections before handing them out, so nothing needs noting.
+    fn fault(&self, error: sqlx::Error) -> StoreError {
+        StoreError::unavailable(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::conformance::{self, T0, created, key, new_record, postgres::scratch_pool};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn passes_the_conformance_suite() {
+        let Some(_) = scratch_pool("postgres conformance").await else {
+            return;
+        };
+        conformance::run(|| async {
+            let pool = scratch_pool("postgres conformance").await.unwrap();
+            PostgresStore::from_pool(pool).await.unwrap()
+        })
+        .await;
+    }
+
+    /// Migrations run once, record themselves, and are safe to run from many instances at
+    /// once and again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn migrations_are_idempotent_and_concurrent() {
+        let Some(pool) = scratch_pool("postgres migrations").await else {
+            return;
+        };
+        let runs: Vec<_> = (0..4)
+            .map(|_| {
+                let pool = pool.clone();
+                tokio::spawn(async move { PostgresStore::migrate(&pool).await })
+            })
+            .collect();
+        for run in runs {
+            run.await.unwrap().expect("concurrent migrations succeed");
+        }
+        PostgresStore::migrate(&pool).await.expect("and again");
+        let versions: Vec<i64> =
+            sqlx::query_scalar("SELECT version FROM idem_schema_migrations ORDER BY version")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(versions, [1]);
+        let store = PostgresStore::without_migrations(pool);
+        let k = key("after-migrations");
+        let new = new_record("sha256:a", T0);
+        assert!(matches!(
+            store.begin(&k, &new, T0).await.unwrap(),
+            Begin::Started(_)
+        ));
+    }
+
+    /// The schema itself refuses a record that breaks the state rules, so that no bug
+    /// elsewhere can write one.
+    #[tokio::test]
+    async fn the_schema_refuses_inconsistent_records() {
+        let Some(pool) = scratch_pool("postgres schema").await else {
+            return;
+        };
+        let store = PostgresStore::from_pool(pool).await.unwrap();
+        let refused = sqlx::query(
+            "INSERT INTO idem_records (operation, client, key, operation_id, fingerprint, state,
+                 attempt, token, lease_until, created_at, expires_at)
+             VALUES ('op', 'c', 'k', 'x', 'f', 'processing', 1, NULL, NULL, 0, 1)",
+        )
+        .execute(store.pool())
+        .await;
+        assert!(refused.is_err(), "a processing record needs a lease");
+        let refused = sqlx::query(
+            "INSERT INTO idem_records (operation, client, key, operation_id, fingerprint, state,
+                 attempt, created_at, expires_at)
+             VALUES ('op', 'c', 'k', 'x', 'f', 'done', 1, 0, 1)",
+        )
+        .execute(store.pool())
+        .await;
+        assert!(refused.is_err(), "an unknown state is refused");
+    }
+
+    /// A server that cannot be reached fails as `Unavailable` within the acquire
+    /// timeout, never a panic.
+    #[tokio::test]
+    async fn an_unreachable_server_is_unavailable() {
+        let started = std::time::Instant::now();
+        // Port 9 (discard) on loopback: nothing listens there.
+        let result =
+            PostgresStore::connect("postgres://idem@127.0.0.1:9/idem?sslmode=disable").await;
+        assert!(matches!(result, Err(StoreError::Unavailable(_))));
+        assert!(started.elapsed() < std::time::Duration::from_secs(30));
+        assert!(matches!(
+            PostgresStore::connect("not a url").await,
+            Err(StoreError::Unavailable(_))
+        ));
+    }
+
+    /// A result completed inside a transaction is visible only once the transaction
+    /// commits, and a rolled-back one leaves the record processing.
+    #[tokio::test]
+    async fn complete_in_commits_with_the_transaction() {
+        let Some(pool) = scratch_pool("postgres complete_in").await else {
+            return;
+        };
+        let store = PostgresStore::from_pool(pool).await.unwrap();
+        for commit in [false, true] {
+            let k = key(&format!("tx-{commit}"));
+            let new = new_record("sha256:a", T0);
+            store.begin(&k, &new, T0).await.unwrap();
+            let mut open = store.begin_transaction().await.unwrap();
+            store
+                .complete_in(&mut open.tx, &k, new.lease.token, &created(), T0)
+                .await
+                .unwrap();
+            assert!(
+                store.get(&k, T0).await.unwrap().unwrap().lease().is_some(),
+                "not visible before the commit"
+            );
+            if commit {
+                open.tx.commit().await.unwrap();
+                assert!(store.get(&k, T0).await.unwrap().unwrap().lease().is_none());
+            } else {
+                drop(open);
+                assert!(store.get(&k, T0).await.unwrap().unwrap().lease().is_some());
+            }
+        }
+    }
+}

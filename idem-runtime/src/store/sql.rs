@@ -1,0 +1,181 @@
+//! What the SQL stores (SQLite and PostgreSQL) share: how a record is laid out in a row,
+//! and how times and headers are written.
+//!
+//! Both keep one row per key in the table `idem_records`, with these columns:
+//!
+//! | column | type | holds |
+//! |---|---|---|
+//! | `operation`, `client`, `key` | text | the [`RecordKey`](super::RecordKey); the primary key |
+//! | `operation_id` | text | the operation id (a UUIDv7) |
+//! | `fingerprint` | text | `sha256:<hex>` |
+//! | `state` | text | `processing`, `completed`, `released`, `unknown` |
+//! | `attempt` | integer | 1 and up |
+//! | `token`, `lease_until` | text, integer | the lease, while processing |
+//! | `created_at`, `expires_at` | integer | unix milliseconds |
+//! | `status`, `headers`, `body` | integer, text, bytes | the stored result, once completed |
+//! | `reason` | text | why it is parked, once unknown |
+//!
+//! Headers are a JSON array of `[name, value]` pairs, in order; a value that is not UTF-8
+//! is written as `{"hex": "…"}`.
+
+use std::str::FromStr;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue};
+use sqlx::{ColumnIndex, Decode, Row, Type};
+
+use super::{
+    Lease, OperationState, OwnerToken, Record, RecordState, StoreError, StoredResponse, UnixMillis,
+};
+use crate::OperationId;
+
+/// Unix milliseconds as SQL's signed 64-bit integer (good until the year 292 million).
+pub(super) fn sql_ms(ms: UnixMillis) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+fn ms_from_sql(ms: i64, column: &str) -> Result<UnixMillis, StoreError> {
+    u64::try_from(ms).map_err(|_| StoreError::Corrupt(format!("`{column}` is negative")))
+}
+
+/// The headers of a stored result as the JSON text of the `headers` column.
+pub(super) fn encode_headers(headers: &[(HeaderName, HeaderValue)]) -> String {
+    let list: Vec<serde_json::Value> = headers
+        .iter()
+        .map(|(name, value)| {
+            let value = match value.to_str() {
+                Ok(text) => serde_json::Value::from(text),
+                Err(_) => serde_json::json!({ "hex": hex::encode(value.as_bytes()) }),
+            };
+            serde_json::json!([name.as_str(), value])
+        })
+        .collect();
+    serde_json::Value::Array(list).to_string()
+}
+
+/// The headers read back from the `headers` column.
+pub(super) fn decode_headers(text: &str) -> Result<Vec<(HeaderName, HeaderValue)>, StoreError> {
+    let corrupt = |what: &str| StoreError::Corrupt(format!("stored headers: {what}"));
+    let list: Vec<(String, serde_json::Value)> =
+        serde_json::from_str(text).map_err(|e| corrupt(&e.to_string()))?;
+    list.into_iter()
+        .map(|(name, value)| {
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| corrupt("a name"))?;
+            let bytes = match &value {
+                serde_json::Value::String(text) => text.as_bytes().to_vec(),
+                serde_json::Value::Object(map) => map
+                    .get("hex")
+                    .and_then(serde_json::Value::as_str)
+                    .and_then(|h| hex::decode(h).ok())
+                    .ok_or_else(|| corrupt("a value"))?,
+                _ => return Err(corrupt("a value")),
+            };
+            let value = HeaderValue::from_bytes(&bytes).map_err(|_| corrupt("a value"))?;
+            Ok((name, value))
+        })
+        .collect()
+}
+
+/// A record from a row of [`COLUMNS`], in either database.
+pub(super) fn decode<R>(row: &R) -> Result<Record, StoreError>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let corrupt = |e: sqlx::Error| StoreError::Corrupt(e.to_string());
+    let missing = |column: &str| StoreError::Corrupt(format!("`{column}` is missing"));
+    let operation_id: String = row.try_get("operation_id").map_err(corrupt)?;
+    let operation_id = OperationId::from_str(&operation_id)
+        .map_err(|e| StoreError::Corrupt(format!("`operation_id`: {e}")))?;
+    let state: String = row.try_get("state").map_err(corrupt)?;
+    let state = OperationState::from_str(&state).map_err(StoreError::Corrupt)?;
+    let attempt: i64 = row.try_get("attempt").map_err(corrupt)?;
+    let state = match state {
+        OperationState::Processing => {
+            let token: Option<String> = row.try_get("token").map_err(corrupt)?;
+            let token = OwnerToken::from_str(&token.ok_or_else(|| missing("token"))?)
+                .map_err(|e| StoreError::Corrupt(format!("`token`: {e}")))?;
+            let until: Option<i64> = row.try_get("lease_until").map_err(corrupt)?;
+            let until = ms_from_sql(until.ok_or_else(|| missing("lease_until"))?, "lease_until")?;
+            RecordState::Processing {
+                lease: Lease { token, until },
+            }
+        }
+        OperationState::Completed => {
+            let status: Option<i64> = row.try_get("status").map_err(corrupt)?;
+            let status = status
+                .and_then(|s| u16::try_from(s).ok())
+                .ok_or_else(|| missing("status"))?;
+            let headers: Option<String> = row.try_get("headers").map_err(corrupt)?;
+            let body: Option<Vec<u8>> = row.try_get("body").map_err(corrupt)?;
+            RecordState::Completed {
+                response: StoredResponse {
+                    status,
+                    headers: decode_headers(&headers.ok_or_else(|| missing("headers"))?)?,
+                    body: Bytes::from(body.unwrap_or_default()),
+                },
+            }
+        }
+        OperationState::Released => RecordState::Released,
+        OperationState::Unknown => {
+            let reason: Option<String> = row.try_get("reason").map_err(corrupt)?;
+            RecordState::Unknown {
+                reason: reason.unwrap_or_default(),
+            }
+        }
+    };
+    Ok(Record {
+        operation_id,
+        fingerprint: row.try_get("fingerprint").map_err(corrupt)?,
+        attempt: u32::try_from(attempt).map_err(|_| missing("attempt"))?,
+        created_at: ms_from_sql(row.try_get("created_at").map_err(corrupt)?, "created_at")?,
+        expires_at: ms_from_sql(row.try_get("expires_at").map_err(corrupt)?, "expires_at")?,
+        state,
+    })
+}
+
+/// `Ok` when a compare-and-set changed the one row it names, else the lease is lost.
+pub(super) fn changed_one(rows_affected: u64) -> Result<(), StoreError> {
+    if rows_affected == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseLost)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_through_json() {
+        let headers = vec![
+            (
+                HeaderName::from_static("etag"),
+                HeaderValue::from_bytes(b"\"\xe9\"").unwrap(),
+            ),
+            (
+                HeaderName::from_static("location"),
+                HeaderValue::from_static("/a"),
+            ),
+        ];
+        let text = encode_headers(&headers);
+        assert_eq!(text, r#"[["etag",{"hex":"22e922"}],["location","/a"]]"#);
+        assert_eq!(decode_headers(&text).unwrap(), headers);
+        for bad in [
+            "[[\"bad name\",\"x\"]]",
+            "[[\"etag\",{\"hex\":\"zz\"}]]",
+            "[[\"etag\",7]]",
+            "not json",
+            "",
+        ] {
+            assert!(
+                matches!(decode_headers(bad), Err(StoreError::Corrupt(_))),
+                "{bad}"
+            );
+        }
+    }
+}
