@@ -53,7 +53,10 @@
 //! - [`contract`](macro@contract): the attribute, property by property.
 //! - [`Idem`]: the runtime handle (store, client identity, limits) and its layer.
 //! - [`problem`]: every answer idem gives of its own, with its stable `type`.
-//! - [`store`]: the store trait and its backends ([`MemoryStore`], [`SqliteStore`]).
+//! - [`transaction`]: the transactional mode, where a handler's business writes and the
+//!   key's final state commit in one transaction ([`SqliteTx`], `PgTx`).
+//! - [`store`]: the store trait and its backends ([`MemoryStore`], [`SqliteStore`],
+//!   `PostgresStore` with the feature `postgres`).
 //! - [`model`]: the contract as data, its rules ([`check()`](fn@check)) and its JSON Schema.
 //!
 //! The README lists every answer; [`problem`] every problem type.
@@ -77,14 +80,18 @@ pub mod model {
 }
 
 pub use idem_contract::{Contract, check};
-#[cfg(feature = "sqlite")]
-pub use idem_runtime::SqliteStore;
 pub use idem_runtime::{
     Attempt, DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS, DEFAULT_UNAVAILABLE_RETRY_AFTER,
     IDEMPOTENT_REPLAYED_HEADER, Idem, IdemLayer, IdemService, Lookup, MemoryStore,
     OPERATION_ID_HEADER, OperationId, OperationReport, OperationStatus, Resolution, Store,
     StoreError, UnknownOperation, enforce, fingerprint, identity, problem, recovery, store,
 };
+#[cfg(feature = "postgres")]
+pub use idem_runtime::{PgTx, PostgresStore};
+#[cfg(feature = "sqlite")]
+pub use idem_runtime::{SqliteStore, SqliteTx};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use idem_runtime::{Tx, transaction};
 
 /// The OpenAPI extension, the consumer docs and the contracts file: the library behind
 /// the `idem` command (the `idem-codegen` crate).

@@ -1,0 +1,478 @@
+//! The transactional mode (DESIGN §5.1) over real sockets, against a real SQLite file and
+//! a real PostgreSQL server: the business write and the key's final state commit in one
+//! transaction, or not at all.
+//!
+//! Each case runs once per database; the handler writes an order through its `Tx`, then
+//! behaves as the request's `mode` says (not part of the fingerprint, so a retry may
+//! differ).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
+
+use common::{Answer, TestServer, client, send};
+use serde_json::{Value, json};
+
+/// What the handler does after its write.
+fn order(mode: &str) -> Value {
+    json!({ "amount": 100, "mode": mode })
+}
+
+/// Sends `POST /orders` with `key` and `mode`.
+async fn post(server: &TestServer, key: &str, mode: &str) -> Answer {
+    send(
+        client()
+            .post(server.url("/orders"))
+            .header("x-client-id", "client-a")
+            .header("idempotency-key", key)
+            .json(&order(mode)),
+    )
+    .await
+}
+
+#[derive(Clone, Default)]
+struct Hooks {
+    runs: Arc<AtomicUsize>,
+    /// Signalled by `wait-for-takeover` once its write is done.
+    written: Arc<tokio::sync::Notify>,
+    /// Awaited by `wait-for-takeover` before it answers.
+    resume: Arc<tokio::sync::Notify>,
+}
+
+// One module per database: the same handler and the same cases, with the database's
+// transaction type, placeholders and store.
+macro_rules! suite {
+    (
+        $m:ident,
+        tx = $tx:ty,
+        store = $store:ty,
+        insert = $insert:literal,
+        count = $count:literal,
+        by_operation = $by_operation:literal,
+        lose_lease_in_tx = $lose_in_tx:literal,
+        open = $open:expr,
+    ) => {
+        mod $m {
+            use super::*;
+
+            use axum::extract::{Path, State};
+            use axum::http::StatusCode;
+            use axum::response::{IntoResponse, Response};
+            use axum::routing::{get, post as route_post};
+            use axum::{Json, Router};
+            use idem::store::{RecordKey, RecordState, Store, unix_now};
+            use idem::{Idem, Resolution, UnknownOperation, identity};
+            use serde::Deserialize;
+
+            #[derive(Clone)]
+            pub(super) struct App {
+                pub(super) store: $store,
+                pub(super) hooks: Hooks,
+            }
+
+            #[derive(Deserialize)]
+            struct CreateOrder {
+                amount: i64,
+                #[serde(default)]
+                mode: String,
+            }
+
+            #[idem::contract(
+                key_scope = client,
+                fingerprint = [amount],
+                ttl = "1h",
+                deadline = ("5s", per_attempt = "1s"),
+                max_attempts = 4,
+                retryable = [503, timeout],
+                concurrency = conflict,
+                status_lookup = order_status,
+                recovery = reconcile,
+            )]
+            async fn create_order(
+                State(app): State<App>,
+                attempt: idem::Attempt,
+                tx: $tx,
+                Json(order): Json<CreateOrder>,
+            ) -> Response {
+                app.hooks.runs.fetch_add(1, SeqCst);
+                {
+                    let mut conn = tx.conn().await.expect("the attempt's transaction");
+                    sqlx::query($insert)
+                        .bind(attempt.operation_id.to_string())
+                        .bind(&attempt.key)
+                        .bind(order.amount)
+                        .execute(&mut *conn)
+                        .await
+                        .expect("the business write");
+                    if order.mode == "lose-lease-in-tx" {
+                        // Another owner's takeover, as the fenced update will see it.
+                        sqlx::query($lose_in_tx)
+                            .bind(&attempt.key)
+                            .execute(&mut *conn)
+                            .await
+                            .unwrap();
+                    }
+                }
+                let created = (StatusCode::CREATED, Json(json!({ "key": attempt.key, "amount": order.amount })));
+                match order.mode.as_str() {
+                    "503-after-write" => (StatusCode::SERVICE_UNAVAILABLE, "busy").into_response(),
+                    "500-after-write" => (StatusCode::INTERNAL_SERVER_ERROR, "read-back failed").into_response(),
+                    "422-after-write" => (StatusCode::UNPROCESSABLE_ENTITY, "refused, but recorded").into_response(),
+                    "panic-after-write" => panic!("the handler fails after its write"),
+                    "slow" => {
+                        tokio::time::sleep(Duration::from_secs(3)).await;
+                        created.into_response()
+                    }
+                    "big" => (StatusCode::CREATED, "x".repeat(4096)).into_response(),
+                    "wait-for-takeover" => {
+                        app.hooks.written.notify_one();
+                        app.hooks.resume.notified().await;
+                        created.into_response()
+                    }
+                    "sleep-200ms" => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        created.into_response()
+                    }
+                    _ => created.into_response(),
+                }
+            }
+
+            /// Finds the order of the operation: the transactional mode leaves none
+            /// behind an attempt that did not commit.
+            async fn reconcile(app: App, op: UnknownOperation) -> Resolution {
+                let found: i64 = sqlx::query_scalar($by_operation)
+                    .bind(op.operation_id.to_string())
+                    .fetch_one(app.store.pool())
+                    .await
+                    .unwrap();
+                if found == 0 {
+                    Resolution::NotApplied
+                } else {
+                    Resolution::applied(StatusCode::CREATED)
+                }
+            }
+
+            async fn order_status(
+                lookup: idem::Lookup<create_order::Operation>,
+                Path(key): Path<String>,
+            ) -> idem::OperationStatus {
+                lookup.status(&key).await
+            }
+
+            pub(super) struct Fixture {
+                pub(super) server: TestServer,
+                pub(super) app: App,
+                _dir: Option<tempfile::TempDir>,
+            }
+
+            impl Fixture {
+                pub(super) async fn new(max_stored_body: usize) -> Option<Fixture> {
+                    let (store, dir): ($store, Option<tempfile::TempDir>) = $open.await?;
+                    sqlx::query(
+                        "CREATE TABLE orders (operation_id TEXT PRIMARY KEY, key TEXT NOT NULL, amount BIGINT NOT NULL)",
+                    )
+                    .execute(store.pool())
+                    .await
+                    .unwrap();
+                    let idem = Idem::transactional(store.clone(), identity::header("x-client-id"))
+                        .with_max_stored_body(max_stored_body);
+                    let app = App { store, hooks: Hooks::default() };
+                    let router = Router::new()
+                        .route("/orders", route_post(create_order))
+                        .route("/orders/operations/{key}", get(order_status))
+                        .with_state(app.clone())
+                        .layer(idem.layer());
+                    Some(Fixture { server: TestServer::start(router).await, app, _dir: dir })
+                }
+
+                pub(super) async fn orders(&self) -> i64 {
+                    sqlx::query_scalar($count)
+                        .fetch_one(self.app.store.pool())
+                        .await
+                        .unwrap()
+                }
+
+                pub(super) async fn state(&self, key: &str) -> RecordState {
+                    let key = RecordKey::new("create_order", "client-a", key);
+                    self.app.store.get(&key, unix_now()).await.unwrap().expect("a record").state
+                }
+
+                pub(super) fn runs(&self) -> usize {
+                    self.app.hooks.runs.load(SeqCst)
+                }
+            }
+
+            /// The order and the completed record commit together; the retry is the
+            /// replay, with no second write.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_effect_and_its_record_commit_together() {
+                let Some(f) = Fixture::new(1 << 20).await else { return };
+                let first = post(&f.server, "k-ok", "ok").await;
+                assert_eq!(first.status, 201, "{first:?}");
+                assert_eq!(f.orders().await, 1);
+                assert!(matches!(f.state("k-ok").await, RecordState::Completed { .. }));
+                let replay = post(&f.server, "k-ok", "ok").await;
+                assert!(replay.replayed());
+                assert_eq!(replay.body, first.body);
+                assert_eq!(replay.operation_id(), first.operation_id());
+                assert_eq!((f.runs(), f.orders().await), (1, 1));
+            }
+
+            /// A retryable 503 after the write: rolled back, the key released, the
+            /// answer as it is; the retry writes the one order.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_retryable_answer_after_the_write_rolls_it_back() {
+                let Some(f) = Fixture::new(1 << 20).await else { return };
+                let first = post(&f.server, "k-503", "503-after-write").await;
+                assert_eq!((first.status, first.body.as_slice()), (503, &b"busy"[..]));
+                assert_eq!(f.orders().await, 0, "nothing committed");
+                assert_eq!(f.state("k-503").await, RecordState::Released);
+                let retry = post(&f.server, "k-503", "ok").await;
+                assert_eq!(retry.status, 201);
+                assert!(!retry.replayed());
+                assert_eq!(retry.operation_id(), first.operation_id());
+                assert_eq!((f.runs(), f.orders().await), (2, 1));
+            }
+
+            /// A 500 after the write (the read-back failed): never stored as final;
+            /// rolled back, released, answered as it is.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_server_error_after_the_write_rolls_it_back() {
+                let Some(f) = Fixture::new(1 << 20).await else { return };
+                let first = post(&f.server, "k-500", "500-after-write").await;
+                assert_eq!(first.status, 500);
+                assert_eq!(first.body, b"read-back failed");
+                first.operation_id();
+                assert_eq!(f.orders().await, 0);
+                assert_eq!(f.state("k-500").await, RecordState::Released);
+                let retry = post(&f.server, "k-500", "ok").await;
+                assert_eq!(retry.status, 201);
+                assert_eq!(f.orders().await, 1);
+            }
+
+            /// A permanent error commits with what the handler wrote: it is the
+            /// operation's final answer, stored and replayed.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_permanent_error_is_final_and_commits() {
+                let Some(f) = Fixture::new(1 << 20).await else { return };
+                let first = post(&f.server, "k-422", "422-after-write").await;
+                assert_eq!(first.status, 422);
+                assert_eq!(f.orders().await, 1);
+                let replay = post(&f.server, "k-422", "ok").await;
+                assert!(replay.replayed());
+                assert_eq!((replay.status, f.runs()), (422, 1));
+            }
+
+            /// A panic after the write: 503 `attempt-rolled-back`, state released, and
+            /// the retry runs.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_panic_after_the_write_rolls_it_back() {
+                let Some(f) = Fixture::new(1 << 20).await else { return };
+                let first = post(&f.server, "k-panic", "panic-after-write").await;
+                let problem = first.problem(503, "attempt-rolled-back");
+                assert_eq!(problem["state"], "released");
+                assert_eq!(problem["new_key_safe"], true);
+                assert!(first.header("retry-after").is_some());
+                assert_eq!(f.orders().await, 0);
+                let retry = post(&f.server, "k-panic", "ok").await;
+                assert_eq!(retry.status, 201);
+                assert_eq!((f.runs(), f.orders().await), (2, 1));
+            }
+
+            /// A handler that outlives its time: stopped, rolled back, released within
+            /// the lease, so that the retry runs at once, with no recovery.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_timed_out_attempt_rolls_back_and_releases() {
+                let Some(f) = Fixture::new(1 << 20).await else { return };
+                let first = post(&f.server, "k-slow", "slow").await;
+                let problem = first.problem(503, "attempt-rolled-back");
+                assert_eq!(problem["state"], "released", "{problem}");
+                assert_eq!(f.orders().await, 0);
+                assert_eq!(f.state("k-slow").await, RecordState::Released);
+                let retry = post(&f.server, "k-slow", "ok").await;
+                assert_eq!(retry.status, 201);
+                assert_eq!(f.orders().await, 1);
+            }
+
+            /// The record's update inside the transaction is fenced: when the lease is
+            /// no longer this attempt's, the whole transaction rolls back, business
+            /// write included.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_lost_lease_refuses_the_commit() {
+                let Some(f) = Fixture::new(1 << 20).await else { return };
+                let first = post(&f.server, "k-lost", "lose-lease-in-tx").await;
+                let problem = first.problem(503, "attempt-rolled-back");
+                assert_eq!(problem["state"], "processing");
+                assert_eq!(problem["new_key_safe"], false);
+                assert_eq!(f.orders().await, 0, "the business write rolled back with it");
+            }
+
+            /// A result larger than the stored limit cannot be replayed: rolled back,
+            /// released, 500 `result-too-large`.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_result_too_large_to_store_rolls_back() {
+                let Some(f) = Fixture::new(1024).await else { return };
+                let first = post(&f.server, "k-big", "big").await;
+                let problem = first.problem(500, "result-too-large");
+                assert_eq!(problem["state"], "released");
+                assert_eq!(f.orders().await, 0);
+                assert_eq!(f.state("k-big").await, RecordState::Released);
+            }
+
+            /// Twenty concurrent requests with one key: one order, and every other
+            /// answer is the replay or the concurrency answer.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn concurrent_duplicates_write_one_order() {
+                let Some(f) = Fixture::new(1 << 20).await else { return };
+                let answers = futures_util::future::join_all(
+                    (0..20).map(|_| post(&f.server, "k-race", "sleep-200ms")),
+                )
+                .await;
+                let created = answers.iter().filter(|a| a.status == 201 && !a.replayed()).count();
+                assert_eq!(created, 1, "{answers:?}");
+                for answer in &answers {
+                    match answer.status {
+                        201 => {}
+                        409 => {
+                            answer.problem(409, "operation-in-progress");
+                        }
+                        other => panic!("unexpected {other}: {answer:?}"),
+                    }
+                }
+                assert_eq!((f.runs(), f.orders().await), (1, 1));
+            }
+        }
+    };
+}
+
+/// A fresh SQLite file in a temporary folder.
+async fn sqlite() -> Option<(idem::SqliteStore, Option<tempfile::TempDir>)> {
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem::SqliteStore::open(dir.path().join("orders.db"))
+        .await
+        .unwrap();
+    Some((store, Some(dir)))
+}
+
+/// A fresh schema of the test server, or `None` when it cannot be reached (a failure
+/// under `CI=true`).
+async fn postgres() -> Option<(idem::PostgresStore, Option<tempfile::TempDir>)> {
+    let pool =
+        idem_runtime::store::conformance::postgres::scratch_pool("transactional mode").await?;
+    Some((idem::PostgresStore::from_pool(pool).await.unwrap(), None))
+}
+
+suite!(
+    on_sqlite,
+    tx = idem::SqliteTx,
+    store = idem::SqliteStore,
+    insert = "INSERT INTO orders (operation_id, key, amount) VALUES (?, ?, ?)",
+    count = "SELECT COUNT(*) FROM orders",
+    by_operation = "SELECT COUNT(*) FROM orders WHERE operation_id = ?",
+    lose_lease_in_tx =
+        "UPDATE idem_records SET token = '0000000000000000000000000000abcd' WHERE key = ?",
+    open = sqlite(),
+);
+
+suite!(
+    on_postgres,
+    tx = idem::PgTx,
+    store = idem::PostgresStore,
+    insert = "INSERT INTO orders (operation_id, key, amount) VALUES ($1, $2, $3)",
+    count = "SELECT COUNT(*) FROM orders",
+    by_operation = "SELECT COUNT(*) FROM orders WHERE operation_id = $1",
+    lose_lease_in_tx =
+        "UPDATE idem_records SET token = '0000000000000000000000000000abcd' WHERE key = $1",
+    open = postgres(),
+);
+
+/// PostgreSQL, many instances: another instance takes the record over (its own,
+/// committed write) while this attempt's transaction is open. The fenced update then
+/// finds another owner, and this attempt's business write never commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_by_another_instance_refuses_the_commit() {
+    let Some(f) = on_postgres::Fixture::new(1 << 20).await else {
+        return;
+    };
+    let hooks = f.app.hooks.clone();
+    let server = f.server.url("/orders");
+    let request = tokio::spawn(send(
+        client()
+            .post(server)
+            .header("x-client-id", "client-a")
+            .header("idempotency-key", "k-taken")
+            .json(&order("wait-for-takeover")),
+    ));
+    hooks.written.notified().await;
+    let taken = sqlx::query(
+        "UPDATE idem_records SET token = '0000000000000000000000000000beef', attempt = attempt + 1
+         WHERE key = 'k-taken'",
+    )
+    .execute(f.app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(taken.rows_affected(), 1, "the takeover committed first");
+    hooks.resume.notify_one();
+    let answer = request.await.unwrap();
+    let problem = answer.problem(503, "attempt-rolled-back");
+    assert_eq!(problem["state"], "processing");
+    assert_eq!(f.orders().await, 0);
+}
+
+/// A handler that takes `Tx` behind a handle made with `Idem::new` (no transactional
+/// store): 500 `not-configured` that says how to build it, and nothing is registered.
+#[tokio::test]
+async fn a_transaction_without_a_transactional_store_is_not_configured() {
+    use axum::routing::post as route_post;
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem::SqliteStore::open(dir.path().join("o.db"))
+        .await
+        .unwrap();
+    let idem = idem::Idem::new(store.clone(), idem::identity::header("x-client-id"));
+    let router = axum::Router::new()
+        .route("/orders", route_post(|_tx: idem::SqliteTx| async { "ran" }))
+        .layer(idem.layer());
+    let server = TestServer::start(router).await;
+    let answer = post(&server, "k", "ok").await;
+    let problem = answer.problem(500, "not-configured");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("Idem::transactional"),
+        "{problem}"
+    );
+}
+
+/// `Tx` in a handler without a contract: there is no transaction, and writing fails
+/// rather than writing outside one.
+#[tokio::test]
+async fn a_transaction_outside_a_contract_cannot_be_written() {
+    use axum::routing::post as route_post;
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem::SqliteStore::open(dir.path().join("o.db"))
+        .await
+        .unwrap();
+    let idem = idem::Idem::transactional(store, idem::identity::header("x-client-id"));
+    let router = axum::Router::new()
+        .route(
+            "/plain",
+            route_post(|tx: idem::SqliteTx| async move {
+                match tx.conn().await {
+                    Ok(_) => "a connection".to_owned(),
+                    Err(error) => error.to_string(),
+                }
+            }),
+        )
+        .layer(idem.layer());
+    let server = TestServer::start(router).await;
+    let answer = send(client().post(server.url("/plain"))).await;
+    assert_eq!(answer.status, 200);
+    assert!(
+        String::from_utf8_lossy(&answer.body)
+            .contains("only for handlers under `#[idem::contract]`"),
+        "{answer:?}"
+    );
+}
