@@ -23,7 +23,8 @@ pub const CLIENT_ID_HEADER: &str = "x-client-id";
 /// The service's state.
 #[derive(Clone)]
 pub struct App {
-    /// The database of orders (and of idem's records).
+    /// The database of orders (and of idem's records), for reads: orders are written in
+    /// the attempt's transaction.
     pub db: SqlitePool,
     /// Demo settings that make failures visible from curl.
     pub demo: Arc<Demo>,
@@ -32,9 +33,10 @@ pub struct App {
 /// Settings that make the failure cases visible from a terminal. All off by default.
 #[derive(Debug, Default)]
 pub struct Demo {
-    /// Every `POST /orders` waits this long after writing the order and before answering:
-    /// a slow answer whose effect has already happened. Past the contract's per-attempt
-    /// timeout (10 s) the attempt is stopped and its outcome is unknown until recovery.
+    /// Every `POST /orders` waits this long after writing the order (inside its
+    /// transaction, not committed yet) and before answering. Past the attempt's time (9 s
+    /// of the contract's 10 s per-attempt timeout; the rest is kept to record the outcome)
+    /// the attempt is stopped and everything it wrote is rolled back.
     pub delay: Duration,
     /// The next N `POST /orders` answer 503 before writing anything, as if the payment
     /// provider were down; 503 is retryable, so the key is released and a retry runs.
@@ -58,8 +60,10 @@ fn created(order: Order) -> Response {
 
 /// `POST /orders`: creates an order, at most once per idempotency key.
 ///
-/// `attempt` carries the client and the idempotency key as idem checked them; they are
-/// written with the order, so that the reconcile function can find it.
+/// The order is written in `tx`, the attempt's transaction, and idem commits it together
+/// with the key's final state: an order without its record, or a record without its
+/// order, cannot happen. `attempt` carries the operation's id (written with the order, so
+/// that the reconcile function finds it), the client and the key, as idem checked them.
 #[idem::contract(
     key_scope     = client,
     fingerprint   = [customer_id, currency, amount_minor, items],
@@ -74,6 +78,7 @@ fn created(order: Order) -> Response {
 pub async fn create_order(
     State(app): State<App>,
     attempt: idem::Attempt,
+    tx: idem::SqliteTx,
     Json(body): Json<CreateOrder>,
 ) -> Result<Response, ApiError> {
     body.validate().map_err(ApiError::InvalidOrder)?;
@@ -84,7 +89,13 @@ pub async fn create_order(
     if outage.is_ok() {
         return Err(ApiError::ProviderUnavailable);
     }
-    let order = db::insert(&app.db, &attempt.client, &attempt.key, &body, unix_millis()).await?;
+    let operation_id = attempt.operation_id.to_string();
+    let origin = db::Origin {
+        operation_id: &operation_id,
+        client: &attempt.client,
+        key: &attempt.key,
+    };
+    let order = db::insert(&mut *tx.conn().await?, origin, &body, unix_millis()).await?;
     if !app.demo.delay.is_zero() {
         tokio::time::sleep(app.demo.delay).await;
     }
@@ -116,15 +127,18 @@ pub async fn order_operation_status(
     lookup.status(&key).await
 }
 
-/// Decides a `create_order` whose outcome is unknown (its attempt ended between writing
-/// the order and recording the answer): the order exists under the key, or it does not.
+/// Decides a `create_order` whose outcome is unknown (its process died while the attempt
+/// ran): the operation's order exists, or it does not. In the transactional mode an order
+/// is committed only with its record, so an attempt that died left none; the check still
+/// reads the table rather than assume it.
 pub async fn reconcile_create_order(app: App, op: idem::UnknownOperation) -> idem::Resolution {
-    match db::by_key(&app.db, &op.client, &op.key).await {
+    match db::by_operation(&app.db, &op.operation_id.to_string()).await {
         Ok(Some(order)) => idem::Resolution::applied(created(order)),
         Ok(None) => idem::Resolution::NotApplied,
-        Err(error) => {
-            idem::Resolution::unknown(format!("the orders table could not be read: {error}"))
-        }
+        // The table could not be read now: the next retry asks again.
+        Err(error) => idem::Resolution::cannot_decide_now(format!(
+            "the orders table could not be read: {error}"
+        )),
     }
 }
 

@@ -1,33 +1,59 @@
 //! The orders table, in the same SQLite database as idem's records.
+//!
+//! An order is written in the attempt's transaction ([`idem::SqliteTx`]) and linked to the
+//! operation that made it (`operation_id`, unique), not only to its idempotency key: a key
+//! reused after its TTL names a new operation, and must never find an older order.
 
-use sqlx::{Row, SqlitePool};
+use sqlx::{Row, SqliteConnection, SqlitePool};
 
 use crate::model::{CreateOrder, LineItem, Order};
 
+/// Why the database cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    /// The database failed.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    /// The file has the orders table of an older version of this example.
+    #[error(
+        "its orders table was made by an older version of this example (orders keyed by client and idempotency key, not by operation); move the file away and start again"
+    )]
+    OldSchema,
+}
+
 /// Creates the orders table if it is missing.
 ///
-/// `(client_id, idempotency_key)` is unique: the reconcile function finds an order by the
-/// key it was created under, and a second write under one key cannot happen.
+/// `operation_id` is unique: the reconcile function finds an order by the operation that
+/// made it, and a second order for one operation cannot be written. The client and the
+/// key are kept for people reading the table.
 ///
 /// # Errors
 ///
-/// The database's error.
-pub async fn migrate(pool: &SqlitePool) -> Result<(), sqlx::Error> {
+/// The database's error, or [`MigrateError::OldSchema`].
+pub async fn migrate(pool: &SqlitePool) -> Result<(), MigrateError> {
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS orders (
             id TEXT PRIMARY KEY,
+            operation_id TEXT NOT NULL UNIQUE,
             client_id TEXT NOT NULL,
             idempotency_key TEXT NOT NULL,
             customer_id TEXT NOT NULL,
             currency TEXT NOT NULL,
             amount_minor INTEGER NOT NULL,
             items TEXT NOT NULL,
-            created_at INTEGER NOT NULL,
-            UNIQUE (client_id, idempotency_key)
+            created_at INTEGER NOT NULL
         )",
     )
     .execute(pool)
     .await?;
+    let linked: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM pragma_table_info('orders') WHERE name = 'operation_id'",
+    )
+    .fetch_one(pool)
+    .await?;
+    if linked == 0 {
+        return Err(MigrateError::OldSchema);
+    }
     Ok(())
 }
 
@@ -45,58 +71,64 @@ fn order_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<Order, sqlx::Error> {
     })
 }
 
-/// Writes a new order for `client` under `key`; if one exists under that key already,
-/// returns it instead (the unique constraint is the last line of defence).
+/// Who made an order: the operation (the link that lasts) and, for people reading the
+/// table, the client and the key it was sent with.
+#[derive(Clone, Copy, Debug)]
+pub struct Origin<'a> {
+    /// The operation's id ([`idem::Attempt::operation_id`]).
+    pub operation_id: &'a str,
+    /// The client's identity.
+    pub client: &'a str,
+    /// The idempotency key.
+    pub key: &'a str,
+}
+
+/// Writes a new order made by `origin`, on `conn` (the attempt's transaction), and
+/// returns it.
 ///
 /// # Errors
 ///
-/// The database's error.
+/// The database's error; a second order for one operation breaks the unique constraint
+/// (the last line of defence).
 pub async fn insert(
-    pool: &SqlitePool,
-    client: &str,
-    key: &str,
+    conn: &mut SqliteConnection,
+    origin: Origin<'_>,
     order: &CreateOrder,
     now: i64,
 ) -> Result<Order, sqlx::Error> {
     let id = format!("ord_{}", uuid::Uuid::now_v7().simple());
     let items =
         serde_json::to_string(&order.items).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-    let inserted = sqlx::query(
-        "INSERT INTO orders (id, client_id, idempotency_key, customer_id, currency, amount_minor, items, created_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-         ON CONFLICT (client_id, idempotency_key) DO NOTHING",
+    let row = sqlx::query(
+        "INSERT INTO orders (id, operation_id, client_id, idempotency_key, customer_id, currency, amount_minor, items, created_at)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+         RETURNING *",
     )
     .bind(&id)
-    .bind(client)
-    .bind(key)
+    .bind(origin.operation_id)
+    .bind(origin.client)
+    .bind(origin.key)
     .bind(&order.customer_id)
     .bind(&order.currency)
     .bind(order.amount_minor)
     .bind(&items)
     .bind(now)
-    .execute(pool)
+    .fetch_one(&mut *conn)
     .await?;
-    if inserted.rows_affected() == 0 {
-        tracing::warn!("orders: an order under this key exists already; answering it");
-    }
-    by_key(pool, client, key)
-        .await?
-        .ok_or(sqlx::Error::RowNotFound)
+    order_from_row(&row)
 }
 
-/// The order `client` created under `key`, if any.
+/// The order made by the operation `operation_id`, if any.
 ///
 /// # Errors
 ///
 /// The database's error.
-pub async fn by_key(
+pub async fn by_operation(
     pool: &SqlitePool,
-    client: &str,
-    key: &str,
+    operation_id: &str,
 ) -> Result<Option<Order>, sqlx::Error> {
-    sqlx::query("SELECT * FROM orders WHERE client_id = ? AND idempotency_key = ?")
-        .bind(client)
-        .bind(key)
+    sqlx::query("SELECT * FROM orders WHERE operation_id = ?")
+        .bind(operation_id)
         .fetch_optional(pool)
         .await?
         .as_ref()

@@ -47,7 +47,8 @@ impl Service {
         let store = idem::SqliteStore::open(&config.db).await?;
         let pool = store.pool().clone();
         db::migrate(&pool).await?;
-        let idem = idem::Idem::new(store, idem::identity::header(CLIENT_ID_HEADER));
+        // Transactional: an order and its key's final state commit together.
+        let idem = idem::Idem::transactional(store, idem::identity::header(CLIENT_ID_HEADER));
         let app = App {
             db: pool,
             demo: Arc::new(Demo {

@@ -4,7 +4,8 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -13,19 +14,37 @@ use serde_json::{Value, json};
 struct Service {
     child: Child,
     url: String,
+    /// The lines the service writes to standard error (also passed on to ours).
+    stderr: mpsc::Receiver<String>,
 }
 
 impl Service {
     fn start(db: &Path, extra: &[&str]) -> Service {
+        Service::start_with(db, extra, &[])
+    }
+
+    fn start_with(db: &Path, extra: &[&str], env: &[(&str, &str)]) -> Service {
         let mut child = Command::new(env!("CARGO_BIN_EXE_orders"))
             .args(["--addr", "127.0.0.1:0", "--db"])
             .arg(db)
             .args(extra)
             .env("RUST_LOG", "warn")
+            .env_remove("IDEM_FAULT_POINT")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("the orders binary starts");
+        let (lines, stderr) = mpsc::channel();
+        let pipe = child.stderr.take().expect("stderr is piped");
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                eprintln!("orders: {line}");
+                if lines.send(line).is_err() {
+                    break;
+                }
+            }
+        });
         let stdout = child.stdout.take().expect("stdout is piped");
         let mut line = String::new();
         BufReader::new(stdout)
@@ -36,10 +55,24 @@ impl Service {
             .find(|w| w.starts_with("http://"))
             .unwrap_or_else(|| panic!("no address in {line:?}"))
             .to_owned();
-        Service { child, url }
+        Service { child, url, stderr }
     }
 
-    /// Kills the process at once, as a crash would.
+    /// Waits (at most 20 s) until the service writes a line containing `text` to
+    /// standard error.
+    fn wait_for_stderr(&self, text: &str) {
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(line) if line.contains(text) => return,
+                Ok(_) => {}
+                Err(_) => panic!("the service never wrote {text:?}"),
+            }
+        }
+    }
+
+    /// Kills the process at once with SIGKILL, as a crash would.
     fn crash(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -229,23 +262,177 @@ async fn a_concurrent_duplicate_gets_409_while_the_first_runs() {
     assert_eq!(after.body, a.body);
 }
 
-/// The order is written, then the answer takes longer than the attempt's 10 s lease: the
-/// attempt is stopped and its outcome is unknown. The retry after the lease runs the
-/// reconcile function, which finds the order: the order is answered, not created again.
+/// The order is written, then the answer takes longer than the attempt's time (9 s of
+/// the 10 s per-attempt timeout): the attempt is stopped and everything it wrote is
+/// rolled back, so the key is released and no order exists.
 #[tokio::test]
-async fn an_unknown_outcome_is_reconciled_from_the_orders_table() {
+async fn a_slow_attempt_is_rolled_back_and_its_key_released() {
     let (_dir, db) = temp_db();
     let http = client();
     let service = Service::start(&db, &["--delay", "12s"]);
     let first = post(&http, &service, Some("k-slow"), &order(700)).await;
     assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(first.problem_type().ends_with(":attempt-timed-out"));
-    let retry = post(&http, &service, Some("k-slow"), &order(700)).await;
+    assert!(first.problem_type().ends_with(":attempt-rolled-back"));
+    assert_eq!(first.json()["state"], "released");
+    let lookup: Value = http
+        .get(format!("{}/orders/operations/k-slow", service.url))
+        .header("x-client-id", "acme")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(lookup["state"], "released");
+    assert_eq!(orders_in(&db).await, 0, "the order was rolled back");
+}
+
+/// How many orders the file holds, read directly (the service may be dead).
+async fn orders_in(db: &Path) -> i64 {
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(db)
+        .read_only(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    let count = orders::db::count(&pool).await.unwrap();
+    pool.close().await;
+    count
+}
+
+/// SIGKILL between the business write and the commit (the fault point
+/// `before_commit`): after a restart no order exists; the record is still processing
+/// under the dead attempt's lease, so a retry is told to wait; once the lease ends,
+/// recovery finds no order and the retry writes the one order.
+#[cfg(feature = "fault-points")]
+#[tokio::test]
+async fn killed_before_the_commit_nothing_happened_and_the_retry_runs() {
+    let (_dir, db) = temp_db();
+    let http = client();
+    let doomed = Service::start_with(&db, &[], &[("IDEM_FAULT_POINT", "before_commit")]);
+    let sent = Instant::now();
+    let request = http
+        .post(format!("{}/orders", doomed.url))
+        .header("x-client-id", "acme")
+        .header("idempotency-key", "k-crash-before")
+        .json(&order(1234))
+        .send();
+    let in_flight = tokio::spawn(request);
+    tokio::task::spawn_blocking(move || {
+        doomed.wait_for_stderr("fault point before_commit reached");
+        doomed.crash();
+    })
+    .await
+    .unwrap();
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the answer was lost with the process"
+    );
+    assert_eq!(orders_in(&db).await, 0, "nothing was committed");
+
+    let service = Service::start(&db, &[]);
+    let early = post(&http, &service, Some("k-crash-before"), &order(1234)).await;
+    assert_eq!(early.status, StatusCode::CONFLICT, "{:?}", early.json());
+    assert!(early.problem_type().ends_with(":operation-in-progress"));
+    // The dead attempt's lease is the contract's 10 s per-attempt timeout.
+    tokio::time::sleep(
+        Duration::from_secs(10).saturating_sub(sent.elapsed()) + Duration::from_millis(300),
+    )
+    .await;
+    let retry = post(&http, &service, Some("k-crash-before"), &order(1234)).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.json());
+    assert!(!retry.replayed(), "not applied: the retry ran");
+    assert_eq!(retry.header("operation-id"), early.header("operation-id"));
+    let again = post(&http, &service, Some("k-crash-before"), &order(1234)).await;
+    assert!(again.replayed());
+    assert_eq!(orders_in(&db).await, 1);
+}
+
+/// SIGKILL after the commit, before the answer (the fault point `after_commit`): after a
+/// restart the one order exists and the retry is its stored answer, replayed at once.
+#[cfg(feature = "fault-points")]
+#[tokio::test]
+async fn killed_after_the_commit_the_retry_is_the_replay() {
+    let (_dir, db) = temp_db();
+    let http = client();
+    let doomed = Service::start_with(&db, &[], &[("IDEM_FAULT_POINT", "after_commit")]);
+    let request = http
+        .post(format!("{}/orders", doomed.url))
+        .header("x-client-id", "acme")
+        .header("idempotency-key", "k-crash-after")
+        .json(&order(4321))
+        .send();
+    let in_flight = tokio::spawn(request);
+    tokio::task::spawn_blocking(move || {
+        doomed.wait_for_stderr("fault point after_commit reached");
+        doomed.crash();
+    })
+    .await
+    .unwrap();
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the answer was lost with the process"
+    );
+    assert_eq!(orders_in(&db).await, 1);
+
+    let service = Service::start(&db, &[]);
+    let retry = post(&http, &service, Some("k-crash-after"), &order(4321)).await;
     assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.json());
     assert!(retry.replayed());
-    assert_eq!(retry.json()["amount_minor"], 700);
-    let again = post(&http, &service, Some("k-slow"), &order(700)).await;
-    assert_eq!(again.body, retry.body);
+    assert_eq!(retry.json()["amount_minor"], 4321);
+    assert_eq!(orders_in(&db).await, 1, "no second order");
+}
+
+/// A key reused after its TTL is a new operation: it must not answer the older order.
+/// (The TTL is a day, so the test ages the record in the file, as a day would.)
+#[tokio::test]
+async fn a_key_after_its_ttl_makes_a_new_order_not_the_old_one() {
+    let (_dir, db) = temp_db();
+    let http = client();
+    let service = Service::start(&db, &[]);
+    let first = post(&http, &service, Some("k-reused"), &order(100)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    service.crash();
+    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(&db);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    sqlx::query("UPDATE idem_records SET expires_at = 1 WHERE key = 'k-reused'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+
+    let service = Service::start(&db, &[]);
+    let second = post(&http, &service, Some("k-reused"), &order(100)).await;
+    assert_eq!(second.status, StatusCode::CREATED);
+    assert!(!second.replayed());
+    assert_ne!(second.header("operation-id"), first.header("operation-id"));
+    assert_ne!(second.json()["id"], first.json()["id"], "a new order");
+    assert_eq!(orders_in(&db).await, 2);
+}
+
+/// A database made by an older version of the example is refused with a message that
+/// says what to do, not used with the wrong schema.
+#[test]
+fn an_old_database_is_refused_with_a_clear_message() {
+    let (_dir, db) = temp_db();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&db)
+            .create_if_missing(true);
+        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+        sqlx::query("CREATE TABLE orders (id TEXT PRIMARY KEY, client_id TEXT NOT NULL, idempotency_key TEXT NOT NULL, UNIQUE (client_id, idempotency_key))")
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+    });
+    let out = Command::new(env!("CARGO_BIN_EXE_orders"))
+        .args(["--addr", "127.0.0.1:0", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("older version of this example"), "{stderr}");
 }
 
 #[test]
