@@ -46,6 +46,21 @@ pub fn skip<T>(what: &str, why: &dyn std::fmt::Display) -> Option<T> {
     None
 }
 
+/// The URL of a new, empty schema of the test server (the server's URL with
+/// `options[search_path]=<schema>`, which sqlx reads), for a test that starts a service
+/// of its own; or `None` (after saying so) when the server cannot be reached.
+///
+/// # Panics
+///
+/// Under `CI=true` when the server cannot be reached; when the server refuses to create
+/// the schema.
+pub async fn scratch_url(what: &str) -> Option<String> {
+    let url = url();
+    let schema = scratch_schema(what, &url).await?;
+    let separator = if url.contains('?') { '&' } else { '?' };
+    Some(format!("{url}{separator}options[search_path]={schema}"))
+}
+
 /// A pool of up to 8 connections whose `search_path` is a new, empty schema of the test
 /// server, or `None` (after saying so) when the server cannot be reached.
 ///
@@ -55,10 +70,25 @@ pub fn skip<T>(what: &str, why: &dyn std::fmt::Display) -> Option<T> {
 /// the schema.
 pub async fn scratch_pool(what: &str) -> Option<PgPool> {
     let url = url();
+    let schema = scratch_schema(what, &url).await?;
+    let options = PgConnectOptions::from_str(&url)
+        .unwrap_or_else(|e| panic!("{what}: {URL_VAR} is not a PostgreSQL URL: {e}"))
+        .options([("search_path", schema.as_str())]);
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: cannot connect to the scratch schema: {e}"));
+    Some(pool)
+}
+
+/// Creates a new scratch schema on the server at `url` and returns its name.
+async fn scratch_schema(what: &str, url: &str) -> Option<String> {
     let admin = match PgPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(Duration::from_secs(5))
-        .connect(&url)
+        .connect(url)
         .await
     {
         Ok(pool) => pool,
@@ -87,16 +117,7 @@ pub async fn scratch_pool(what: &str) -> Option<PgPool> {
         .await
         .unwrap_or_else(|e| panic!("{what}: cannot create the scratch schema {schema}: {e}"));
     admin.close().await;
-    let options = PgConnectOptions::from_str(&url)
-        .unwrap_or_else(|e| panic!("{what}: {URL_VAR} is not a PostgreSQL URL: {e}"))
-        .options([("search_path", schema.as_str())]);
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_with(options)
-        .await
-        .unwrap_or_else(|e| panic!("{what}: cannot connect to the scratch schema: {e}"));
-    Some(pool)
+    Some(schema)
 }
 
 /// Drops the scratch schemas that earlier runs left behind more than an hour ago.

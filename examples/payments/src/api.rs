@@ -1,0 +1,271 @@
+//! The HTTP API: `POST /payments` under its idempotency contract, `GET /payments/{id}`,
+//! and the contract's status lookup `GET /payments/operations/{key}`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::db::{self, NewPayment, Payment};
+
+/// The header that says who the client is: a stand-in for real authentication.
+pub const CLIENT_ID_HEADER: &str = "x-client-id";
+
+/// The base of this service's own problem `type` URIs.
+pub const PROBLEM_BASE: &str = "https://payments.example.com/problems/";
+
+/// The largest amount, in minor units.
+pub const MAX_AMOUNT_MINOR: i64 = 1_000_000_000_000;
+
+/// The service's state.
+#[derive(Clone)]
+pub struct App {
+    /// The database of payments (and of idem's records), for reads.
+    pub db: PgPool,
+    /// Demo settings that make the failure cases visible from a terminal.
+    pub demo: Arc<Demo>,
+}
+
+/// Settings that make the failure cases visible. All off by default.
+#[derive(Debug, Default)]
+pub struct Demo {
+    /// Every `POST /payments` waits this long after writing the payment (inside its
+    /// transaction, not committed yet) before answering: the moment to kill the process.
+    pub delay: Duration,
+    /// The next N `POST /payments` are declined by the payment network *after* the
+    /// payment row is written: 503, which the contract declares retryable, so the
+    /// transaction (the row with it) rolls back and the key is released.
+    pub declines: AtomicU32,
+}
+
+/// The body of `POST /payments`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreatePayment {
+    /// The card or account to charge, such as `card_visa_4242`: 1 to 64 visible ASCII
+    /// characters.
+    pub source: String,
+    /// An ISO 4217 code: three uppercase letters.
+    pub currency: String,
+    /// The amount in minor units: 1 to [`MAX_AMOUNT_MINOR`].
+    pub amount_minor: i64,
+}
+
+impl CreatePayment {
+    /// Every rule the payment breaks, as `(field, problem)`.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if self.source.is_empty()
+            || self.source.len() > 64
+            || !self.source.bytes().all(|b| b.is_ascii_graphic())
+        {
+            out.push(("source", "must be 1 to 64 visible ASCII characters".into()));
+        }
+        if self.currency.len() != 3 || !self.currency.bytes().all(|b| b.is_ascii_uppercase()) {
+            out.push(("currency", "must be an ISO 4217 code such as `EUR`".into()));
+        }
+        if !(1..=MAX_AMOUNT_MINOR).contains(&self.amount_minor) {
+            out.push((
+                "amount_minor",
+                format!("must be between 1 and {MAX_AMOUNT_MINOR}"),
+            ));
+        }
+        out
+    }
+}
+
+/// The service's own errors, as RFC 9457 problems.
+#[derive(Debug)]
+pub enum ApiError {
+    /// The payment breaks a rule: 422, final, stored and replayed.
+    Invalid(Vec<(&'static str, String)>),
+    /// The payment network declined for now: 503 (retryable), rolled back.
+    Declined,
+    /// No such payment for this client: 404.
+    NotFound,
+    /// The database failed: 500, rolled back.
+    Database(sqlx::Error),
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(error: sqlx::Error) -> ApiError {
+        ApiError::Database(error)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, slug, title, errors) = match self {
+            ApiError::Invalid(errors) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid-payment",
+                "The payment breaks a rule",
+                errors,
+            ),
+            ApiError::Declined => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "network-unavailable",
+                "The payment network is unavailable; retry with the same key",
+                Vec::new(),
+            ),
+            ApiError::NotFound => (
+                StatusCode::NOT_FOUND,
+                "payment-not-found",
+                "No such payment",
+                Vec::new(),
+            ),
+            ApiError::Database(error) => {
+                tracing::error!(%error, "payments: database error");
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "The payment could not be processed",
+                    Vec::new(),
+                )
+            }
+        };
+        let errors: Vec<_> = errors
+            .into_iter()
+            .map(|(field, problem)| json!({ "field": field, "problem": problem }))
+            .collect();
+        let mut body = json!({
+            "type": format!("{PROBLEM_BASE}{slug}"),
+            "title": title,
+            "status": status.as_u16(),
+        });
+        if !errors.is_empty() {
+            body["errors"] = errors.into();
+        }
+        let mut response = (status, Json(body)).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+fn unix_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn created(payment: Payment) -> Response {
+    let location = HeaderValue::from_str(&format!("/payments/{}", payment.id)).ok();
+    let mut response = (StatusCode::CREATED, Json(payment)).into_response();
+    if let Some(location) = location {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    response
+}
+
+/// `POST /payments`: captures a payment, at most once per idempotency key.
+///
+/// The payment is written in `tx`; idem commits it with the key's final state.
+#[idem::contract(
+    key_scope     = client,
+    fingerprint   = [source, currency, amount_minor],
+    ttl           = "24h",
+    deadline      = ("30s", per_attempt = "10s"),
+    max_attempts  = 4,
+    retryable     = [429, 503, 504, timeout, connection_reset],
+    concurrency   = conflict,
+    status_lookup = payment_operation_status(path = "/payments/operations/{key}"),
+    recovery      = reconcile_create_payment,
+)]
+pub async fn create_payment(
+    State(app): State<App>,
+    attempt: idem::Attempt,
+    tx: idem::PgTx,
+    Json(body): Json<CreatePayment>,
+) -> Result<Response, ApiError> {
+    let problems = body.problems();
+    if !problems.is_empty() {
+        return Err(ApiError::Invalid(problems));
+    }
+    let operation_id = attempt.operation_id.to_string();
+    let payment = db::insert(
+        &mut *tx.conn().await?,
+        NewPayment {
+            operation_id: &operation_id,
+            client: &attempt.client,
+            key: &attempt.key,
+            source: &body.source,
+            currency: &body.currency,
+            amount_minor: body.amount_minor,
+            now: unix_millis(),
+        },
+    )
+    .await?;
+    let declined = app
+        .demo
+        .declines
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    if declined.is_ok() {
+        // Written, then declined: the row rolls back with the transaction.
+        return Err(ApiError::Declined);
+    }
+    if !app.demo.delay.is_zero() {
+        tokio::time::sleep(app.demo.delay).await;
+    }
+    Ok(created(payment))
+}
+
+/// `GET /payments/{id}`: one of the client's payments.
+pub async fn get_payment(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Payment>, ApiError> {
+    let client = headers
+        .get(CLIENT_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .ok_or(ApiError::NotFound)?;
+    db::by_id(&app.db, client, &id)
+        .await?
+        .map(Json)
+        .ok_or(ApiError::NotFound)
+}
+
+/// `GET /payments/operations/{key}`: the state of the client's `create_payment`
+/// operation under `key`.
+pub async fn payment_operation_status(
+    lookup: idem::Lookup<create_payment::Operation>,
+    Path(key): Path<String>,
+) -> idem::OperationStatus {
+    lookup.status(&key).await
+}
+
+/// Decides a `create_payment` whose attempt died without an outcome: the operation's
+/// payment exists (committed with its record, so this is rare), or it does not.
+pub async fn reconcile_create_payment(app: App, op: idem::UnknownOperation) -> idem::Resolution {
+    match db::by_operation(&app.db, &op.operation_id.to_string()).await {
+        Ok(Some(payment)) => idem::Resolution::applied(created(payment)),
+        Ok(None) => idem::Resolution::NotApplied,
+        Err(error) => idem::Resolution::cannot_decide_now(format!(
+            "the payments table could not be read: {error}"
+        )),
+    }
+}
+
+/// The routes, with idem's layer; the caller supplies the state.
+pub fn router(idem: &idem::Idem) -> Router<App> {
+    Router::new()
+        .route("/payments", post(create_payment))
+        .route("/payments/{id}", get(get_payment))
+        .route("/payments/operations/{key}", get(payment_operation_status))
+        .layer(idem.layer())
+}

@@ -1,0 +1,106 @@
+//! `payments`: the idem example on PostgreSQL. `payments --help` lists the options.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use payments::{Config, Service};
+
+/// A payment service whose `POST /payments` writes the payment and its idempotency
+/// record in one PostgreSQL transaction.
+///
+/// Clients say who they are with the `X-Client-Id` header and name each payment intent
+/// with an `Idempotency-Key`.
+#[derive(Debug, Parser)]
+#[command(version, after_help = AFTER_HELP)]
+struct Args {
+    /// The address to listen on.
+    #[arg(long, default_value = "127.0.0.1:3001")]
+    addr: SocketAddr,
+    /// The PostgreSQL server for payments and idempotency records, as sqlx reads it
+    /// (`postgres://user@host:5432/db?sslmode=disable`).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// Demo: every POST /payments waits this long after writing the payment, before
+    /// committing and answering (such as `5s`): the moment to kill the process.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "0s")]
+    delay: Duration,
+    /// Demo: the next N POST /payments are declined with 503 after the payment row is
+    /// written; the row rolls back and a retry runs again.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    declines: u32,
+}
+
+const AFTER_HELP: &str = "\
+Examples:
+  DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable payments
+  payments --database-url postgres://app@db.internal/payments --addr 0.0.0.0:8080
+  payments --declines 1        the next payment is written, then declined and rolled back";
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    if text == "0s" || text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    text.parse::<idem::model::Duration>()
+        .map(|d| d.to_std())
+        .map_err(|e| e.to_string())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,sqlx=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let args = Args::parse();
+    let config = Config {
+        database_url: args.database_url,
+        delay: args.delay,
+        declines: args.declines,
+    };
+    let service = match Service::open(&config).await {
+        Ok(service) => service,
+        Err(error) => {
+            eprintln!("error: cannot use the database at DATABASE_URL: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(args.addr).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!("error: cannot listen on {}: {error}", args.addr);
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = listener.local_addr().unwrap_or(args.addr);
+    println!("payments: listening on http://{addr}");
+    let purger = service.idem.spawn_purger(Duration::from_secs(60));
+    let shutdown = async {
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(signal) => signal,
+                Err(_) => return std::future::pending().await,
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+    };
+    let served = axum::serve(listener, service.router)
+        .with_graceful_shutdown(shutdown)
+        .await;
+    purger.abort();
+    service.app.db.close().await;
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

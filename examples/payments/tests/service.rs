@@ -1,0 +1,290 @@
+//! The payments service as an operator runs it: the real binary on 127.0.0.1, against a
+//! real PostgreSQL server (a scratch schema per test), killed with SIGKILL at the
+//! moments that matter.
+//!
+//! Without a server these tests say they were skipped and why; under `CI=true` a skip is
+//! a failure.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use idem_runtime::store::conformance::postgres::scratch_url;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// The service binary on a free port of 127.0.0.1; killed when dropped.
+struct Service {
+    child: Child,
+    url: String,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Service {
+    fn start(database_url: &str, extra: &[&str], env: &[(&str, &str)]) -> Service {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_payments"))
+            .args(["--addr", "127.0.0.1:0"])
+            .args(extra)
+            .env("DATABASE_URL", database_url)
+            .env("RUST_LOG", "warn")
+            .env_remove("IDEM_FAULT_POINT")
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the payments binary starts");
+        let (lines, stderr) = mpsc::channel();
+        let pipe = child.stderr.take().expect("stderr is piped");
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                eprintln!("payments: {line}");
+                if lines.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout is piped"))
+            .read_line(&mut line)
+            .expect("the service prints its address");
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_owned();
+        Service { child, url, stderr }
+    }
+
+    /// Waits (at most 20 s) for a line of standard error that contains `text`.
+    fn wait_for_stderr(&self, text: &str) {
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            match self
+                .stderr
+                .recv_timeout(until.saturating_duration_since(Instant::now()))
+            {
+                Ok(line) if line.contains(text) => return,
+                Ok(_) => {}
+                Err(_) => panic!("the service never wrote {text:?}"),
+            }
+        }
+    }
+
+    /// SIGKILL, as a crash would.
+    fn crash(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: reqwest::header::HeaderMap,
+    body: bytes::Bytes,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    fn replayed(&self) -> bool {
+        self.header("idempotent-replayed") == Some("true")
+    }
+
+    fn problem_type(&self) -> String {
+        self.json()["type"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+fn payment(amount: i64) -> Value {
+    json!({ "source": "card_visa_4242", "currency": "EUR", "amount_minor": amount })
+}
+
+fn request(service: &Service, key: &str, body: &Value) -> reqwest::RequestBuilder {
+    client()
+        .post(format!("{}/payments", service.url))
+        .header("x-client-id", "acme")
+        .header("idempotency-key", key)
+        .json(body)
+}
+
+async fn post(service: &Service, key: &str, body: &Value) -> Reply {
+    let response = request(service, key, body).send().await.expect("an answer");
+    Reply {
+        status: response.status(),
+        headers: response.headers().clone(),
+        body: response.bytes().await.unwrap(),
+    }
+}
+
+/// How many payments the database holds, read directly.
+async fn payments_in(database_url: &str) -> i64 {
+    let pool = sqlx::PgPool::connect(database_url).await.unwrap();
+    let count = payments::db::count(&pool).await.unwrap();
+    pool.close().await;
+    count
+}
+
+#[tokio::test]
+async fn a_payment_is_captured_once_and_replayed_after_a_restart() {
+    let Some(url) = scratch_url("payments service").await else {
+        return;
+    };
+    let service = Service::start(&url, &[], &[]);
+    let first = post(&service, "pay-1", &payment(2500)).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.json());
+    assert_eq!(first.json()["status"], "captured");
+    let location = first.header("location").unwrap().to_owned();
+    service.crash();
+
+    let service = Service::start(&url, &[], &[]);
+    let again = post(&service, "pay-1", &payment(2500)).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body, "byte for byte");
+    assert_eq!(again.header("location"), Some(location.as_str()));
+    let mismatch = post(&service, "pay-1", &payment(9999)).await;
+    assert_eq!(mismatch.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(mismatch.problem_type().ends_with(":fingerprint-mismatch"));
+    let invalid = post(
+        &service,
+        "pay-bad",
+        &json!({ "source": "", "currency": "euro", "amount_minor": 0 }),
+    )
+    .await;
+    assert_eq!(invalid.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(invalid.json()["errors"].as_array().map(Vec::len), Some(3));
+    assert_eq!(payments_in(&url).await, 1);
+}
+
+/// Written, then declined with 503: the row rolls back with the transaction, the key is
+/// released, and the retry writes the one payment, under the same operation.
+#[tokio::test]
+async fn a_503_after_the_write_leaves_no_row_and_the_retry_writes_one() {
+    let Some(url) = scratch_url("payments declined").await else {
+        return;
+    };
+    let service = Service::start(&url, &["--declines", "1"], &[]);
+    let declined = post(&service, "pay-declined", &payment(700)).await;
+    assert_eq!(declined.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(declined.header("retry-after"), Some("1"));
+    assert_eq!(payments_in(&url).await, 0, "the written row rolled back");
+    let retry = post(&service, "pay-declined", &payment(700)).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed());
+    assert_eq!(
+        retry.header("operation-id"),
+        declined.header("operation-id")
+    );
+    assert_eq!(payments_in(&url).await, 1);
+}
+
+/// SIGKILL between the payment's write and the commit: PostgreSQL rolls the transaction
+/// back with the dead connection. After the lease, recovery finds no payment and the
+/// retry captures the one payment.
+#[cfg(feature = "fault-points")]
+#[tokio::test]
+async fn killed_before_the_commit_no_payment_exists_and_the_retry_runs() {
+    let Some(url) = scratch_url("payments killed before commit").await else {
+        return;
+    };
+    let doomed = Service::start(&url, &[], &[("IDEM_FAULT_POINT", "before_commit")]);
+    let sent = Instant::now();
+    let in_flight = tokio::spawn(request(&doomed, "pay-crash-before", &payment(1234)).send());
+    tokio::task::spawn_blocking(move || {
+        doomed.wait_for_stderr("fault point before_commit reached");
+        doomed.crash();
+    })
+    .await
+    .unwrap();
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the answer died with the process"
+    );
+    assert_eq!(payments_in(&url).await, 0);
+
+    let service = Service::start(&url, &[], &[]);
+    let early = post(&service, "pay-crash-before", &payment(1234)).await;
+    assert_eq!(early.status, StatusCode::CONFLICT);
+    tokio::time::sleep(
+        Duration::from_secs(10).saturating_sub(sent.elapsed()) + Duration::from_millis(300),
+    )
+    .await;
+    let retry = post(&service, "pay-crash-before", &payment(1234)).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.json());
+    assert!(!retry.replayed());
+    assert_eq!(payments_in(&url).await, 1);
+}
+
+/// SIGKILL after the commit, before the answer: the payment and its record exist, and
+/// the retry is the stored answer at once.
+#[cfg(feature = "fault-points")]
+#[tokio::test]
+async fn killed_after_the_commit_the_retry_is_the_replay() {
+    let Some(url) = scratch_url("payments killed after commit").await else {
+        return;
+    };
+    let doomed = Service::start(&url, &[], &[("IDEM_FAULT_POINT", "after_commit")]);
+    let in_flight = tokio::spawn(request(&doomed, "pay-crash-after", &payment(4321)).send());
+    tokio::task::spawn_blocking(move || {
+        doomed.wait_for_stderr("fault point after_commit reached");
+        doomed.crash();
+    })
+    .await
+    .unwrap();
+    assert!(in_flight.await.unwrap().is_err());
+    assert_eq!(payments_in(&url).await, 1);
+    let service = Service::start(&url, &[], &[]);
+    let retry = post(&service, "pay-crash-after", &payment(4321)).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed());
+    assert_eq!(payments_in(&url).await, 1, "no second payment");
+}
+
+/// No `DATABASE_URL`, or a server that cannot be reached: a message that says so, and a
+/// failing exit status, not a panic.
+#[test]
+fn a_missing_or_unreachable_database_is_a_clear_error() {
+    let missing = Command::new(env!("CARGO_BIN_EXE_payments"))
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(stderr.contains("--database-url"), "{stderr}");
+
+    let unreachable = Command::new(env!("CARGO_BIN_EXE_payments"))
+        .env(
+            "DATABASE_URL",
+            "postgres://idem@127.0.0.1:9/none?sslmode=disable",
+        )
+        .output()
+        .unwrap();
+    assert!(!unreachable.status.success());
+    let stderr = String::from_utf8_lossy(&unreachable.stderr);
+    assert!(
+        stderr.contains("cannot use the database at DATABASE_URL"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
