@@ -91,10 +91,21 @@
 //!     .with_state(App::default())
 //!     .layer(idem.layer());
 //! ```
+//!
+//! # How the crate reads
+//!
+//! A request goes layer → enforcement → store and back, and the modules import one way,
+//! each only from the ones below it: [`store`] (and the leaf modules beside it:
+//! operation ids, [`problem`], [`identity`]), the recovery types, the operation traits,
+//! the [`Idem`] handle, the answers and the replay, the [`transaction`] (with a SQL
+//! store), the attempt, [`recovery`], [`enforce`] and [`Lookup`], and the layer on top.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-// Modules from the bottom up: each imports only from the ones above it.
+// The modules import one way, a request's path through them, from the store up:
+// operation_id, store, problem, identity, fault, reconcile, operation, wire, idem,
+// answer, replay, transaction, attempt, recovery, enforce, lookup, layer (and
+// fingerprint beside them). `tests/layering.rs` checks it.
 mod answer;
 mod attempt;
 pub mod enforce;
