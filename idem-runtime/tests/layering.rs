@@ -133,5 +133,9 @@ fn every_module_imports_only_from_the_modules_below_it() {
             }
         }
     }
-    assert!(broken.is_empty(), "imports against the grain:\n{}", broken.join("\n"));
+    assert!(
+        broken.is_empty(),
+        "imports against the grain:\n{}",
+        broken.join("\n")
+    );
 }

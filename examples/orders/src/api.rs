@@ -89,13 +89,7 @@ pub async fn create_order(
     if outage.is_ok() {
         return Err(ApiError::ProviderUnavailable);
     }
-    let operation_id = attempt.operation_id.to_string();
-    let origin = db::Origin {
-        operation_id: &operation_id,
-        client: &attempt.client,
-        key: &attempt.key,
-    };
-    let order = db::insert(&mut *tx.conn().await?, origin, &body, unix_millis()).await?;
+    let order = db::insert(&mut *tx.conn().await?, &attempt, &body, unix_millis()).await?;
     if !app.demo.delay.is_zero() {
         tokio::time::sleep(app.demo.delay).await;
     }

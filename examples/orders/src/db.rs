@@ -71,20 +71,9 @@ fn order_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<Order, sqlx::Error> {
     })
 }
 
-/// Who made an order: the operation (the link that lasts) and, for people reading the
-/// table, the client and the key it was sent with.
-#[derive(Clone, Copy, Debug)]
-pub struct Origin<'a> {
-    /// The operation's id ([`idem::Attempt::operation_id`]).
-    pub operation_id: &'a str,
-    /// The client's identity.
-    pub client: &'a str,
-    /// The idempotency key.
-    pub key: &'a str,
-}
-
-/// Writes a new order made by `origin`, on `conn` (the attempt's transaction), and
-/// returns it.
+/// Writes a new order made by `attempt` (linked to its operation; the client and the key
+/// kept for people reading the table), on `conn` (the attempt's transaction), and returns
+/// it.
 ///
 /// # Errors
 ///
@@ -92,7 +81,7 @@ pub struct Origin<'a> {
 /// (the last line of defence).
 pub async fn insert(
     conn: &mut SqliteConnection,
-    origin: Origin<'_>,
+    attempt: &idem::Attempt,
     order: &CreateOrder,
     now: i64,
 ) -> Result<Order, sqlx::Error> {
@@ -105,9 +94,9 @@ pub async fn insert(
          RETURNING *",
     )
     .bind(&id)
-    .bind(origin.operation_id)
-    .bind(origin.client)
-    .bind(origin.key)
+    .bind(attempt.operation_id.to_string())
+    .bind(&attempt.client)
+    .bind(&attempt.key)
     .bind(&order.customer_id)
     .bind(&order.currency)
     .bind(order.amount_minor)

@@ -3,7 +3,8 @@
 //! `POST /orders` creates an order under a full idempotency contract (all nine properties,
 //! see [`api::create_order()`](fn@api::create_order)); `GET /orders/{id}` reads one; `GET /orders/operations/{key}`
 //! is the contract's status lookup; [`api::reconcile_create_order`] decides an operation
-//! whose outcome is unknown. Orders and idem's records live in one SQLite file.
+//! whose outcome is unknown. Orders and idem's records live in one SQLite file, and each
+//! order commits in one transaction with its idempotency record ([`idem::SqliteTx`]).
 //!
 //! Run it with `cargo run -p orders`; `--help` lists the options.
 #![forbid(unsafe_code)]

@@ -18,7 +18,8 @@ struct Args {
     /// The address to listen on.
     #[arg(long, default_value = "127.0.0.1:3000")]
     addr: SocketAddr,
-    /// The SQLite file for orders and idempotency records (created if missing).
+    /// The SQLite file for orders and idempotency records (created if missing); an
+    /// order and its record commit in one transaction.
     #[arg(long, default_value = "orders.db")]
     db: PathBuf,
     /// Write the OpenAPI document of the service, with the contract merged in, to PATH
@@ -28,8 +29,9 @@ struct Args {
     /// Write the consumer docs (Markdown and HTML) into DIR and exit.
     #[arg(long, value_name = "DIR")]
     emit_docs: Option<PathBuf>,
-    /// Demo: every POST /orders waits this long after writing the order, before
-    /// answering (such as `3s`; past 10s the attempt times out and recovery decides).
+    /// Demo: every POST /orders waits this long after writing the order, before the
+    /// commit and the answer (such as `3s`; past 9s the attempt is stopped and rolled
+    /// back).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "0s")]
     delay: Duration,
     /// Demo: the next N POST /orders answer 503, as if the payment provider were down.
@@ -43,7 +45,8 @@ Examples:
   orders --addr 127.0.0.1:8080 --db /tmp/o.db
   orders --emit-openapi openapi.yaml       write the published contract and exit
   orders --emit-docs docs/                 write docs/operations.md and .html and exit
-  orders --delay 3s                        make concurrent duplicates visible (409)";
+  orders --delay 3s                        make concurrent duplicates visible (409)
+  orders --outage 1                        the next order answers 503: the key is released";
 
 /// Durations as a contract writes them (`250ms`, `3s`, `1m`), and `0s` for none.
 fn parse_duration(text: &str) -> Result<Duration, String> {
