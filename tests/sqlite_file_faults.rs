@@ -251,6 +251,15 @@ async fn survive(name: &str, dir: &Path, path: &Path, fault: &dyn Fault) {
     }
     let answers = answers.lock().await.clone();
 
+    let mut tally = std::collections::BTreeMap::<String, usize>::new();
+    for (_, _, answer) in &answers {
+        let what = match answer.status {
+            201 => "201".to_owned(),
+            status => format!("{status} {}", slug(answer)),
+        };
+        *tally.entry(what).or_default() += 1;
+    }
+    eprintln!("{name}: {} requests: {tally:?}", answers.len());
     let mut unfinished = Vec::new();
     let mut first_success_after_repair = None;
     for (key, at, answer) in &answers {
