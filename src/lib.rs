@@ -80,6 +80,8 @@ pub mod model {
 }
 
 pub use idem_contract::{Contract, check};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use idem_runtime::Tx;
 pub use idem_runtime::{
     Attempt, DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS, DEFAULT_UNAVAILABLE_RETRY_AFTER,
     IDEMPOTENT_REPLAYED_HEADER, Idem, IdemLayer, IdemService, Lookup, MemoryStore,
@@ -90,8 +92,16 @@ pub use idem_runtime::{
 pub use idem_runtime::{PgTx, PostgresStore};
 #[cfg(feature = "sqlite")]
 pub use idem_runtime::{SqliteStore, SqliteTx};
+
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use idem_runtime::{Tx, transaction};
+#[doc = include_str!("../docs/transaction.md")]
+pub mod transaction {
+    #[cfg(feature = "postgres")]
+    pub use idem_runtime::transaction::PgTx;
+    #[cfg(feature = "sqlite")]
+    pub use idem_runtime::transaction::SqliteTx;
+    pub use idem_runtime::transaction::Tx;
+}
 
 /// The OpenAPI extension, the consumer docs and the contracts file: the library behind
 /// the `idem` command (the `idem-codegen` crate).

@@ -476,3 +476,133 @@ async fn a_transaction_outside_a_contract_cannot_be_written() {
         "{answer:?}"
     );
 }
+
+/// `recovery = manual(..)` in the transactional mode: the process dies mid-attempt (its
+/// runtime is dropped, so nothing commits); on restart, once the lease is over, the
+/// operation is not parked for an operator (nothing it wrote was committed) but runs
+/// again, and writes the one order.
+mod manual_recovery {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::time::{Duration, Instant};
+
+    use axum::extract::{Path, State};
+    use axum::http::StatusCode;
+    use axum::routing::{get, post};
+    use axum::{Json, Router};
+
+    use super::{TestServer, post as post_order};
+
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+    #[derive(serde::Deserialize)]
+    struct CreateOrder {
+        amount: i64,
+        #[serde(default)]
+        mode: String,
+    }
+
+    #[idem::contract(
+        key_scope = client,
+        fingerprint = [amount],
+        ttl = "1h",
+        deadline = ("30s", per_attempt = "1s"),
+        max_attempts = 4,
+        retryable = [503],
+        concurrency = conflict,
+        status_lookup = status,
+        recovery = manual("https://runbooks.example.com/orders"),
+    )]
+    async fn create(
+        attempt: idem::Attempt,
+        tx: idem::SqliteTx,
+        State(()): State<()>,
+        Json(order): Json<CreateOrder>,
+    ) -> StatusCode {
+        RUNS.fetch_add(1, SeqCst);
+        let mut conn = tx.conn().await.unwrap();
+        sqlx::query("INSERT INTO orders (operation_id, key, amount) VALUES (?, ?, ?)")
+            .bind(attempt.operation_id.to_string())
+            .bind(&attempt.key)
+            .bind(order.amount)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        drop(conn);
+        if order.mode == "hang" {
+            // The process dies here, with the order written and not committed.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+        StatusCode::CREATED
+    }
+
+    async fn status(
+        lookup: idem::Lookup<create::Operation>,
+        Path(key): Path<String>,
+    ) -> idem::OperationStatus {
+        lookup.status(&key).await
+    }
+
+    async fn start(path: &std::path::Path) -> (TestServer, idem::SqliteStore) {
+        let store = idem::SqliteStore::open(path).await.unwrap();
+        sqlx::query("CREATE TABLE IF NOT EXISTS orders (operation_id TEXT PRIMARY KEY, key TEXT NOT NULL, amount BIGINT NOT NULL)")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        let idem = idem::Idem::transactional(store.clone(), idem::identity::header("x-client-id"));
+        let router = Router::new()
+            .route("/orders", post(create))
+            .route("/orders/operations/{key}", get(status))
+            .with_state(())
+            .layer(idem.layer());
+        (TestServer::start(router).await, store)
+    }
+
+    #[test]
+    fn a_dead_transactional_attempt_is_not_parked_but_run_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("orders.db");
+        let runtime = || {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let doomed = runtime();
+        let started = doomed.block_on(async {
+            let (server, _store) = start(&path).await;
+            let url = server.url("/orders");
+            tokio::spawn(async move {
+                let _ = super::client()
+                    .post(url)
+                    .header("x-client-id", "client-a")
+                    .header("idempotency-key", "k-dead")
+                    .json(&serde_json::json!({ "amount": 100, "mode": "hang" }))
+                    .send()
+                    .await;
+            });
+            let waited = Instant::now();
+            while RUNS.load(SeqCst) == 0 && waited.elapsed() < Duration::from_secs(5) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(RUNS.load(SeqCst), 1, "the attempt is in flight");
+            std::mem::forget(server); // the process dies: no graceful shutdown
+            Instant::now()
+        });
+        doomed.shutdown_background();
+
+        runtime().block_on(async {
+            let (server, store) = start(&path).await;
+            tokio::time::sleep(Duration::from_millis(1100).saturating_sub(started.elapsed())).await;
+            let retry = post_order(&server, "k-dead", "ok").await;
+            assert_eq!(retry.status, 201, "{retry:?}");
+            assert!(!retry.replayed(), "not applied: the retry ran");
+            let orders: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM orders")
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+            assert_eq!(orders, 1, "the dead attempt's order was rolled back");
+        });
+        assert_eq!(RUNS.load(SeqCst), 2);
+    }
+}

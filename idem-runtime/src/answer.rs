@@ -147,7 +147,7 @@ pub(crate) fn in_progress(id: OperationId, retry_after_secs: u64) -> Response {
     Problem::new(
         ProblemType::OperationInProgress,
         format!(
-            "an attempt with this key is still running; retry with the same key after {} s, or ask the status lookup",
+            "an earlier attempt with this key holds it until its lease ends (it may still be running, or its process may have died); retry with the same key after {} s, or ask the status lookup",
             retry_after_secs.max(1)
         ),
     )

@@ -15,7 +15,7 @@
 //! | [`Resolution::Unknown`]`(reason)` | parked as `unknown` with `reason`: 409 `operation-outcome-unknown` until an operator resolves it |
 //! | [`Resolution::CannotDecideNow`]`(reason)` | nothing is recorded and the lease ends at once: 503 `recovery-pending`, and the next retry or status lookup asks again |
 //! | the reconcile function panics or outlasts the lease | as `CannotDecideNow`, with a reason that says so |
-//! | `recovery = manual("runbook")` | parked as `unknown` with the runbook |
+//! | `recovery = manual("runbook")` | parked as `unknown` with the runbook; in the transactional mode, not applied (an attempt that did not commit took no effect in the database) |
 //!
 //! Only an explicit `Unknown`, or `manual(..)`, parks an operation. When the store write
 //! a decision needs fails (complete, park, the end of the lease), the answer is 503
@@ -121,6 +121,18 @@ where
         started_at: record.created_at,
     };
     let Some(reconcile) = make_recoverer().reconcile else {
+        if record.transactional {
+            // Its attempt did not commit, so it took no effect in the database: there is
+            // nothing for an operator to decide.
+            tracing::info!(
+                operation = %contract.operation,
+                operation_id = %attempt.operation_id,
+                attempt = attempt.attempt,
+                outcome = "not_applied",
+                "idem: the attempt ran in the transactional mode and did not commit; it is run again"
+            );
+            return Recovered::Run(attempt);
+        }
         let reason = manual_reason(contract);
         return Recovered::Answer(attempt.park(&reason).await);
     };

@@ -7,6 +7,8 @@
 //! the operation completes. An effect without its record, or a record without its effect,
 //! cannot happen.
 //!
+//! Written by hand, without the macro:
+//!
 //! ```
 //! use axum::{Json, http::StatusCode};
 //! use serde::Deserialize;
@@ -47,32 +49,9 @@
 //! # let _: axum::Router = axum::Router::new().route("/orders", axum::routing::post(create_order));
 //! ```
 //!
-//! What the answer does to the transaction:
-//!
-//! | the handler answers | the transaction | the key | the client gets |
-//! |---|---|---|---|
-//! | a success or a permanent error (4xx, not declared retryable) | the key's final state is written in it, fenced (only the owner of a live lease), then it commits | completed: the answer is replayed | the answer |
-//! | a status the contract declares retryable, or any 5xx | rolled back | released: a retry runs again | the answer, as it is |
-//! | it panics, runs out of its time, or its lease was taken over | rolled back | released (or held by the attempt that took it over) | 503 `attempt-rolled-back` |
-//! | a body larger than the stored-result limit | rolled back | released | 500 `result-too-large` |
-//! | the commit fails | not committed (a commit whose answer was lost is found by the fenced release that follows: the key stays completed) | released | 503 `store-unavailable` |
-//!
-//! The process dying at any point leaves no partial effect: the database rolls back a
-//! transaction whose connection closed. The record stays *processing* until its lease
-//! ends, and then recovery, asked once, finds the effect absent.
-//!
-//! # Rules for the handler
-//!
-//! - Write the business data through [`Tx::conn`] only: writes on another connection are
-//!   not part of the transaction, and are not rolled back.
-//! - Do not commit, roll back or `BEGIN` on the connection yourself; nested transactions
-//!   through sqlx (`conn.begin()`, savepoints) are fine.
-//! - Link business rows to the operation (`attempt.operation_id`), not only to the key: a
-//!   key reused after its TTL names a new operation, and must not find an older effect.
-//! - Effects outside the database (a call to a payment provider) are not rolled back;
-//!   make them idempotent themselves, with the operation id as their key.
-//! - With SQLite, one transaction runs at a time (see [`SqliteStore`](crate::SqliteStore)):
-//!   keep handlers short.
+//! The guide (what each answer does to the transaction, the rules for the handler, an
+//! example with `#[idem::contract]`) is the `transaction` module of the `idem` crate,
+//! `docs/transaction.md` in the repository.
 
 use std::fmt;
 use std::sync::Arc;

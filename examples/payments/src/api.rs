@@ -40,10 +40,10 @@ pub struct Demo {
     /// Every `POST /payments` waits this long after writing the payment (inside its
     /// transaction, not committed yet) before answering: the moment to kill the process.
     pub delay: Duration,
-    /// The next N `POST /payments` are declined by the payment network *after* the
+    /// For the next N `POST /payments` the payment network is unavailable *after* the
     /// payment row is written: 503, which the contract declares retryable, so the
     /// transaction (the row with it) rolls back and the key is released.
-    pub declines: AtomicU32,
+    pub outage: AtomicU32,
 }
 
 /// The body of `POST /payments`.
@@ -87,8 +87,8 @@ impl CreatePayment {
 pub enum ApiError {
     /// The payment breaks a rule: 422, final, stored and replayed.
     Invalid(Vec<(&'static str, String)>),
-    /// The payment network declined for now: 503 (retryable), rolled back.
-    Declined,
+    /// The payment network is unavailable for now: 503 (retryable), rolled back.
+    NetworkUnavailable,
     /// No such payment for this client: 404.
     NotFound,
     /// The database failed: 500, rolled back.
@@ -110,7 +110,7 @@ impl IntoResponse for ApiError {
                 "The payment breaks a rule",
                 errors,
             ),
-            ApiError::Declined => (
+            ApiError::NetworkUnavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "network-unavailable",
                 "The payment network is unavailable; retry with the same key",
@@ -210,13 +210,13 @@ pub async fn create_payment(
         },
     )
     .await?;
-    let declined = app
+    let outage = app
         .demo
-        .declines
+        .outage
         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-    if declined.is_ok() {
-        // Written, then declined: the row rolls back with the transaction.
-        return Err(ApiError::Declined);
+    if outage.is_ok() {
+        // Written, then the network is down: the row rolls back with the transaction.
+        return Err(ApiError::NetworkUnavailable);
     }
     if !app.demo.delay.is_zero() {
         tokio::time::sleep(app.demo.delay).await;

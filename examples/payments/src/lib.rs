@@ -29,8 +29,8 @@ pub struct Config {
     pub database_url: String,
     /// See [`Demo::delay`].
     pub delay: Duration,
-    /// See [`Demo::declines`].
-    pub declines: u32,
+    /// See [`Demo::outage`].
+    pub outage: u32,
 }
 
 /// A service ready to serve.
@@ -61,7 +61,7 @@ impl Service {
             db: pool,
             demo: Arc::new(Demo {
                 delay: config.delay,
-                declines: config.declines.into(),
+                outage: config.outage.into(),
             }),
         };
         let router = api::router(&idem).with_state(app.clone());

@@ -26,17 +26,18 @@ struct Args {
     /// committing and answering (such as `5s`): the moment to kill the process.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "0s")]
     delay: Duration,
-    /// Demo: the next N POST /payments are declined with 503 after the payment row is
-    /// written; the row rolls back and a retry runs again.
+    /// Demo: for the next N POST /payments the payment network is unavailable after the
+    /// payment row is written: 503, the row rolls back, and a retry runs again.
     #[arg(long, value_name = "N", default_value_t = 0)]
-    declines: u32,
+    outage: u32,
 }
 
 const AFTER_HELP: &str = "\
 Examples:
-  DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable payments
-  payments --database-url postgres://app@db.internal/payments --addr 0.0.0.0:8080
-  payments --declines 1        the next payment is written, then declined and rolled back";
+  DATABASE_URL='postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable' payments
+  payments --database-url 'postgres://app@db.internal/payments' --addr 0.0.0.0:8080
+  payments --outage 1          the next payment is written, then answered 503 and rolled back
+  payments --delay 5s          every payment waits 5 s before its commit: kill -9 it meanwhile";
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
     if text == "0s" || text == "0" {
@@ -61,7 +62,7 @@ async fn main() -> ExitCode {
     let config = Config {
         database_url: args.database_url,
         delay: args.delay,
-        declines: args.declines,
+        outage: args.outage,
     };
     let service = match Service::open(&config).await {
         Ok(service) => service,

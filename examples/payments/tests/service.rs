@@ -184,7 +184,7 @@ async fn a_503_after_the_write_leaves_no_row_and_the_retry_writes_one() {
     let Some(url) = scratch_url("payments declined").await else {
         return;
     };
-    let service = Service::start(&url, &["--declines", "1"], &[]);
+    let service = Service::start(&url, &["--outage", "1"], &[]);
     let declined = post(&service, "pay-declined", &payment(700)).await;
     assert_eq!(declined.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(declined.header("retry-after"), Some("1"));

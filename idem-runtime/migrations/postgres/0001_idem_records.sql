@@ -22,6 +22,7 @@ CREATE TABLE IF NOT EXISTS idem_records (
     headers      TEXT,             -- JSON: [[name, value], ...]
     body         BYTEA,
     reason       TEXT,             -- why it is parked, once unknown
+    transactional BOOLEAN NOT NULL DEFAULT FALSE, -- the attempt writes in the business transaction
     -- The last line of defence against races: one record per key and namespace.
     CONSTRAINT idem_records_pkey PRIMARY KEY (operation, client, key),
     CHECK ((state = 'processing') = (token IS NOT NULL AND lease_until IS NOT NULL))

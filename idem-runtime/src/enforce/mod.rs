@@ -157,7 +157,14 @@ where
             .map_err(|rejection| answer::with_fresh_id(rejection.into_response()))?;
 
         let key = RecordKey::new(contract.operation.as_ref(), client, key);
-        match register(&idem, contract, &key, &fingerprint, || C::recoverer(state)).await {
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
+        let transactional = tx.is_some();
+        #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+        let transactional = false;
+        let registered = register(&idem, contract, &key, &fingerprint, transactional, || {
+            C::recoverer(state)
+        });
+        match registered.await {
             Registered::Answer(response) => Err(response),
             #[allow(unused_mut, reason = "set only in the transactional mode")]
             Registered::Run(mut attempt) => {

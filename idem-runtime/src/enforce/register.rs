@@ -41,6 +41,7 @@ pub(crate) async fn register<F>(
     contract: &'static Contract,
     key: &RecordKey,
     fingerprint: &str,
+    transactional: bool,
     make_recoverer: F,
 ) -> Registered
 where
@@ -61,6 +62,7 @@ where
                 until: now.saturating_add(lease_len.as_millis()),
             },
             expires_at: now.saturating_add(contract.ttl.as_millis()),
+            transactional,
         };
         let record = match idem.store().begin(key, &new, now).await {
             Ok(Begin::Started(record)) => {

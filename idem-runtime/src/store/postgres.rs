@@ -46,11 +46,11 @@ const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migration
 /// neither waits for nor locks an existing row.
 const INSERT: &str = "INSERT INTO idem_records
         (operation, client, key, operation_id, fingerprint, state, attempt, token,
-         lease_until, created_at, expires_at)
-    VALUES ($1, $2, $3, $4, $5, 'processing', 1, $6, $7, $8, GREATEST($9, $7))
+         lease_until, created_at, expires_at, transactional)
+    VALUES ($1, $2, $3, $4, $5, 'processing', 1, $6, $7, $8, GREATEST($9, $7), $10)
     ON CONFLICT (operation, client, key) DO NOTHING
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
-              created_at, expires_at, status, headers, body, reason";
+              created_at, expires_at, status, headers, body, reason, transactional";
 
 /// Registration, step two, when the key exists and may be taken (`Record::begin_over`):
 /// a new operation when the TTL has passed, the next attempt when released with the
@@ -66,18 +66,19 @@ const RECLAIM: &str = "UPDATE idem_records SET
         state        = 'processing',
         token        = $6,
         lease_until  = $7,
+        transactional = $10,
         status = NULL, headers = NULL, body = NULL, reason = NULL
     WHERE operation = $1 AND client = $2 AND key = $3
       AND (expires_at <= $8 OR (state = 'released' AND fingerprint = $5))
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
-              created_at, expires_at, status, headers, body, reason";
+              created_at, expires_at, status, headers, body, reason, transactional";
 
 const SELECT: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
-        created_at, expires_at, status, headers, body, reason
+        created_at, expires_at, status, headers, body, reason, transactional
     FROM idem_records WHERE operation = $1 AND client = $2 AND key = $3";
 
 const GET: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
-        created_at, expires_at, status, headers, body, reason
+        created_at, expires_at, status, headers, body, reason, transactional
     FROM idem_records WHERE operation = $1 AND client = $2 AND key = $3 AND expires_at > $4";
 
 /// `$4` token, `$5` now: the owner of a live lease.
@@ -110,7 +111,7 @@ const TAKE_OVER: &str = "UPDATE idem_records
     WHERE operation = $1 AND client = $2 AND key = $3
       AND state = 'processing' AND token = $4 AND lease_until <= $5 AND expires_at > $5
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
-              created_at, expires_at, status, headers, body, reason";
+              created_at, expires_at, status, headers, body, reason, transactional";
 
 /// Purging in batches, so that a large purge never holds many row locks at once.
 const PURGE: &str = "DELETE FROM idem_records WHERE (operation, client, key) IN (
@@ -297,6 +298,7 @@ impl Store for PostgresStore {
                 .bind(sql_ms(new.lease.until))
                 .bind(sql_ms(now))
                 .bind(sql_ms(new.expires_at))
+                .bind(new.transactional)
                 .fetch_optional(&mut *conn)
                 .await
                 .map_err(StoreError::unavailable)?;
@@ -319,6 +321,7 @@ impl Store for PostgresStore {
                 .bind(sql_ms(new.lease.until))
                 .bind(sql_ms(now))
                 .bind(sql_ms(new.expires_at))
+                .bind(new.transactional)
                 .fetch_optional(&mut *conn)
                 .await
                 .map_err(StoreError::unavailable)?;

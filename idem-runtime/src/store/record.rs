@@ -235,6 +235,10 @@ pub struct Record {
     pub expires_at: UnixMillis,
     /// Where the operation stands.
     pub state: RecordState,
+    /// Whether the operation runs in the transactional mode (its handler takes the
+    /// transaction, [`crate::transaction`]): an attempt of it that ended without its
+    /// commit took no effect in the database.
+    pub transactional: bool,
 }
 
 impl Record {
@@ -252,6 +256,7 @@ impl Record {
             created_at: now,
             expires_at: new.expires_at.max(new.lease.until),
             state: RecordState::Processing { lease: new.lease },
+            transactional: new.transactional,
         }
     }
 
@@ -268,7 +273,10 @@ impl Record {
             return Some(Record::started(new, now));
         }
         if matches!(self.state, RecordState::Released) && self.fingerprint == new.fingerprint {
-            return Some(self.leased(new.lease));
+            return Some(Record {
+                transactional: new.transactional,
+                ..self.leased(new.lease)
+            });
         }
         None
     }
@@ -323,6 +331,8 @@ pub struct NewRecord {
     /// `now` plus the contract's TTL, used if a new operation starts (a reclaimed record
     /// keeps its own, moved to the end of `lease` if that is later).
     pub expires_at: UnixMillis,
+    /// Whether the attempt runs in the transactional mode ([`Record::transactional`]).
+    pub transactional: bool,
 }
 
 /// The outcome of [`Store::begin`](super::Store::begin).

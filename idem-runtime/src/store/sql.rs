@@ -14,6 +14,7 @@
 //! | `created_at`, `expires_at` | integer | unix milliseconds |
 //! | `status`, `headers`, `body` | integer, text, bytes | the stored result, once completed |
 //! | `reason` | text | why it is parked, once unknown |
+//! | `transactional` | boolean | whether the operation runs in the transactional mode |
 //!
 //! Headers are a JSON array of `[name, value]` pairs, in order; a value that is not UTF-8
 //! is written as `{"hex": "…"}`.
@@ -84,6 +85,7 @@ where
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
 {
     let corrupt = |e: sqlx::Error| StoreError::Corrupt(e.to_string());
     let missing = |column: &str| StoreError::Corrupt(format!("`{column}` is missing"));
@@ -134,6 +136,7 @@ where
         created_at: ms_from_sql(row.try_get("created_at").map_err(corrupt)?, "created_at")?,
         expires_at: ms_from_sql(row.try_get("expires_at").map_err(corrupt)?, "expires_at")?,
         state,
+        transactional: row.try_get("transactional").map_err(corrupt)?,
     })
 }
 

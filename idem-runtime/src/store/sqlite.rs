@@ -40,6 +40,7 @@ const SCHEMA: &[&str] = &[
         headers      TEXT,
         body         BLOB,
         reason       TEXT,
+        transactional INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (operation, client, key)
     )",
     "CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at)",
@@ -51,8 +52,8 @@ const SCHEMA: &[&str] = &[
 /// (`Record::begin_over`). SQLite evaluates every SET expression against the old row.
 const BEGIN: &str = "INSERT INTO idem_records
         (operation, client, key, operation_id, fingerprint, state, attempt, token,
-         lease_until, created_at, expires_at)
-    VALUES (?1, ?2, ?3, ?4, ?5, 'processing', 1, ?6, ?7, ?8, MAX(?9, ?7))
+         lease_until, created_at, expires_at, transactional)
+    VALUES (?1, ?2, ?3, ?4, ?5, 'processing', 1, ?6, ?7, ?8, MAX(?9, ?7), ?10)
     ON CONFLICT (operation, client, key) DO UPDATE SET
         operation_id = CASE WHEN idem_records.expires_at <= ?8 THEN excluded.operation_id
                             ELSE idem_records.operation_id END,
@@ -66,19 +67,20 @@ const BEGIN: &str = "INSERT INTO idem_records
         state        = 'processing',
         token        = excluded.token,
         lease_until  = excluded.lease_until,
+        transactional = excluded.transactional,
         status = NULL, headers = NULL, body = NULL, reason = NULL
     WHERE idem_records.expires_at <= ?8
        OR (idem_records.state = 'released' AND idem_records.fingerprint = excluded.fingerprint)
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
-              created_at, expires_at, status, headers, body, reason";
+              created_at, expires_at, status, headers, body, reason, transactional";
 
 /// The record as it stands, expired or not (`begin` decides).
 const SELECT: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
-        created_at, expires_at, status, headers, body, reason
+        created_at, expires_at, status, headers, body, reason, transactional
     FROM idem_records WHERE operation = ?1 AND client = ?2 AND key = ?3";
 
 const GET: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
-        created_at, expires_at, status, headers, body, reason
+        created_at, expires_at, status, headers, body, reason, transactional
     FROM idem_records WHERE operation = ?1 AND client = ?2 AND key = ?3 AND expires_at > ?4";
 
 /// `?4` token, `?5` now: the owner of a live lease.
@@ -111,7 +113,7 @@ const TAKE_OVER: &str = "UPDATE idem_records
     WHERE operation = ?1 AND client = ?2 AND key = ?3
       AND state = 'processing' AND token = ?4 AND lease_until <= ?5 AND expires_at > ?5
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
-              created_at, expires_at, status, headers, body, reason";
+              created_at, expires_at, status, headers, body, reason, transactional";
 
 const PURGE: &str = "DELETE FROM idem_records WHERE expires_at <= ?1";
 
@@ -343,8 +345,9 @@ impl SqliteStore {
         }
     }
 
-    /// The pool, to share it with the application (for reads; business writes of a
-    /// contracted handler go through its transaction).
+    /// The pool, to share it with the application: create the business tables through
+    /// it, and read. A contracted handler's business writes go through its transaction
+    /// (`SqliteTx`), so that they commit with the record.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
@@ -393,6 +396,7 @@ impl SqliteStore {
             .bind(sql_ms(new.lease.until))
             .bind(sql_ms(now))
             .bind(sql_ms(new.expires_at))
+            .bind(new.transactional)
             .fetch_optional(&mut *conn)
             .await
             .map_err(|e| self.fault(e))?;
@@ -421,6 +425,19 @@ impl SqliteStore {
 async fn create_schema(pool: &SqlitePool) -> Result<(), StoreError> {
     for statement in SCHEMA {
         sqlx::query(*statement)
+            .execute(pool)
+            .await
+            .map_err(StoreError::unavailable)?;
+    }
+    // Files made by idem 0.1.0 before the transactional mode lack the column.
+    let has_mode: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM pragma_table_info('idem_records') WHERE name = 'transactional'",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(StoreError::unavailable)?;
+    if has_mode == 0 {
+        sqlx::query("ALTER TABLE idem_records ADD COLUMN transactional INTEGER NOT NULL DEFAULT 0")
             .execute(pool)
             .await
             .map_err(StoreError::unavailable)?;

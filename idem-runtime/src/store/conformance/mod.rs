@@ -58,6 +58,9 @@ pub const CHECKS: &[Check] = &[
     ("begin_is_atomic_under_concurrency", |s| {
         Box::pin(begin_is_atomic_under_concurrency(s))
     }),
+    ("the_mode_is_recorded", |s| {
+        Box::pin(the_mode_is_recorded(s))
+    }),
     ("namespaces_are_independent", |s| {
         Box::pin(namespaces_are_independent(s))
     }),
@@ -136,6 +139,7 @@ pub fn new_record(fingerprint: &str, now: UnixMillis) -> NewRecord {
             until: now + LEASE,
         },
         expires_at: now + TTL,
+        transactional: false,
     }
 }
 
@@ -204,6 +208,7 @@ pub async fn begin_registers_a_new_key(store: Arc<dyn Store>) {
         created_at: T0,
         expires_at: T0 + TTL,
         state: RecordState::Processing { lease: new.lease },
+        transactional: false,
     };
     assert_eq!(record, expected, "begin returns the record it wrote");
     assert_eq!(
@@ -439,6 +444,36 @@ pub async fn release_needs_a_live_lease(store: Arc<dyn Store>) {
     lease_lost(
         store.release(&k, new.lease.token, T0).await,
         "a second release",
+    );
+}
+
+/// Whether the attempt runs in the transactional mode is written by `begin`, read back by
+/// `get`, kept by a takeover and set again by a reclaim.
+pub async fn the_mode_is_recorded(store: Arc<dyn Store>) {
+    let k = key("mode");
+    let new = NewRecord {
+        transactional: true,
+        ..new_record("sha256:a", T0)
+    };
+    assert!(started(&*store, &k, &new, T0).await.transactional);
+    assert!(
+        get(&*store, &k, T0).await.transactional,
+        "get reads the mode back"
+    );
+    let lease = Lease {
+        token: OwnerToken::random(),
+        until: T0 + 2 * LEASE,
+    };
+    let taken = store
+        .take_over(&k, new.lease.token, lease, T0 + LEASE)
+        .await
+        .unwrap();
+    assert!(taken.transactional, "a takeover keeps the mode");
+    store.release(&k, lease.token, T0 + LEASE).await.unwrap();
+    let reclaimed = started(&*store, &k, &new_record("sha256:a", T0 + LEASE), T0 + LEASE).await;
+    assert!(
+        !reclaimed.transactional,
+        "a reclaim writes the new attempt's mode"
     );
 }
 
