@@ -68,8 +68,8 @@ use crate::Idem;
 use crate::answer;
 use crate::problem::{Problem, ProblemType};
 use crate::store::{
-    OpenTransaction, OwnerToken, RecordKey, StoreError, StoredResponse, TransactionalStore,
-    unix_now,
+    OpenTransaction, OwnerToken, RecordKey, Reservation, StoreError, StoredResponse,
+    TransactionalStore, unix_now,
 };
 use crate::{OperationId, fault};
 
@@ -120,6 +120,8 @@ struct Cell<DB: Database> {
 enum State<DB: Database> {
     /// The key is not registered yet (or the handler is not contracted).
     NotBegun,
+    /// The right to begin is held; the key is being registered.
+    Reserved(Reservation),
     /// The attempt's transaction.
     Open(OpenTransaction<DB>),
     /// Committed or rolled back.
@@ -129,7 +131,10 @@ enum State<DB: Database> {
 impl<DB: Database> Tx<DB> {
     /// The connection of the attempt's transaction, for the handler's business reads and
     /// writes: `sqlx::query(..).execute(&mut *tx.conn().await?)`. Holding it keeps other
-    /// clones of this `Tx` waiting.
+    /// clones of this `Tx` waiting; idem settles the attempt only once the handler has let
+    /// go of it (or its time is over). Read through it too: each running attempt holds
+    /// one connection of the store's pool, so a handler that also reads through the pool
+    /// can wait for a connection that only its own answer frees.
     ///
     /// # Errors
     ///
@@ -140,11 +145,11 @@ impl<DB: Database> Tx<DB> {
         let state = self.cell.state.lock().await;
         MutexGuard::try_map(state, |state| match state {
             State::Open(open) => Some(&mut *open.tx),
-            State::NotBegun | State::Ended => None,
+            State::NotBegun | State::Reserved(_) | State::Ended => None,
         })
         .map_err(|state| {
             let why = match &*state {
-                State::NotBegun => {
+                State::NotBegun | State::Reserved(_) => {
                     "idem: this transaction has not begun: `Tx` is only for handlers under `#[idem::contract]`"
                 }
                 _ => {
@@ -202,9 +207,10 @@ pub(crate) struct TxSlot(pub(crate) Arc<dyn TxControl>);
 /// Why a transaction could not be committed with the record.
 pub(crate) enum CommitError {
     /// Nothing was committed: the write of the record failed (the lease was lost, the
-    /// result is too large, the store failed), or the handler still held the
-    /// connection.
-    RolledBack(StoreError),
+    /// result is too large, the transaction had ended, the store failed), or the handler
+    /// still held the connection. The right to write is given back, to keep until the
+    /// key's state is settled.
+    RolledBack(StoreError, Reservation),
     /// The commit itself failed: nothing was committed, unless the commit's answer was
     /// lost on the way back.
     Commit(StoreError),
@@ -213,6 +219,13 @@ pub(crate) enum CommitError {
 /// The transaction, as the enforcement drives it.
 #[async_trait]
 pub(crate) trait TxControl: Send + Sync {
+    /// Takes the right to begin (before the key is registered; a store with one writer
+    /// makes this wait).
+    async fn reserve(&self) -> Result<(), StoreError>;
+
+    /// Takes the right to begin if it is free now; whether it was.
+    async fn try_reserve(&self) -> bool;
+
     /// Begins the transaction (once the key is registered).
     async fn begin(&self) -> Result<(), StoreError>;
 
@@ -226,10 +239,14 @@ pub(crate) trait TxControl: Send + Sync {
         until: Instant,
     ) -> Result<(), CommitError>;
 
-    /// Rolls the transaction back, waiting for the handler's hold on the connection
-    /// until `until`; past that, it is rolled back as soon as the handler lets go, and
-    /// nothing can be written in it meanwhile.
-    async fn roll_back(self: Arc<Self>, until: Instant);
+    /// Rolls the transaction back, waiting for the handler's hold on the connection and
+    /// for the rollback itself until `until`; past that, the rollback goes on by itself
+    /// (as soon as the handler lets go, or a statement still running ends), and nothing
+    /// can be written in the transaction meanwhile. Since idem never commits it, it can
+    /// take no effect: the key may be released at once. Returns the right to write that
+    /// the transaction held, to keep until the key is released (with SQLite's one
+    /// writer, another attempt would otherwise take the lock first).
+    async fn roll_back(self: Arc<Self>, until: Instant) -> Reservation;
 }
 
 impl<DB: Database> Cell<DB> {
@@ -240,7 +257,7 @@ impl<DB: Database> Cell<DB> {
         match tokio::time::timeout_at(until, self.state.lock()).await {
             Ok(mut state) => match std::mem::replace(&mut *state, State::Ended) {
                 State::Open(open) => Some(open),
-                State::NotBegun | State::Ended => None,
+                State::NotBegun | State::Reserved(_) | State::Ended => None,
             },
             Err(_elapsed) => {
                 tracing::error!(
@@ -250,7 +267,7 @@ impl<DB: Database> Cell<DB> {
                 tokio::spawn(async move {
                     let mut state = cell.state.lock().await;
                     if let State::Open(open) = std::mem::replace(&mut *state, State::Ended) {
-                        let _ = open.tx.rollback().await;
+                        cell.rollback(open).await;
                     }
                 });
                 None
@@ -259,11 +276,46 @@ impl<DB: Database> Cell<DB> {
     }
 }
 
+impl<DB: Database> Cell<DB> {
+    /// Rolls `open` back, and gives back its reservation; a rollback that fails leaves
+    /// the connection suspect, and the store replaces it.
+    async fn rollback(&self, open: OpenTransaction<DB>) -> Reservation {
+        let OpenTransaction {
+            tx, reservation, ..
+        } = open;
+        if let Err(error) = tx.rollback().await {
+            let error = self.store.rollback_failed(error);
+            tracing::warn!(error = %error, "idem: rolling back the attempt's transaction failed");
+        }
+        reservation
+    }
+}
+
 #[async_trait]
 impl<DB: Database> TxControl for Cell<DB> {
+    async fn reserve(&self) -> Result<(), StoreError> {
+        let reservation = self.store.reserve().await?;
+        *self.state.lock().await = State::Reserved(reservation);
+        Ok(())
+    }
+
+    async fn try_reserve(&self) -> bool {
+        match self.store.try_reserve() {
+            Some(reservation) => {
+                *self.state.lock().await = State::Reserved(reservation);
+                true
+            }
+            None => false,
+        }
+    }
+
     async fn begin(&self) -> Result<(), StoreError> {
-        let open = self.store.begin_transaction().await?;
-        *self.state.lock().await = State::Open(open);
+        let mut state = self.state.lock().await;
+        let reservation = match std::mem::replace(&mut *state, State::Ended) {
+            State::Reserved(reservation) => reservation,
+            _ => Reservation::default(),
+        };
+        *state = State::Open(self.store.begin_transaction(reservation).await?);
         Ok(())
     }
 
@@ -274,37 +326,49 @@ impl<DB: Database> TxControl for Cell<DB> {
         response: &StoredResponse,
         until: Instant,
     ) -> Result<(), CommitError> {
-        let Some(OpenTransaction { mut tx, .. }) = self.take(until).await else {
-            return Err(CommitError::RolledBack(StoreError::unavailable(
-                "the transaction was not available to commit (the handler kept its connection past its answer)",
-            )));
+        let Some(mut open) = self.take(until).await else {
+            return Err(CommitError::RolledBack(
+                StoreError::TransactionEnded(
+                    "the handler kept its connection past its answer (a task it left behind?)"
+                        .into(),
+                ),
+                Reservation::default(),
+            ));
         };
         fault::point("before_commit");
         if let Err(error) = self
             .store
-            .complete_in(&mut tx, key, token, response, unix_now())
+            .complete_in(&mut open, key, token, response, unix_now())
             .await
         {
-            if let Err(rollback) = tx.rollback().await {
-                let _ = self.store.fault(rollback);
-            }
-            return Err(CommitError::RolledBack(error));
+            let writer = self.rollback(open).await;
+            return Err(CommitError::RolledBack(error, writer));
         }
-        tx.commit()
-            .await
-            .map_err(|e| CommitError::Commit(self.store.fault(e)))?;
+        if let Err(error) = open.tx.commit().await {
+            // sqlx counts a transaction whose commit failed as still open.
+            return Err(CommitError::Commit(self.store.rollback_failed(error)));
+        }
         fault::point("after_commit");
         Ok(())
     }
 
-    async fn roll_back(self: Arc<Self>, until: Instant) {
-        if let Some(open) = self.take(until).await
-            && let Err(error) = open.tx.rollback().await
-        {
-            // The transaction is gone either way: the server rolls back a transaction
-            // whose connection failed.
-            let error = self.store.fault(error);
-            tracing::warn!(error = %error, "idem: rolling back the attempt's transaction failed");
+    async fn roll_back(self: Arc<Self>, until: Instant) -> Reservation {
+        let Some(open) = self.take(until).await else {
+            return Reservation::default();
+        };
+        // A rollback queued behind a statement that is still running ends when that
+        // statement does: wait for it at most until `until`.
+        let cell = Arc::clone(&self);
+        let rollback = tokio::spawn(async move { cell.rollback(open).await });
+        match tokio::time::timeout_at(until, rollback).await {
+            Ok(Ok(reservation)) => reservation,
+            Ok(Err(_)) => Reservation::default(),
+            Err(_elapsed) => {
+                tracing::warn!(
+                    "idem: the rollback waits for a statement of the handler that is still running; the key is released meanwhile"
+                );
+                Reservation::default()
+            }
         }
     }
 }

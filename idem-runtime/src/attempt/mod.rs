@@ -241,7 +241,7 @@ impl Held {
                 let response = Response::from_parts(parts, axum::body::Body::from(body));
                 with_operation_id(response, self.operation_id)
             }
-            Err(CommitError::RolledBack(StoreError::LeaseLost)) => {
+            Err(CommitError::RolledBack(StoreError::LeaseLost, _writer)) => {
                 self.log_lease_lost("commit");
                 answer::attempt_rolled_back(
                     self.operation_id,
@@ -250,14 +250,47 @@ impl Held {
                     1,
                 )
             }
-            Err(CommitError::RolledBack(StoreError::TooLarge { size, limit })) => {
+            Err(CommitError::RolledBack(StoreError::TransactionEnded(why), _writer)) => {
+                tracing::warn!(
+                    operation = %self.contract.operation,
+                    operation_id = %self.operation_id,
+                    attempt = self.attempt,
+                    status,
+                    why = %why,
+                    "idem: the attempt's transaction ended before idem could commit it; what the handler wrote is rolled back"
+                );
+                if (400..500).contains(&status) {
+                    // A permanent refusal is final even without its writes (the database
+                    // rolled them back): it is recorded alone, and replayed.
+                    return match self
+                        .idem
+                        .store()
+                        .complete(&self.key, self.token, &stored, unix_now())
+                        .await
+                    {
+                        Ok(()) => {
+                            self.log_outcome("completed", status);
+                            let response =
+                                Response::from_parts(parts, axum::body::Body::from(body));
+                            with_operation_id(response, self.operation_id)
+                        }
+                        Err(error) => self.write_failed("complete", &error),
+                    };
+                }
+                let why = format!("ended without its commit: its transaction has ended ({why})");
+                self.release_after_rollback(|state| {
+                    answer::attempt_rolled_back(self.operation_id, &why, state, 1)
+                })
+                .await
+            }
+            Err(CommitError::RolledBack(StoreError::TooLarge { size, limit }, _writer)) => {
                 let why = format!(
                     "the result is {size} bytes and the store keeps at most {limit}, so it cannot be replayed"
                 );
                 self.release_after_rollback(|_| answer::result_too_large(self.operation_id, &why))
                     .await
             }
-            Err(CommitError::RolledBack(error)) => {
+            Err(CommitError::RolledBack(error, _writer)) => {
                 self.log_store_failure("complete", &error);
                 self.release_after_rollback(|state| {
                     answer::attempt_rolled_back(
@@ -301,8 +334,31 @@ impl Held {
         tx: &AttemptTx,
         answer: impl FnOnce(OperationState) -> Response,
     ) -> Response {
-        Arc::clone(tx).roll_back(self.deadline).await;
-        self.release_after_rollback(answer).await
+        // Half of what is left of the lease may go to the rollback (it waits for a
+        // statement of the handler that is still running), the rest to the release.
+        let now = Instant::now();
+        let halfway = now + self.deadline.saturating_duration_since(now) / 2;
+        // The writer's turn (SQLite) is kept until the key is released.
+        let _writer = Arc::clone(tx).roll_back(halfway).await;
+        match tokio::time::timeout_at(self.deadline, self.release_after_rollback(answer)).await {
+            Ok(answered) => answered,
+            // The release waits for a lock the unfinished rollback holds (SQLite's one
+            // writer). Nothing was committed, so nothing took effect; the record stays
+            // processing until its lease ends, and then recovery finds it not applied.
+            Err(_elapsed) => {
+                tracing::warn!(
+                    operation = %self.contract.operation,
+                    operation_id = %self.operation_id,
+                    "idem: the key could not be released within the lease (a statement of the handler still holds the database); recovery releases it"
+                );
+                answer::attempt_rolled_back(
+                    self.operation_id,
+                    "did not finish within its time",
+                    OperationState::Processing,
+                    1,
+                )
+            }
+        }
     }
 
     /// Releases the key of an attempt whose transaction has rolled back.

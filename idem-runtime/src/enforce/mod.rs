@@ -157,6 +157,29 @@ where
             .map_err(|rejection| answer::with_fresh_id(rejection.into_response()))?;
 
         let key = RecordKey::new(contract.operation.as_ref(), client, key);
+
+        // The right to begin the transaction is taken before anything is registered: with
+        // SQLite's one writer the wait happens here, where a client that gives up leaves
+        // nothing behind, and it is not charged to the attempt's lease. A duplicate of a
+        // key that is held or finished is answered from its record without waiting.
+        #[cfg(any(feature = "sqlite", feature = "postgres"))]
+        if let Some(TxSlot(tx)) = &tx
+            && !tx.try_reserve().await
+        {
+            let now = crate::store::unix_now();
+            let answered_from_record = match idem.store().get(&key, now).await {
+                Ok(Some(record)) => !matches!(record.state, crate::store::RecordState::Released),
+                Ok(None) => false,
+                Err(error) => {
+                    return Err(answer::store_unavailable(&idem, contract, None, &error));
+                }
+            };
+            if !answered_from_record {
+                tx.reserve()
+                    .await
+                    .map_err(|error| answer::store_unavailable(&idem, contract, None, &error))?;
+            }
+        }
         #[cfg(any(feature = "sqlite", feature = "postgres"))]
         let transactional = tx.is_some();
         #[cfg(not(any(feature = "sqlite", feature = "postgres")))]

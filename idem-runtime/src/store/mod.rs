@@ -73,7 +73,7 @@ pub use record::{
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use transactional::{OpenTransaction, TransactionalStore};
+pub use transactional::{OpenTransaction, Reservation, TransactionalStore};
 
 /// A point in time: milliseconds since the unix epoch, UTC.
 pub type UnixMillis = u64;
@@ -109,6 +109,11 @@ pub enum StoreError {
         /// The backend's limit in bytes.
         limit: usize,
     },
+    /// The transaction handed to the handler is no longer the one that began: the
+    /// database aborted it (a failed statement, a conflict clause that rolls back) or the
+    /// handler ended it (the transactional mode).
+    #[error("the attempt's transaction has ended: {0}")]
+    TransactionEnded(String),
 }
 
 impl StoreError {
@@ -185,11 +190,11 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
 
     /// Moves the end of the lease that `token` owns to `until`, if that lease is live at
-    /// `now`, and the record's `expires_at` to `until` if that is later: a running attempt
-    /// renews its lease with it (a heartbeat), and an attempt that has ended without an
-    /// outcome ends its lease at once with `until = now`, so that recovery may decide
-    /// without waiting for the lease to run out. A lease that has ended is never revived:
-    /// a takeover may be under way.
+    /// `now`, and the record's `expires_at` to `until` if that is later. The runtime
+    /// calls it with `until = now` when an attempt has ended without an outcome, so that
+    /// recovery may decide without waiting for the lease to run out; a running attempt
+    /// could renew its lease with it (a heartbeat). A lease that has ended is never
+    /// revived: a takeover may be under way.
     ///
     /// # Errors
     ///

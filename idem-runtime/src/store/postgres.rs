@@ -8,8 +8,8 @@ use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 
 use super::sql::{changed_one, decode, encode_headers, sql_ms};
 use super::{
-    Begin, Lease, NewRecord, OpenTransaction, OwnerToken, Record, RecordKey, Store, StoreError,
-    StoredResponse, TransactionalStore, UnixMillis,
+    Begin, Lease, NewRecord, OpenTransaction, OwnerToken, Record, RecordKey, Reservation, Store,
+    StoreError, StoredResponse, TransactionalStore, UnixMillis,
 };
 
 /// One step of idem's schema in PostgreSQL, as plain SQL.
@@ -263,6 +263,30 @@ impl PostgresStore {
         row.as_ref().map(decode).transpose()
     }
 
+    /// The completion's compare-and-set, on `conn` (in a transaction or not).
+    async fn complete_on(
+        &self,
+        conn: &mut PgConnection,
+        key: &RecordKey,
+        token: OwnerToken,
+        response: &StoredResponse,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        let result = sqlx::query(COMPLETE)
+            .bind(&key.operation)
+            .bind(&key.client)
+            .bind(&key.key)
+            .bind(token.to_string())
+            .bind(sql_ms(now))
+            .bind(i64::from(response.status))
+            .bind(encode_headers(&response.headers))
+            .bind(response.body.as_ref())
+            .execute(&mut *conn)
+            .await
+            .map_err(StoreError::unavailable)?;
+        changed_one(result.rows_affected())
+    }
+
     /// One `UPDATE` of a record; the lease is lost unless it changed exactly one row.
     async fn update(
         &self,
@@ -358,7 +382,7 @@ impl Store for PostgresStore {
         now: UnixMillis,
     ) -> Result<(), StoreError> {
         let mut conn = self.pool.acquire().await.map_err(StoreError::unavailable)?;
-        self.complete_in(&mut conn, key, token, response, now).await
+        self.complete_on(&mut conn, key, token, response, now).await
     }
 
     async fn release(
@@ -460,33 +484,58 @@ impl Store for PostgresStore {
 impl TransactionalStore for PostgresStore {
     type Database = Postgres;
 
-    /// `BEGIN` (READ COMMITTED, the server's default) on a connection of the pool.
-    async fn begin_transaction(&self) -> Result<OpenTransaction<Postgres>, StoreError> {
-        let tx = self.pool.begin().await.map_err(StoreError::unavailable)?;
-        Ok(OpenTransaction::new(tx, None))
+    /// Nothing to wait for: PostgreSQL has many writers.
+    async fn reserve(&self) -> Result<Reservation, StoreError> {
+        Ok(Reservation::default())
+    }
+
+    fn try_reserve(&self) -> Option<Reservation> {
+        Some(Reservation::default())
+    }
+
+    /// `BEGIN` (READ COMMITTED, the server's default) on a connection of the pool; its
+    /// marker is its transaction id (`txid_current()`).
+    async fn begin_transaction(
+        &self,
+        reservation: Reservation,
+    ) -> Result<OpenTransaction<Postgres>, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(StoreError::unavailable)?;
+        let marker: i64 = sqlx::query_scalar("SELECT txid_current()")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(StoreError::unavailable)?;
+        Ok(OpenTransaction::new(tx, marker, reservation))
     }
 
     async fn complete_in(
         &self,
-        conn: &mut PgConnection,
+        tx: &mut OpenTransaction<Postgres>,
         key: &RecordKey,
         token: OwnerToken,
         response: &StoredResponse,
         now: UnixMillis,
     ) -> Result<(), StoreError> {
-        let result = sqlx::query(COMPLETE)
-            .bind(&key.operation)
-            .bind(&key.client)
-            .bind(&key.key)
-            .bind(token.to_string())
-            .bind(sql_ms(now))
-            .bind(i64::from(response.status))
-            .bind(encode_headers(&response.headers))
-            .bind(response.body.as_ref())
-            .execute(&mut *conn)
+        let current: Result<Option<i64>, _> =
+            sqlx::query_scalar("SELECT txid_current_if_assigned()")
+                .fetch_one(&mut *tx.tx)
+                .await;
+        match current {
+            Ok(Some(id)) if id == tx.marker => {}
+            Ok(_) => {
+                return Err(StoreError::TransactionEnded(
+                    "the handler ended it (a `COMMIT` or `ROLLBACK` of its own)".into(),
+                ));
+            }
+            // 25P02, in_failed_sql_transaction.
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("25P02") => {
+                return Err(StoreError::TransactionEnded(
+                    "a statement failed, and PostgreSQL aborts the whole transaction then (wrap a statement that may fail in a savepoint, `conn.begin()`)".into(),
+                ));
+            }
+            Err(error) => return Err(StoreError::unavailable(error)),
+        }
+        self.complete_on(&mut tx.tx, key, token, response, now)
             .await
-            .map_err(StoreError::unavailable)?;
-        changed_one(result.rows_affected())
     }
 
     /// The pool checks connections before handing them out, so nothing needs noting.
@@ -598,9 +647,12 @@ mod tests {
             let k = key(&format!("tx-{commit}"));
             let new = new_record("sha256:a", T0);
             store.begin(&k, &new, T0).await.unwrap();
-            let mut open = store.begin_transaction().await.unwrap();
+            let mut open = store
+                .begin_transaction(Reservation::default())
+                .await
+                .unwrap();
             store
-                .complete_in(&mut open.tx, &k, new.lease.token, &created(), T0)
+                .complete_in(&mut open, &k, new.lease.token, &created(), T0)
                 .await
                 .unwrap();
             assert!(

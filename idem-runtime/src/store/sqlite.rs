@@ -17,8 +17,8 @@ use tokio::sync::Semaphore;
 
 use super::sql::{changed_one, decode, encode_headers, sql_ms};
 use super::{
-    Begin, Lease, NewRecord, OpenTransaction, OwnerToken, Record, RecordKey, Store, StoreError,
-    StoredResponse, TransactionalStore, UnixMillis,
+    Begin, Lease, NewRecord, OpenTransaction, OwnerToken, Record, RecordKey, Reservation, Store,
+    StoreError, StoredResponse, TransactionalStore, UnixMillis,
 };
 
 /// The schema, created if missing. idem keeps its own table and does not use sqlx's
@@ -411,6 +411,30 @@ impl SqliteStore {
         }
     }
 
+    /// The completion's compare-and-set, on `conn` (in a transaction or not).
+    async fn complete_on(
+        &self,
+        conn: &mut SqliteConnection,
+        key: &RecordKey,
+        token: OwnerToken,
+        response: &StoredResponse,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        let result = sqlx::query(COMPLETE)
+            .bind(&key.operation)
+            .bind(&key.client)
+            .bind(&key.key)
+            .bind(token.to_string())
+            .bind(sql_ms(now))
+            .bind(i64::from(response.status))
+            .bind(encode_headers(&response.headers))
+            .bind(response.body.as_ref())
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.fault(e))?;
+        changed_one(result.rows_affected())
+    }
+
     /// One `UPDATE` of a record; the lease is lost unless it changed exactly one row.
     async fn update(
         &self,
@@ -502,7 +526,7 @@ impl Store for SqliteStore {
         now: UnixMillis,
     ) -> Result<(), StoreError> {
         let mut conn = self.conn().await?;
-        self.complete_in(&mut conn, key, token, response, now).await
+        self.complete_on(&mut conn, key, token, response, now).await
     }
 
     async fn release(
@@ -595,48 +619,93 @@ impl Store for SqliteStore {
     }
 }
 
+/// How long an attempt waits for the one writer's turn before it is answered with 503:
+/// the busy timeout of the connections.
+const WRITER_WAIT: Duration = Duration::from_secs(5);
+
 #[async_trait]
 impl TransactionalStore for SqliteStore {
     type Database = Sqlite;
 
-    /// `BEGIN IMMEDIATE` on a connection of the pool, once this store's one writer permit
-    /// is free: the write lock is taken at the start, so that the transaction never fails
-    /// halfway because another connection wrote first.
-    async fn begin_transaction(&self) -> Result<OpenTransaction<Sqlite>, StoreError> {
-        let permit = Arc::clone(&self.writer)
-            .acquire_owned()
+    /// This store's one writer permit (transactions run one at a time), waited for at
+    /// most 5 s (the busy timeout): the wait holds no connection of the pool and happens
+    /// before the key is registered.
+    async fn reserve(&self) -> Result<Reservation, StoreError> {
+        let permit = tokio::time::timeout(WRITER_WAIT, Arc::clone(&self.writer).acquire_owned())
             .await
+            .map_err(|_| {
+                StoreError::unavailable(
+                    "another attempt's transaction held SQLite's one writer for 5 s",
+                )
+            })?
             .map_err(StoreError::unavailable)?;
+        Ok(Reservation::new(Some(permit)))
+    }
+
+    fn try_reserve(&self) -> Option<Reservation> {
+        let permit = Arc::clone(&self.writer).try_acquire_owned().ok()?;
+        Some(Reservation::new(Some(permit)))
+    }
+
+    /// `BEGIN IMMEDIATE` on a connection of the pool: the write lock is taken at the
+    /// start, so that the transaction never fails halfway because another connection
+    /// wrote first. Its marker is a random number written in a temporary table inside
+    /// the transaction: gone if SQLite rolls the transaction back by itself.
+    async fn begin_transaction(
+        &self,
+        reservation: Reservation,
+    ) -> Result<OpenTransaction<Sqlite>, StoreError> {
         self.health.check_file()?;
-        let tx = self
+        let mut tx = self
             .pool
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(|e| self.fault(e))?;
-        Ok(OpenTransaction::new(tx, Some(permit)))
+        let marker = i64::from_ne_bytes(
+            uuid::Uuid::new_v4().as_bytes()[..8]
+                .try_into()
+                .unwrap_or([0; 8]),
+        );
+        sqlx::query("CREATE TEMP TABLE IF NOT EXISTS idem_tx_marker (marker INTEGER NOT NULL)")
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.fault(e))?;
+        sqlx::query("INSERT INTO temp.idem_tx_marker (marker) VALUES (?)")
+            .bind(marker)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.fault(e))?;
+        Ok(OpenTransaction::new(tx, marker, reservation))
     }
 
     async fn complete_in(
         &self,
-        conn: &mut SqliteConnection,
+        tx: &mut OpenTransaction<Sqlite>,
         key: &RecordKey,
         token: OwnerToken,
         response: &StoredResponse,
         now: UnixMillis,
     ) -> Result<(), StoreError> {
-        let result = sqlx::query(COMPLETE)
-            .bind(&key.operation)
-            .bind(&key.client)
-            .bind(&key.key)
-            .bind(token.to_string())
-            .bind(sql_ms(now))
-            .bind(i64::from(response.status))
-            .bind(encode_headers(&response.headers))
-            .bind(response.body.as_ref())
-            .execute(&mut *conn)
+        let ended = || {
+            StoreError::TransactionEnded(
+                "SQLite rolled it back before idem could commit (a conflict clause such as `OR ROLLBACK`, or a trigger's `RAISE(ROLLBACK)`)"
+                    .into(),
+            )
+        };
+        let found = sqlx::query("DELETE FROM temp.idem_tx_marker WHERE marker = ?")
+            .bind(tx.marker)
+            .execute(&mut *tx.tx)
+            .await;
+        match found {
+            Ok(result) if result.rows_affected() == 1 => {}
+            Ok(_) => return Err(ended()),
+            Err(sqlx::Error::Database(db)) if db.message().contains("no such table") => {
+                return Err(ended());
+            }
+            Err(error) => return Err(self.fault(error)),
+        }
+        self.complete_on(&mut tx.tx, key, token, response, now)
             .await
-            .map_err(|e| self.fault(e))?;
-        changed_one(result.rows_affected())
     }
 
     fn fault(&self, error: sqlx::Error) -> StoreError {
@@ -644,6 +713,14 @@ impl TransactionalStore for SqliteStore {
             tracing::warn!(error = %error, "idem: an SQLite connection failed; the pool replaces its connections");
             self.health.recycle();
         }
+        StoreError::unavailable(error)
+    }
+
+    /// sqlx still counts the connection as inside a transaction: the pool replaces every
+    /// connection opened before now, that one included.
+    fn rollback_failed(&self, error: sqlx::Error) -> StoreError {
+        tracing::warn!(error = %error, "idem: a rollback failed; the pool replaces its connections");
+        self.health.recycle();
         StoreError::unavailable(error)
     }
 }

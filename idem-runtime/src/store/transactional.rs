@@ -7,6 +7,23 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::{OwnerToken, RecordKey, Store, StoreError, StoredResponse, UnixMillis};
 
+/// The right to begin one transaction, taken before the key is registered: with a store
+/// that admits one writer at a time, waiting for it happens before anything is
+/// registered, so that a client that gives up meanwhile leaves nothing behind, and the
+/// wait is not charged to the attempt's lease.
+#[derive(Debug, Default)]
+pub struct Reservation {
+    _writer: Option<OwnedSemaphorePermit>,
+}
+
+impl Reservation {
+    /// A reservation that holds `writer` (the one-writer permit of the store), or
+    /// nothing for a store that admits many writers.
+    pub fn new(writer: Option<OwnedSemaphorePermit>) -> Reservation {
+        Reservation { _writer: writer }
+    }
+}
+
 /// A connection of a store's pool with a transaction begun on it, as
 /// [`TransactionalStore::begin_transaction`] gives it out.
 ///
@@ -14,17 +31,21 @@ use super::{OwnerToken, RecordKey, Store, StoreError, StoredResponse, UnixMillis
 /// (sqlx's `Transaction`).
 pub struct OpenTransaction<DB: Database> {
     pub(crate) tx: Transaction<'static, DB>,
+    /// What proves, when the record is written, that this is still the transaction that
+    /// began (see [`TransactionalStore::complete_in`]).
+    pub(crate) marker: i64,
     /// Held for the whole transaction by stores that admit one writer at a time.
-    _writer: Option<OwnedSemaphorePermit>,
+    pub(crate) reservation: Reservation,
 }
 
 impl<DB: Database> OpenTransaction<DB> {
-    /// A transaction begun on a connection of the store's pool, holding `writer` until
-    /// it ends.
-    pub fn new(tx: Transaction<'static, DB>, writer: Option<OwnedSemaphorePermit>) -> Self {
+    /// A transaction begun on a connection of the store's pool, with the store's
+    /// `marker` of it, holding `reservation` until it ends.
+    pub fn new(tx: Transaction<'static, DB>, marker: i64, reservation: Reservation) -> Self {
         OpenTransaction {
             tx,
-            _writer: writer,
+            marker,
+            reservation,
         }
     }
 }
@@ -46,26 +67,44 @@ pub trait TransactionalStore: Store {
     /// The sqlx database: `sqlx::Sqlite` or `sqlx::Postgres`.
     type Database: Database;
 
-    /// A connection of the store's pool with a transaction begun on it, for one attempt.
+    /// The right to begin one transaction, waited for before the key is registered (a
+    /// store with many writers gives it at once).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the wait is over before the right is free.
+    async fn reserve(&self) -> Result<Reservation, StoreError>;
+
+    /// The right to begin one transaction if it is free now, without waiting.
+    fn try_reserve(&self) -> Option<Reservation>;
+
+    /// A connection of the store's pool with a transaction begun on it, for one attempt,
+    /// and a marker of that transaction.
     ///
     /// # Errors
     ///
     /// [`StoreError::Unavailable`] when no connection can be had or the transaction
     /// cannot begin.
-    async fn begin_transaction(&self) -> Result<OpenTransaction<Self::Database>, StoreError>;
+    async fn begin_transaction(
+        &self,
+        reservation: Reservation,
+    ) -> Result<OpenTransaction<Self::Database>, StoreError>;
 
-    /// Writes `response` as the operation's result inside the transaction open on `conn`,
-    /// if `token` owns a lease that is live at `now` (the same compare-and-set as
-    /// [`Store::complete`]). Nothing is committed here.
+    /// Writes `response` as the operation's result inside `tx`, if `token` owns a lease
+    /// that is live at `now` (the same compare-and-set as [`Store::complete`]), after
+    /// checking that `tx` is still the transaction that began: not aborted by the
+    /// database (a failed statement on PostgreSQL, a conflict clause that rolls back on
+    /// SQLite), nor ended by the handler. Nothing is committed here.
     ///
     /// # Errors
     ///
-    /// [`StoreError::LeaseLost`] when `token` does not own a live lease: the caller must
-    /// roll the whole transaction back. [`StoreError::TooLarge`], or
+    /// [`StoreError::TransactionEnded`] when the transaction is no longer the one that
+    /// began; [`StoreError::LeaseLost`] when `token` does not own a live lease (the caller
+    /// must roll the whole transaction back); [`StoreError::TooLarge`], or
     /// [`StoreError::Unavailable`].
     async fn complete_in(
         &self,
-        conn: &mut <Self::Database as Database>::Connection,
+        tx: &mut OpenTransaction<Self::Database>,
         key: &RecordKey,
         token: OwnerToken,
         response: &StoredResponse,
@@ -76,4 +115,11 @@ pub trait TransactionalStore: Store {
     /// a failed commit), after noting any fault it shows so that broken connections are
     /// replaced rather than handed out again.
     fn fault(&self, error: sqlx::Error) -> StoreError;
+
+    /// A rollback failed: the connection may still count as inside a transaction, so it
+    /// must not be handed out again. The default notes the error with
+    /// [`TransactionalStore::fault`].
+    fn rollback_failed(&self, error: sqlx::Error) -> StoreError {
+        self.fault(error)
+    }
 }
