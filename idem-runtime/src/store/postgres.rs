@@ -88,6 +88,15 @@ const COMPLETE: &str = "UPDATE idem_records
     WHERE operation = $1 AND client = $2 AND key = $3
       AND state = 'processing' AND token = $4 AND lease_until > $5";
 
+/// [`COMPLETE`] inside the attempt's transaction, on the condition that it is still the
+/// transaction that began (`$9`, its id).
+const COMPLETE_IN_TX: &str = "UPDATE idem_records
+    SET state = 'completed', token = NULL, lease_until = NULL,
+        status = $6, headers = $7, body = $8, reason = NULL
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'processing' AND token = $4 AND lease_until > $5
+      AND txid_current_if_assigned() = $9";
+
 const RELEASE: &str = "UPDATE idem_records
     SET state = 'released', token = NULL, lease_until = NULL
     WHERE operation = $1 AND client = $2 AND key = $3
@@ -515,27 +524,45 @@ impl TransactionalStore for PostgresStore {
         response: &StoredResponse,
         now: UnixMillis,
     ) -> Result<(), StoreError> {
-        let current: Result<Option<i64>, _> =
-            sqlx::query_scalar("SELECT txid_current_if_assigned()")
-                .fetch_one(&mut *tx.tx)
-                .await;
-        match current {
-            Ok(Some(id)) if id == tx.marker => {}
-            Ok(_) => {
-                return Err(StoreError::TransactionEnded(
-                    "the handler ended it (a `COMMIT` or `ROLLBACK` of its own)".into(),
-                ));
-            }
+        // One round trip: the completion's compare-and-set, on the condition that this is
+        // still the transaction that began; only a refusal is looked into.
+        let result = sqlx::query(COMPLETE_IN_TX)
+            .bind(&key.operation)
+            .bind(&key.client)
+            .bind(&key.key)
+            .bind(token.to_string())
+            .bind(sql_ms(now))
+            .bind(i64::from(response.status))
+            .bind(encode_headers(&response.headers))
+            .bind(response.body.as_ref())
+            .bind(tx.marker)
+            .execute(&mut *tx.tx)
+            .await;
+        let aborted = || {
+            StoreError::TransactionEnded(
+                "a statement failed, and PostgreSQL aborts the whole transaction then (wrap a statement that may fail in a savepoint, `conn.begin()`)".into(),
+            )
+        };
+        match result {
+            Ok(result) if result.rows_affected() == 1 => return Ok(()),
+            Ok(_) => {}
             // 25P02, in_failed_sql_transaction.
             Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("25P02") => {
-                return Err(StoreError::TransactionEnded(
-                    "a statement failed, and PostgreSQL aborts the whole transaction then (wrap a statement that may fail in a savepoint, `conn.begin()`)".into(),
-                ));
+                return Err(aborted());
             }
             Err(error) => return Err(StoreError::unavailable(error)),
         }
-        self.complete_on(&mut tx.tx, key, token, response, now)
+        let current: Option<i64> = sqlx::query_scalar("SELECT txid_current_if_assigned()")
+            .fetch_one(&mut *tx.tx)
             .await
+            .map_err(StoreError::unavailable)?;
+        if current == Some(tx.marker) {
+            Err(StoreError::LeaseLost)
+        } else {
+            Err(StoreError::TransactionEnded(
+                "the handler ended it (a `COMMIT` or `ROLLBACK` of its own)".into(),
+            ))
+        }
     }
 
     /// The pool checks connections before handing them out, so nothing needs noting.
