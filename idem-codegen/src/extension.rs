@@ -80,8 +80,12 @@ pub fn key_parameter(contract: &Contract) -> Option<Value> {
 
 fn key_description(contract: &Contract) -> String {
     let shape = match contract.key_scope.format {
-        KeyFormat::Any => "1 to 255 visible ASCII characters; a UUID is a good choice",
-        KeyFormat::Uuid => "a UUID in its hyphenated form",
+        KeyFormat::Any => {
+            "1 to 255 visible ASCII characters; a UUID is a good choice. Sent bare (`abc`) or as an RFC 8941 string (`\"abc\"`), which names the same key"
+        }
+        KeyFormat::Uuid => {
+            "a UUID in its hyphenated form, sent bare or as an RFC 8941 string (`\"…\"`), which names the same key"
+        }
     };
     let significant = match &contract.fingerprint {
         Fingerprint::Body => "a different body".to_owned(),

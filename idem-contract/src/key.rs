@@ -96,6 +96,12 @@ pub enum KeyError {
         /// The declared format.
         expected: KeyFormat,
     },
+    /// The header value starts with `"`, so it is read as an RFC 8941 sf-string (the
+    /// IETF draft's form of the key), and it is not a valid one, or has parameters.
+    Quoted {
+        /// What is wrong, such as `unterminated string at index 4`.
+        why: String,
+    },
 }
 
 impl fmt::Display for KeyError {
@@ -113,6 +119,10 @@ impl fmt::Display for KeyError {
                 f.write_str("the idempotency key must be a hyphenated UUID, such as `0191f6a4-6c1e-7c3a-9d5e-1b2c3d4e5f60`")
             }
             KeyError::Format { expected: KeyFormat::Any } => f.write_str("the idempotency key is malformed"),
+            KeyError::Quoted { why } => write!(
+                f,
+                "the idempotency key starts with `\"`, so it is read as an RFC 8941 string (`\"abc\"`), but {why}; send the key bare (`abc`) or as one quoted string"
+            ),
         }
     }
 }
@@ -135,6 +145,55 @@ impl KeyScope {
             KeySource::Header { name } => Some(name),
             KeySource::Body { .. } => None,
         }
+    }
+
+    /// The key a header value names, checked against the key rules
+    /// ([`KeyScope::validate_key`]).
+    ///
+    /// The key is compared as the client meant it: a value that starts with `"` is an
+    /// RFC 8941 sf-string (§3.3.3), the form of the IETF draft "The Idempotency-Key HTTP
+    /// Header Field", and names the key it quotes, so `Idempotency-Key: "abc"` and
+    /// `Idempotency-Key: abc` name the same key (`\"` and `\\` are its escapes). Any
+    /// other value is the key as it is.
+    ///
+    /// ```
+    /// use idem_contract::KeyScope;
+    ///
+    /// let scope = KeyScope::CLIENT;
+    /// assert_eq!(scope.header_key(b"abc").unwrap(), "abc");
+    /// assert_eq!(scope.header_key(br#""abc""#).unwrap(), "abc");
+    /// assert_eq!(scope.header_key(br#""a\"b""#).unwrap(), "a\"b");
+    /// assert!(scope.header_key(br#""abc"#).is_err()); // unterminated
+    /// assert!(scope.header_key(br#""abc";v=1"#).is_err()); // parameters
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError::Quoted`] for a quoted value that is not one valid sf-string without
+    /// parameters; otherwise the first key rule the key breaks.
+    pub fn header_key(&self, value: &[u8]) -> Result<String, KeyError> {
+        let key: std::borrow::Cow<'_, [u8]> = if value.first() == Some(&b'"') {
+            let quoted = |why: String| KeyError::Quoted { why };
+            let text = std::str::from_utf8(value)
+                .map_err(|_| quoted("it is not ASCII".to_owned()))?;
+            let item = sfv::Parser::new(text)
+                .parse::<sfv::Item>()
+                .map_err(|e| quoted(e.to_string()))?;
+            if !item.params.is_empty() {
+                return Err(quoted(
+                    "parameters follow it (`;…`, RFC 8941 §3.1.2), and a key has none".to_owned(),
+                ));
+            }
+            match item.bare_item {
+                sfv::BareItem::String(s) => s.as_str().as_bytes().to_vec().into(),
+                _ => return Err(quoted("it is not a string".to_owned())),
+            }
+        } else {
+            value.into()
+        };
+        self.validate_key(&key)?;
+        // Visible ASCII only, so this is valid UTF-8.
+        Ok(String::from_utf8_lossy(&key).into_owned())
     }
 
     /// Checks a key against the key rules: 1 to [`MAX_KEY_LEN`] bytes, all of them
@@ -237,5 +296,25 @@ mod tests {
         assert!(!is_field_name(""));
         assert!(!is_field_name("Bad Header"));
         assert!(!is_field_name("Key:"));
+    }
+
+    proptest::proptest! {
+        /// Every valid key, quoted as an RFC 8941 sf-string (`"` and `\` escaped), names
+        /// the same key as its bare form.
+        #[test]
+        fn a_quoted_key_names_its_bare_key(key in "[!-~]{1,255}") {
+            let quoted = format!("\"{}\"", key.replace('\\', "\\\\").replace('"', "\\\""));
+            proptest::prop_assert_eq!(KeyScope::CLIENT.header_key(quoted.as_bytes()), Ok(key.clone()));
+            let bare = KeyScope::CLIENT.header_key(key.as_bytes());
+            if !key.starts_with('"') {
+                proptest::prop_assert_eq!(bare, Ok(key));
+            }
+        }
+
+        /// No header value makes the key reader panic.
+        #[test]
+        fn any_value_is_read_or_refused(value in proptest::collection::vec(proptest::num::u8::ANY, 0..300)) {
+            let _ = KeyScope::CLIENT.header_key(&value);
+        }
     }
 }

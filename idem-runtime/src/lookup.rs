@@ -94,9 +94,11 @@ impl<C: Contracted> Lookup<C> {
     /// with the key runs it.
     pub async fn status(self, key: &str) -> OperationStatus {
         let contract = C::CONTRACT;
-        if let Err(error) = contract.key_scope.validate_key(key.as_bytes()) {
-            return OperationStatus::InvalidKey(error);
-        }
+        // The key as the client meant it: bare, or quoted as in its header.
+        let key = match contract.key_scope.header_key(key.as_bytes()) {
+            Ok(key) => key,
+            Err(error) => return OperationStatus::InvalidKey(error),
+        };
         let key = RecordKey::new(contract.operation.as_ref(), self.client, key);
         let mut recoverer = Some(move || self.recoverer);
         let unavailable = |error: &dyn std::fmt::Display| {

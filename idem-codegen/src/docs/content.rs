@@ -293,9 +293,11 @@ pub(super) fn header_or_field(contract: &Contract) -> (bool, String) {
 
 pub(super) fn key_shape(contract: &Contract) -> &'static str {
     match contract.key_scope.format {
-        KeyFormat::Any => "1 to 255 visible ASCII characters (a UUID is a good choice)",
+        KeyFormat::Any => {
+            "1 to 255 visible ASCII characters (a UUID is a good choice), sent bare (`abc`) or as an RFC 8941 string (`\"abc\"`): both name the same key"
+        }
         KeyFormat::Uuid => {
-            "a UUID in its hyphenated form, such as `0191f6a4-6c1e-7c3a-9d5e-1b2c3d4e5f60`"
+            "a UUID in its hyphenated form, such as `0191f6a4-6c1e-7c3a-9d5e-1b2c3d4e5f60`, sent bare or as an RFC 8941 string (`\"…\"`): both name the same key"
         }
     }
 }

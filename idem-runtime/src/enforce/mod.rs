@@ -236,7 +236,10 @@ fn key_from_header(
             "the `{name}` header is sent more than once; send one key"
         )));
     }
-    checked_key(value.as_bytes(), &contract.key_scope)
+    contract
+        .key_scope
+        .header_key(value.as_bytes())
+        .map_err(|e| answer::key_malformed(&e))
 }
 
 /// The key from the body member the contract names; it must be a JSON string.

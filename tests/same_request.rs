@@ -1,0 +1,129 @@
+//! What counts as the same request (DESIGN §4.2), over real sockets: the key as the
+//! client meant it (bare or an RFC 8941 string), ...
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use common::{Answer, TestServer, client, send};
+use idem::{Idem, MemoryStore, identity};
+use serde::Deserialize;
+use serde_json::json;
+
+#[derive(Clone, Default)]
+struct App {
+    runs: Arc<AtomicUsize>,
+}
+
+#[derive(Deserialize)]
+struct CreateOrder {
+    amount: i64,
+}
+
+#[idem::contract(
+    key_scope = client,
+    fingerprint = [amount],
+    ttl = "1h",
+    deadline = "10s",
+    max_attempts = 4,
+    retryable = [503],
+    concurrency = conflict,
+    status_lookup = order_status(path = "/orders/operations/{key}"),
+    recovery = manual("https://runbooks.example.com/orders"),
+)]
+async fn create_order(State(app): State<App>, Json(order): Json<CreateOrder>) -> impl IntoResponse {
+    let run = app.runs.fetch_add(1, SeqCst) + 1;
+    (StatusCode::CREATED, Json(json!({ "run": run, "amount": order.amount })))
+}
+
+async fn order_status(
+    lookup: idem::Lookup<create_order::Operation>,
+    Path(key): Path<String>,
+) -> idem::OperationStatus {
+    lookup.status(&key).await
+}
+
+async fn server() -> (TestServer, App) {
+    let app = App::default();
+    let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"));
+    let router = Router::new()
+        .route("/orders", post(create_order))
+        .route("/orders/operations/{key}", get(order_status))
+        .with_state(app.clone())
+        .layer(idem.layer());
+    (TestServer::start(router).await, app)
+}
+
+async fn post_with_key(server: &TestServer, key: &str) -> Answer {
+    send(
+        client()
+            .post(server.url("/orders"))
+            .header("x-client-id", "client-a")
+            .header("idempotency-key", key)
+            .json(&json!({ "amount": 100 })),
+    )
+    .await
+}
+
+/// `abc` and `"abc"` (the IETF draft's RFC 8941 sf-string) name one key, in either
+/// order, escapes included; the status lookup finds it under either spelling.
+#[tokio::test]
+async fn a_quoted_key_is_the_same_key_as_the_bare_one() {
+    let (server, app) = server().await;
+    let first = post_with_key(&server, "abc").await;
+    assert_eq!(first.status, 201);
+    let quoted = post_with_key(&server, "\"abc\"").await;
+    assert_eq!(quoted.status, 201);
+    assert!(quoted.replayed(), "the quoted key is the bare one");
+    assert_eq!(quoted.body, first.body);
+
+    let quoted_first = post_with_key(&server, "\"8e03978e-40d5-43e8-bc93-6894a57f9324\"").await;
+    assert!(!quoted_first.replayed());
+    let bare_then = post_with_key(&server, "8e03978e-40d5-43e8-bc93-6894a57f9324").await;
+    assert!(bare_then.replayed());
+
+    let escaped = post_with_key(&server, r#""a\"b\\c""#).await;
+    assert!(!escaped.replayed());
+    assert!(post_with_key(&server, r#"a"b\c"#).await.replayed(), "escapes are read");
+    assert_eq!(app.runs.load(SeqCst), 3, "three keys, three runs");
+
+    for path in ["/orders/operations/abc", "/orders/operations/%22abc%22"] {
+        let report = send(
+            client()
+                .get(server.url(path))
+                .header("x-client-id", "client-a"),
+        )
+        .await;
+        assert_eq!(report.status, 200, "{path}");
+        assert_eq!(report.json()["key"], "abc");
+    }
+}
+
+/// A value that starts with `"` must be one valid sf-string without parameters: each
+/// broken form is 400 `key-malformed` with a detail that says what is wrong, and nothing
+/// runs.
+#[tokio::test]
+async fn a_malformed_quoted_key_is_refused_with_what_is_wrong() {
+    let (server, app) = server().await;
+    for (value, says) in [
+        ("\"abc", "unterminated"),
+        (r#""a\bc""#, "escape"),
+        ("\"abc\";v=1", "parameters"),
+        ("\"abc\"junk", "trailing"),
+        ("\"a b\"", "not visible ASCII"),
+        ("\"\"", "empty"),
+        ("\"abc\",\"def\"", "trailing"),
+    ] {
+        let answer = post_with_key(&server, value).await;
+        let problem = answer.problem(400, "key-malformed");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains(says), "{value}: {detail}");
+    }
+    assert_eq!(app.runs.load(SeqCst), 0);
+}
