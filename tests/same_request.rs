@@ -127,3 +127,26 @@ async fn a_malformed_quoted_key_is_refused_with_what_is_wrong() {
     }
     assert_eq!(app.runs.load(SeqCst), 0);
 }
+
+/// The client identity is visible ASCII, as its docs say: a space or a tab inside it is
+/// refused with 401 (around it, they are not part of the value).
+#[tokio::test]
+async fn an_identity_with_a_space_or_a_tab_is_refused() {
+    let (server, app) = server().await;
+    for identity in ["acme corp", "acme\tcorp"] {
+        let answer = send(
+            client()
+                .post(server.url("/orders"))
+                .header("x-client-id", identity)
+                .header("idempotency-key", "k-identity")
+                .json(&json!({ "amount": 100 })),
+        )
+        .await;
+        let problem = answer.problem(401, "client-identity-missing");
+        assert!(
+            problem["detail"].as_str().unwrap().contains("space or a tab"),
+            "{problem}"
+        );
+    }
+    assert_eq!(app.runs.load(SeqCst), 0);
+}

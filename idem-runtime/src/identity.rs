@@ -75,8 +75,9 @@ where
 /// The identity is the value of the header `name` (matched case-insensitively).
 ///
 /// A missing header, an empty value, a value longer than [`MAX_IDENTITY_LEN`] bytes, a
-/// value sent more than once or one that is not visible ASCII is answered with 401
-/// `client-identity-missing` (see [`crate::problem`]).
+/// value sent more than once or one that is not visible ASCII (`!` to `~`: a space or a
+/// tab inside it included; around it they are not part of the value, RFC 9110 §5.5) is
+/// answered with 401 `client-identity-missing` (see [`crate::problem`]).
 ///
 /// # Panics
 ///
@@ -108,12 +109,19 @@ impl ClientIdentity for HeaderIdentity {
         if values.next().is_some() {
             return Err(refuse("is sent more than once"));
         }
+        // Spaces and tabs around a field value are not part of it (RFC 9110 §5.5); any
+        // other byte must be visible ASCII.
         let value = value
             .to_str()
             .map_err(|_| refuse("is not visible ASCII"))?
-            .trim();
+            .trim_matches([' ', '\t']);
         if value.is_empty() {
             return Err(refuse("is empty"));
+        }
+        if let Some(at) = value.bytes().position(|b| !b.is_ascii_graphic()) {
+            return Err(refuse(&format!(
+                "has a space or a tab at byte {at}; an identity is visible ASCII only"
+            )));
         }
         if value.len() > MAX_IDENTITY_LEN {
             return Err(refuse(&format!("is longer than {MAX_IDENTITY_LEN} bytes")));
@@ -151,6 +159,9 @@ mod tests {
             parts(&[("x-client-id", b"\xe9")]),
             parts(&[("x-client-id", "a".repeat(256).as_bytes())]),
             parts(&[("x-client-id", b"a"), ("x-client-id", b"b")]),
+            parts(&[("x-client-id", b"acme corp")]),
+            parts(&[("x-client-id", b"acme\tcorp")]),
+            parts(&[("x-client-id", b" \t ")]),
         ] {
             let response = id.identify(&bad).unwrap_err();
             assert_eq!(response.status(), 401);
