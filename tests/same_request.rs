@@ -1,5 +1,6 @@
 //! What counts as the same request (DESIGN §4.2), over real sockets: the key as the
-//! client meant it (bare or an RFC 8941 string), ...
+//! client meant it (bare or an RFC 8941 string), the request's path parameters, and the
+//! client identity's rules.
 
 mod common;
 
@@ -39,7 +40,10 @@ struct CreateOrder {
 )]
 async fn create_order(State(app): State<App>, Json(order): Json<CreateOrder>) -> impl IntoResponse {
     let run = app.runs.fetch_add(1, SeqCst) + 1;
-    (StatusCode::CREATED, Json(json!({ "run": run, "amount": order.amount })))
+    (
+        StatusCode::CREATED,
+        Json(json!({ "run": run, "amount": order.amount })),
+    )
 }
 
 async fn order_status(
@@ -49,12 +53,41 @@ async fn order_status(
     lookup.status(&key).await
 }
 
+#[derive(Deserialize)]
+struct AddSource {
+    token: String,
+}
+
+#[idem::contract(
+    key_scope = client,
+    fingerprint = [token],
+    ttl = "1h",
+    deadline = "10s",
+    max_attempts = 4,
+    retryable = [503],
+    concurrency = conflict,
+    status_lookup = order_status,
+    recovery = manual("https://runbooks.example.com/sources"),
+)]
+async fn add_source(
+    State(app): State<App>,
+    Path(customer): Path<String>,
+    Json(source): Json<AddSource>,
+) -> impl IntoResponse {
+    app.runs.fetch_add(1, SeqCst);
+    (
+        StatusCode::CREATED,
+        Json(json!({ "customer": customer, "token": source.token })),
+    )
+}
+
 async fn server() -> (TestServer, App) {
     let app = App::default();
     let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"));
     let router = Router::new()
         .route("/orders", post(create_order))
         .route("/orders/operations/{key}", get(order_status))
+        .route("/customers/{customer}/sources", post(add_source))
         .with_state(app.clone())
         .layer(idem.layer());
     (TestServer::start(router).await, app)
@@ -90,7 +123,10 @@ async fn a_quoted_key_is_the_same_key_as_the_bare_one() {
 
     let escaped = post_with_key(&server, r#""a\"b\\c""#).await;
     assert!(!escaped.replayed());
-    assert!(post_with_key(&server, r#"a"b\c"#).await.replayed(), "escapes are read");
+    assert!(
+        post_with_key(&server, r#"a"b\c"#).await.replayed(),
+        "escapes are read"
+    );
     assert_eq!(app.runs.load(SeqCst), 3, "three keys, three runs");
 
     for path in ["/orders/operations/abc", "/orders/operations/%22abc%22"] {
@@ -144,9 +180,42 @@ async fn an_identity_with_a_space_or_a_tab_is_refused() {
         .await;
         let problem = answer.problem(401, "client-identity-missing");
         assert!(
-            problem["detail"].as_str().unwrap().contains("space or a tab"),
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("space or a tab"),
             "{problem}"
         );
     }
     assert_eq!(app.runs.load(SeqCst), 0);
+}
+
+/// The path parameters are significant content: on `POST /customers/{customer}/sources`
+/// the same key and body sent for `cus_2` after `cus_1` is another request (422), never
+/// `cus_1`'s result; for the same customer it is the replay. Percent-encoding does not
+/// make another value.
+#[tokio::test]
+async fn the_same_key_and_body_on_another_resource_is_refused() {
+    let (server, app) = server().await;
+    let add = |customer: &str| {
+        send(
+            client()
+                .post(server.url(&format!("/customers/{customer}/sources")))
+                .header("x-client-id", "client-a")
+                .header("idempotency-key", "k-source")
+                .json(&json!({ "token": "tok_visa" })),
+        )
+    };
+    let first = add("cus_1").await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.json()["customer"], "cus_1");
+    let other = add("cus_2").await;
+    let problem = other.problem(422, "fingerprint-mismatch");
+    assert_eq!(problem["operation_id"], first.operation_id());
+    let again = add("cus_1").await;
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    let encoded = add("cus%5F1").await;
+    assert!(encoded.replayed(), "`%5F` is `_`: the same customer");
+    assert_eq!(app.runs.load(SeqCst), 1);
 }

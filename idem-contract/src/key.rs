@@ -174,8 +174,8 @@ impl KeyScope {
     pub fn header_key(&self, value: &[u8]) -> Result<String, KeyError> {
         let key: std::borrow::Cow<'_, [u8]> = if value.first() == Some(&b'"') {
             let quoted = |why: String| KeyError::Quoted { why };
-            let text = std::str::from_utf8(value)
-                .map_err(|_| quoted("it is not ASCII".to_owned()))?;
+            let text =
+                std::str::from_utf8(value).map_err(|_| quoted("it is not ASCII".to_owned()))?;
             let item = sfv::Parser::new(text)
                 .parse::<sfv::Item>()
                 .map_err(|e| quoted(e.to_string()))?;

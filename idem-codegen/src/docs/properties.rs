@@ -19,7 +19,7 @@ pub(super) fn properties(c: &Contract) -> Vec<PropertyText> {
     .text(". Create it once per business intent, before the first attempt. Keys are kept per client and per operation: another client's identical key never sees your result.");
     let fingerprint = match &c.fingerprint {
         Fingerprint::Body => Rich::new(
-            "The whole body is significant: a retry sends the same JSON content (member order, whitespace and number spelling do not matter). The same key with a different body is refused with 422 and nothing runs.",
+            "The whole body is significant: a retry sends the same JSON content (member order, whitespace and number spelling do not matter). The same key with a different body, or on another resource's path (the path parameters are significant too), is refused with 422 and nothing runs.",
         ),
         Fingerprint::Fields(fields) => {
             let mut r = Rich::new("The significant fields are ");
@@ -29,7 +29,7 @@ pub(super) fn properties(c: &Contract) -> Vec<PropertyText> {
                 }
                 r = r.code(f.as_str());
             }
-            r.text(". The same key with different values in any of them is refused with 422 and nothing runs; a retry sends the same values.")
+            r.text(". The same key with different values in any of them, or on another resource's path (the path parameters are significant too), is refused with 422 and nothing runs; a retry sends the same values.")
         }
     };
     let ttl = Rich::new(&format!(

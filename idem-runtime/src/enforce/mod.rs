@@ -43,7 +43,8 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{FromRequest, Request};
+use axum::extract::rejection::RawPathParamsRejection;
+use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
 use axum::response::{IntoResponse, Response};
 use http::HeaderMap;
 use idem_contract::{Contract, Fingerprint, KeyScope, KeySource};
@@ -96,7 +97,7 @@ where
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
         let contract: &'static Contract = C::CONTRACT;
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
         let Some(idem) = parts.extensions.get::<Idem>().cloned() else {
             return Err(answer::not_configured());
         };
@@ -117,6 +118,17 @@ where
             KeySource::Header { name } => Some(key_from_header(&parts.headers, name, contract)?),
             KeySource::Body { .. } => None,
         };
+
+        // The path parameters name the resource the intent is about: always significant.
+        let path_params: Vec<(String, String)> =
+            match RawPathParams::from_request_parts(&mut parts, state).await {
+                Ok(params) => params
+                    .iter()
+                    .map(|(name, value)| (name.to_owned(), value.to_owned()))
+                    .collect(),
+                Err(RawPathParamsRejection::MissingPathParams(_)) => Vec::new(),
+                Err(rejection) => return Err(answer::with_fresh_id(rejection.into_response())),
+            };
 
         // The body is read once, with the request's own `DefaultBodyLimit` (a shadow
         // request carries the extensions that hold it).
@@ -139,10 +151,15 @@ where
             (None, Some(doc)) => key_from_body(doc, wire, contract)?,
             (None, None) => unreachable!("a body key always parses the body"),
         };
+        let params: Vec<(&str, &str)> = path_params
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
         let fingerprint = match &doc {
             Some(doc) => fingerprint::of_parsed(&wire.fingerprint, &bytes, doc),
             None => fingerprint::compute(&wire.fingerprint, &bytes),
         }
+        .and_then(|body| fingerprint::with_path_params(body, &params))
         .map_err(answer::body_malformed)?;
 
         #[cfg(any(feature = "sqlite", feature = "postgres"))]

@@ -91,6 +91,41 @@ pub(crate) fn of_parsed(
     }
 }
 
+/// The fingerprint of a request with path parameters: the body's fingerprint
+/// (`body_fingerprint`, from [`compute`]) and the parameters, `(name, value)` with values
+/// percent-decoded, hashed together as the canonical form of
+/// `{"body": "<body fingerprint>", "path": {"<name>": "<value>", …}}`.
+///
+/// The parameters name the resource the intent is about (`/customers/{customer}/sources`),
+/// so the same key and body on another resource's path is another request (422). A
+/// request without path parameters keeps the body's fingerprint as it is, so that records
+/// written before path parameters counted still match.
+///
+/// # Errors
+///
+/// None in practice: strings always have a canonical form. The type is the one of
+/// [`compute`], whose error it shares.
+pub fn with_path_params(
+    body_fingerprint: String,
+    params: &[(&str, &str)],
+) -> Result<String, FingerprintError> {
+    if params.is_empty() {
+        return Ok(body_fingerprint);
+    }
+    let mut path: Vec<(String, Value)> = params
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), Value::String((*value).to_owned())))
+        .collect();
+    path.sort_by(|(a, _), (b, _)| jcs::utf16_cmp(a, b));
+    // "body" sorts before "path".
+    let request = Value::Object(vec![
+        ("body".to_owned(), Value::String(body_fingerprint)),
+        ("path".to_owned(), Value::Object(path)),
+    ]);
+    let canonical = request.to_canonical().map_err(FingerprintError::NotJson)?;
+    Ok(hash(&canonical))
+}
+
 /// `fingerprint = body`: the canonical JSON if the body is JSON, else the raw bytes.
 fn of_body(body: &[u8], doc: Option<&Value>) -> String {
     let parsed;
@@ -118,6 +153,26 @@ fn hash(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn path_params_are_significant_and_order_free() {
+        let body = compute(&Fingerprint::Body, br#"{"a":1}"#).unwrap();
+        assert_eq!(
+            with_path_params(body.clone(), &[]).unwrap(),
+            body,
+            "no parameters: the body's"
+        );
+        let one = with_path_params(body.clone(), &[("customer", "cus_1")]).unwrap();
+        let two = with_path_params(body.clone(), &[("customer", "cus_2")]).unwrap();
+        assert_ne!(one, two);
+        assert_ne!(one, body);
+        let ab = with_path_params(body.clone(), &[("a", "1"), ("b", "2")]).unwrap();
+        let ba = with_path_params(body.clone(), &[("b", "2"), ("a", "1")]).unwrap();
+        assert_eq!(ab, ba, "the order of the parameters does not matter");
+        // Stable across releases: the canonical form below, hashed with SHA-256.
+        let expected = hash(br#"{"body":"sha256:015abd7f5cc57a2dd94b7590f04ad8084273905ee33ec5cebeae62276a97f862","path":{"customer":"cus_1"}}"#);
+        assert_eq!(one, expected);
+    }
     use idem_contract::FieldPath;
 
     fn fields(paths: &[&'static str]) -> Fingerprint {
