@@ -135,6 +135,14 @@ macro_rules! suite {
                         tokio::time::sleep(Duration::from_millis(200)).await;
                         created.into_response()
                     }
+                    "sleep-700ms" => {
+                        tokio::time::sleep(Duration::from_millis(700)).await;
+                        created.into_response()
+                    }
+                    "sleep-700ms-503" => {
+                        tokio::time::sleep(Duration::from_millis(700)).await;
+                        (StatusCode::SERVICE_UNAVAILABLE, "busy").into_response()
+                    }
                     _ => created.into_response(),
                 }
             }
@@ -176,8 +184,11 @@ macro_rules! suite {
                     .execute(store.pool())
                     .await
                     .unwrap();
+                    // A heartbeat lease shorter than the attempt's 1 s, as in production
+                    // (2 s against a 10 s per-attempt timeout).
                     let idem = Idem::transactional(store.clone(), identity::header("x-client-id"))
-                        .with_max_stored_body(max_stored_body);
+                        .with_max_stored_body(max_stored_body)
+                        .with_heartbeat(Duration::from_millis(600));
                     let app = App { store, hooks: Hooks::default() };
                     let router = Router::new()
                         .route("/orders", route_post(create_order))
@@ -319,6 +330,24 @@ macro_rules! suite {
                 assert_eq!(problem["state"], "released");
                 assert_eq!(f.orders().await, 0);
                 assert_eq!(f.state("k-big").await, RecordState::Released);
+            }
+
+            /// An attempt that runs for longer than its heartbeat lease (600 ms) but within
+            /// its time (1 s) commits; one that answers 503 then is rolled back and its key
+            /// released, so that the retry runs at once.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_attempt_longer_than_its_heartbeat_lease_settles_normally() {
+                let Some(f) = Fixture::new(1 << 20).await else { return };
+                let first = post(&f.server, "k-long-ok", "sleep-700ms").await;
+                assert_eq!(first.status, 201, "{first:?}");
+                assert_eq!(f.orders().await, 1);
+                let busy = post(&f.server, "k-long-503", "sleep-700ms-503").await;
+                assert_eq!(busy.status, 503);
+                assert_eq!(f.state("k-long-503").await, RecordState::Released);
+                assert_eq!(f.orders().await, 1, "the 503's write rolled back");
+                let retry = post(&f.server, "k-long-503", "ok").await;
+                assert_eq!(retry.status, 201);
+                assert_eq!(f.orders().await, 2);
             }
 
             /// Twenty concurrent requests with one key: one order, and every other

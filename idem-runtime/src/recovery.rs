@@ -77,13 +77,14 @@ where
     let Some(expired) = record.lease() else {
         return Recovered::Lost;
     };
-    let lease_len = contract.lease();
     let now = unix_now();
+    let started = tokio::time::Instant::now();
     let lease = Lease {
         token: OwnerToken::random(),
-        until: now.saturating_add(lease_len.as_millis()),
+        until: now.saturating_add(
+            u64::try_from(idem.lease_for(contract).as_millis()).unwrap_or(u64::MAX),
+        ),
     };
-    let deadline = tokio::time::Instant::now() + lease_len.to_std();
     let taken = match idem.store().take_over(key, expired.token, lease, now).await {
         Ok(taken) => taken,
         Err(StoreError::LeaseLost) => return Recovered::Lost,
@@ -93,17 +94,15 @@ where
         // Unreachable in practice: one request wins at most one takeover per round.
         return Recovered::Failed(StoreError::Corrupt("recovery ran twice".into()));
     };
-    let attempt = Held {
-        idem: idem.clone(),
+    let attempt = Held::start(
+        idem,
         contract,
-        key: key.clone(),
-        token: lease.token,
-        deadline,
-        operation_id: taken.operation_id,
-        attempt: taken.attempt,
-        tx: None,
-        _alive: idem.running().enter(lease.token),
-    };
+        key,
+        lease.token,
+        started,
+        taken.operation_id,
+        taken.attempt,
+    );
     tracing::warn!(
         operation = %contract.operation,
         operation_id = %taken.operation_id,

@@ -216,6 +216,21 @@ pub(crate) enum CommitError {
     Commit(StoreError),
 }
 
+/// What [`TxControl::roll_back`] did.
+pub(crate) enum RolledBack {
+    /// Rolled back, and the key released with it (committed).
+    Released,
+    /// Rolled back; the key is for the caller to release, with the right to write that
+    /// the transaction held (with SQLite's one writer, another attempt would otherwise
+    /// take the lock first).
+    Rolled(Reservation),
+    /// Rolled back, and the release refused: the owner token no longer owns the record.
+    LeaseLost,
+    /// The rollback is still waiting (for a statement of the handler that is running)
+    /// when the time is over: it ends on its own, and nothing was committed.
+    Pending,
+}
+
 /// The transaction, as the enforcement drives it.
 #[async_trait]
 pub(crate) trait TxControl: Send + Sync {
@@ -225,6 +240,9 @@ pub(crate) trait TxControl: Send + Sync {
 
     /// Takes the right to begin if it is free now; whether it was.
     async fn try_reserve(&self) -> bool;
+
+    /// [`TransactionalStore::fences_by_lock`] of the store.
+    fn fences_by_lock(&self) -> bool;
 
     /// Begins the transaction (once the key is registered).
     async fn begin(&self) -> Result<(), StoreError>;
@@ -243,10 +261,15 @@ pub(crate) trait TxControl: Send + Sync {
     /// for the rollback itself until `until`; past that, the rollback goes on by itself
     /// (as soon as the handler lets go, or a statement still running ends), and nothing
     /// can be written in the transaction meanwhile. Since idem never commits it, it can
-    /// take no effect: the key may be released at once. Returns the right to write that
-    /// the transaction held, to keep until the key is released (with SQLite's one
-    /// writer, another attempt would otherwise take the lock first).
-    async fn roll_back(self: Arc<Self>, until: Instant) -> Reservation;
+    /// take no effect: the key may be released at once. With a store whose transaction
+    /// fences by its lock (SQLite), what the handler wrote is undone and the key released
+    /// in that same transaction, which then commits.
+    async fn roll_back(
+        self: Arc<Self>,
+        key: &RecordKey,
+        token: OwnerToken,
+        until: Instant,
+    ) -> RolledBack;
 }
 
 impl<DB: Database> Cell<DB> {
@@ -297,6 +320,10 @@ impl<DB: Database> TxControl for Cell<DB> {
         let reservation = self.store.reserve().await?;
         *self.state.lock().await = State::Reserved(reservation);
         Ok(())
+    }
+
+    fn fences_by_lock(&self) -> bool {
+        self.store.fences_by_lock()
     }
 
     async fn try_reserve(&self) -> bool {
@@ -352,22 +379,46 @@ impl<DB: Database> TxControl for Cell<DB> {
         Ok(())
     }
 
-    async fn roll_back(self: Arc<Self>, until: Instant) -> Reservation {
-        let Some(open) = self.take(until).await else {
-            return Reservation::default();
+    async fn roll_back(
+        self: Arc<Self>,
+        key: &RecordKey,
+        token: OwnerToken,
+        until: Instant,
+    ) -> RolledBack {
+        let Some(mut open) = self.take(until).await else {
+            return RolledBack::Rolled(Reservation::default());
         };
         // A rollback queued behind a statement that is still running ends when that
         // statement does: wait for it at most until `until`.
         let cell = Arc::clone(&self);
-        let rollback = tokio::spawn(async move { cell.rollback(open).await });
+        let (key, token) = (key.clone(), token);
+        let rollback = tokio::spawn(async move {
+            match cell.store.release_in(&mut open, &key, token).await {
+                Ok(true) => match open.tx.commit().await {
+                    Ok(()) => RolledBack::Released,
+                    Err(error) => {
+                        let error = cell.store.rollback_failed(error);
+                        tracing::warn!(error = %error, "idem: committing the release failed");
+                        RolledBack::Rolled(Reservation::default())
+                    }
+                },
+                Ok(false) | Err(StoreError::TransactionEnded(_) | StoreError::Unavailable(_)) => {
+                    RolledBack::Rolled(cell.rollback(open).await)
+                }
+                Err(_) => {
+                    let _ = cell.rollback(open).await;
+                    RolledBack::LeaseLost
+                }
+            }
+        });
         match tokio::time::timeout_at(until, rollback).await {
-            Ok(Ok(reservation)) => reservation,
-            Ok(Err(_)) => Reservation::default(),
+            Ok(Ok(rolled)) => rolled,
+            Ok(Err(_)) => RolledBack::Rolled(Reservation::default()),
             Err(_elapsed) => {
                 tracing::warn!(
-                    "idem: the rollback waits for a statement of the handler that is still running; the key is released meanwhile"
+                    "idem: the rollback waits for a statement of the handler that is still running"
                 );
-                Reservation::default()
+                RolledBack::Pending
             }
         }
     }

@@ -223,16 +223,26 @@ async fn killed_before_the_commit_no_payment_exists_and_the_retry_runs() {
     );
     assert_eq!(payments_in(&url).await, 0);
 
+    let _ = sent;
+    let killed = Instant::now();
     let service = Service::start(&url, &[], &[]);
-    let early = post(&service, "pay-crash-before", &payment(1234)).await;
-    assert_eq!(early.status, StatusCode::CONFLICT);
-    tokio::time::sleep(
-        Duration::from_secs(10).saturating_sub(sent.elapsed()) + Duration::from_millis(300),
-    )
-    .await;
+    // Told to wait until the dead attempt's 2 s heartbeat lease ends, then decided.
+    let until = killed + Duration::from_secs(6);
+    while post(&service, "pay-crash-before", &payment(1234))
+        .await
+        .status
+        == StatusCode::CONFLICT
+    {
+        assert!(Instant::now() < until, "never decided");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(killed.elapsed() < Duration::from_millis(3500));
     let retry = post(&service, "pay-crash-before", &payment(1234)).await;
     assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.json());
-    assert!(!retry.replayed());
+    assert!(
+        retry.replayed(),
+        "the retry that was decided ran it; this one replays"
+    );
     assert_eq!(payments_in(&url).await, 1);
 }
 

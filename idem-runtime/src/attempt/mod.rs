@@ -17,6 +17,7 @@
 
 mod current;
 mod guard;
+mod heartbeat;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use std::sync::Arc;
@@ -28,6 +29,7 @@ use tokio::time::Instant;
 
 pub use self::current::Attempt;
 pub use self::guard::Guard;
+use self::heartbeat::Heartbeat;
 use crate::answer::{self, with_operation_id};
 use crate::idem::running::Alive;
 use crate::replay::{Captured, capture, replay, select_headers};
@@ -35,7 +37,7 @@ use crate::replay::{Captured, capture, replay, select_headers};
 use crate::store::OperationState;
 use crate::store::{OwnerToken, RecordKey, StoreError, StoredResponse, unix_now};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-use crate::transaction::{CommitError, TxControl};
+use crate::transaction::{CommitError, RolledBack, TxControl};
 use crate::{Idem, OperationId, fault};
 
 /// The longest share of a lease kept back from the handler to record its outcome: the
@@ -84,7 +86,9 @@ pub(crate) struct Held {
     pub(crate) contract: &'static Contract,
     pub(crate) key: RecordKey,
     pub(crate) token: OwnerToken,
-    /// When the lease ends, on the monotonic clock.
+    /// When the attempt's time ends (the contract's lease: its per-attempt timeout, or
+    /// else its deadline), on the monotonic clock. The lease in the store is shorter and
+    /// renewed meanwhile ([`Heartbeat`]).
     pub(crate) deadline: Instant,
     pub(crate) operation_id: OperationId,
     pub(crate) attempt: u32,
@@ -92,10 +96,49 @@ pub(crate) struct Held {
     pub(crate) tx: Option<AttemptTx>,
     /// Holds the lease, even past its end, for as long as this attempt is alive
     /// ([`crate::idem::running::Running`]).
-    pub(crate) _alive: Alive,
+    _alive: Alive,
+    /// Renews the lease in the store while the attempt is alive.
+    heartbeat: Heartbeat,
 }
 
 impl Held {
+    /// The attempt that holds `key` under `token`, from `started` (on the monotonic
+    /// clock): it counts as running in this process and renews its lease until dropped.
+    #[allow(clippy::too_many_arguments, reason = "the fields of one attempt")]
+    pub(crate) fn start(
+        idem: &Idem,
+        contract: &'static Contract,
+        key: &RecordKey,
+        token: OwnerToken,
+        started: Instant,
+        operation_id: OperationId,
+        attempt: u32,
+    ) -> Held {
+        Held {
+            idem: idem.clone(),
+            contract,
+            key: key.clone(),
+            token,
+            deadline: started + contract.lease().to_std(),
+            operation_id,
+            attempt,
+            tx: None,
+            _alive: idem.running().enter(token),
+            heartbeat: Heartbeat::start(idem, key.clone(), token, idem.lease_for(contract)),
+        }
+    }
+
+    /// Attaches the attempt's transaction. With a store whose transaction holds the only
+    /// write lock (SQLite), the heartbeat pauses: no other writer can act on the record
+    /// until the transaction ends, and the renewal would wait for that lock.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) fn attach(&mut self, tx: AttemptTx) {
+        if tx.fences_by_lock() {
+            self.heartbeat.pause();
+        }
+        self.tx = Some(tx);
+    }
+
     /// When the handler, and the reading of its answer, must be done: the end of the
     /// lease less [`SETTLE_MARGIN`] (a tenth of the lease when that is less).
     pub(crate) fn handler_deadline(&self) -> Instant {
@@ -338,8 +381,25 @@ impl Held {
         // statement of the handler that is still running), the rest to the release.
         let now = Instant::now();
         let halfway = now + self.deadline.saturating_duration_since(now) / 2;
-        // The writer's turn (SQLite) is kept until the key is released.
-        let _writer = Arc::clone(tx).roll_back(halfway).await;
+        let _writer = match Arc::clone(tx)
+            .roll_back(&self.key, self.token, halfway)
+            .await
+        {
+            RolledBack::Released => {
+                self.log_outcome("released", 0);
+                return answer(OperationState::Released);
+            }
+            RolledBack::LeaseLost => {
+                self.log_lease_lost("release");
+                return answer(OperationState::Processing);
+            }
+            // Nothing can commit; the release goes on beside the unfinished rollback
+            // (on PostgreSQL, on another connection; with SQLite it waits for the lock
+            // the rollback holds, within the lease).
+            RolledBack::Pending => crate::store::Reservation::default(),
+            // The writer's turn (SQLite) is kept until the key is released.
+            RolledBack::Rolled(writer) => writer,
+        };
         match tokio::time::timeout_at(self.deadline, self.release_after_rollback(answer)).await {
             Ok(answered) => answered,
             // The release waits for a lock the unfinished rollback holds (SQLite's one
@@ -369,12 +429,40 @@ impl Held {
     ) -> Response {
         match self.store_release().await {
             Ok(()) => answer(OperationState::Released),
-            Err(StoreError::LeaseLost) => {
-                self.log_lease_lost("release");
-                answer(OperationState::Processing)
-            }
+            Err(StoreError::LeaseLost) => match self.release_lapsed().await {
+                Ok(()) => answer(OperationState::Released),
+                Err(StoreError::LeaseLost) => {
+                    self.log_lease_lost("release");
+                    answer(OperationState::Processing)
+                }
+                Err(error) => self.write_failed("release", &error),
+            },
             Err(error) => self.write_failed("release", &error),
         }
+    }
+
+    /// Releases the key of a rolled-back attempt whose lease lapsed (its renewals came
+    /// late) but that nobody took over: the attempt takes its own ended lease over (the
+    /// compare-and-set of recovery, which fails if anyone else's token holds the record)
+    /// and releases under the new one. Nothing of the attempt was committed, so the
+    /// release is sound; the takeover counts one attempt, like any.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    async fn release_lapsed(&self) -> Result<(), StoreError> {
+        let now = unix_now();
+        let lease = crate::store::Lease {
+            token: OwnerToken::random(),
+            until: now.saturating_add(
+                u64::try_from(self.idem.lease_for(self.contract).as_millis()).unwrap_or(u64::MAX),
+            ),
+        };
+        self.idem
+            .store()
+            .take_over(&self.key, self.token, lease, now)
+            .await?;
+        self.idem
+            .store()
+            .release(&self.key, lease.token, unix_now())
+            .await
     }
 
     /// The outcome of an attempt without a transaction is unknown: its lease ends now,

@@ -222,7 +222,7 @@ where
                             &error,
                         ));
                     }
-                    attempt.tx = Some(tx);
+                    attempt.attach(tx);
                 }
                 Ok(Enforced {
                     inner,

@@ -50,7 +50,7 @@ where
     let mut make_recoverer = Some(make_recoverer);
     let mut wait_until: Option<Instant> = None;
     let mut last_id = None;
-    let lease_len = contract.lease();
+    let lease_len = idem.lease_for(contract);
     for _ in 0..MAX_ROUNDS {
         let now = unix_now();
         let started = Instant::now();
@@ -59,7 +59,7 @@ where
             fingerprint: fingerprint.to_owned(),
             lease: Lease {
                 token: OwnerToken::random(),
-                until: now.saturating_add(lease_len.as_millis()),
+                until: now.saturating_add(u64::try_from(lease_len.as_millis()).unwrap_or(u64::MAX)),
             },
             expires_at: now.saturating_add(contract.ttl.as_millis()),
             transactional,
@@ -72,17 +72,15 @@ where
                     attempt = record.attempt,
                     "idem: key registered"
                 );
-                return Registered::Run(Held {
-                    idem: idem.clone(),
+                return Registered::Run(Held::start(
+                    idem,
                     contract,
-                    key: key.clone(),
-                    token: new.lease.token,
-                    deadline: started + lease_len.to_std(),
-                    operation_id: record.operation_id,
-                    attempt: record.attempt,
-                    tx: None,
-                    _alive: idem.running().enter(new.lease.token),
-                });
+                    key,
+                    new.lease.token,
+                    started,
+                    record.operation_id,
+                    record.attempt,
+                ));
             }
             Ok(Begin::Exists(record)) => record,
             Err(error) => {

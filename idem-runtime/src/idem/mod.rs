@@ -36,6 +36,11 @@ pub const DEFAULT_REPLAYED_HEADERS: [HeaderName; 7] = [
 /// 1 MiB.
 pub const DEFAULT_MAX_STORED_BODY: usize = 1024 * 1024;
 
+/// The lease an attempt holds in the store, renewed while it runs, unless
+/// [`Idem::with_heartbeat`] says otherwise: 2 seconds. An instance that dies with an
+/// attempt in flight is noticed within it.
+pub const DEFAULT_HEARTBEAT_LEASE: Duration = Duration::from_secs(2);
+
 /// The `Retry-After` of 503 `store-unavailable` unless
 /// [`Idem::with_unavailable_retry_after`] says otherwise: 2 seconds.
 pub const DEFAULT_UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(2);
@@ -81,6 +86,7 @@ struct Inner {
     replayed_headers: Arc<[HeaderName]>,
     max_stored_body: usize,
     unavailable_retry_after: Duration,
+    heartbeat_lease: Duration,
     /// The attempts alive in this process (shared by every clone).
     running: Arc<Running>,
     /// The operation names claimed so far (shared by every clone).
@@ -122,6 +128,7 @@ impl Idem {
                 replayed_headers: DEFAULT_REPLAYED_HEADERS.into(),
                 max_stored_body: DEFAULT_MAX_STORED_BODY,
                 unavailable_retry_after: DEFAULT_UNAVAILABLE_RETRY_AFTER,
+                heartbeat_lease: DEFAULT_HEARTBEAT_LEASE,
                 running: Arc::default(),
                 names: Arc::default(),
             }),
@@ -155,6 +162,21 @@ impl Idem {
     pub fn with_unavailable_retry_after(mut self, after: Duration) -> Idem {
         self.inner_mut().unavailable_retry_after = after;
         self
+    }
+
+    /// The lease an attempt holds in the store, renewed every third of it while the
+    /// attempt runs (a heartbeat), so that an attempt whose instance died is noticed
+    /// within one lease, whatever the contract's per-attempt timeout; the attempt itself
+    /// still has the whole per-attempt timeout. A contract whose per-attempt timeout (or
+    /// deadline) is shorter uses that. Zero is taken as one millisecond.
+    pub fn with_heartbeat(mut self, lease: Duration) -> Idem {
+        self.inner_mut().heartbeat_lease = lease.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The lease an attempt of `contract` holds in the store at a time.
+    pub fn lease_for(&self, contract: &idem_contract::Contract) -> Duration {
+        self.inner.heartbeat_lease.min(contract.lease().to_std())
     }
 
     /// The store.

@@ -90,6 +90,21 @@ const COMPLETE: &str = "UPDATE idem_records
     WHERE operation = ?1 AND client = ?2 AND key = ?3
       AND state = 'processing' AND token = ?4 AND lease_until > ?5";
 
+/// [`COMPLETE`] inside an attempt's transaction, which holds the write lock: the owner
+/// token alone (`?4`) fences.
+const COMPLETE_LOCKED: &str = "UPDATE idem_records
+    SET state = 'completed', token = NULL, lease_until = NULL,
+        status = ?5, headers = ?6, body = ?7, reason = NULL
+    WHERE operation = ?1 AND client = ?2 AND key = ?3
+      AND state = 'processing' AND token = ?4";
+
+/// [`RELEASE`] inside an attempt's transaction, which holds the write lock: the owner
+/// token alone (`?4`) fences.
+const RELEASE_LOCKED: &str = "UPDATE idem_records
+    SET state = 'released', token = NULL, lease_until = NULL
+    WHERE operation = ?1 AND client = ?2 AND key = ?3
+      AND state = 'processing' AND token = ?4";
+
 const RELEASE: &str = "UPDATE idem_records
     SET state = 'released', token = NULL, lease_until = NULL
     WHERE operation = ?1 AND client = ?2 AND key = ?3
@@ -675,6 +690,12 @@ impl TransactionalStore for SqliteStore {
             .execute(&mut *tx)
             .await
             .map_err(|e| self.fault(e))?;
+        // What the handler writes comes after this savepoint, so that it can be undone
+        // while the key is released in the same transaction (`release_in`).
+        sqlx::query("SAVEPOINT idem_business")
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.fault(e))?;
         Ok(OpenTransaction::new(tx, marker, reservation))
     }
 
@@ -704,8 +725,58 @@ impl TransactionalStore for SqliteStore {
             }
             Err(error) => return Err(self.fault(error)),
         }
-        self.complete_on(&mut tx.tx, key, token, response, now)
+        // The transaction holds the only write lock since its `BEGIN IMMEDIATE`, after
+        // the key was registered: no other writer can have taken the record over
+        // meanwhile, so the owner token is the whole fence (the lease is not renewed
+        // while the lock is held, and may have run out on the clock).
+        let _ = now;
+        let result = sqlx::query(COMPLETE_LOCKED)
+            .bind(&key.operation)
+            .bind(&key.client)
+            .bind(&key.key)
+            .bind(token.to_string())
+            .bind(i64::from(response.status))
+            .bind(encode_headers(&response.headers))
+            .bind(response.body.as_ref())
+            .execute(&mut *tx.tx)
             .await
+            .map_err(|e| self.fault(e))?;
+        changed_one(result.rows_affected())
+    }
+
+    /// `ROLLBACK TO SAVEPOINT idem_business` (what the handler wrote is undone, the lock
+    /// is kept), then the release by the owner token alone, in the same transaction.
+    async fn release_in(
+        &self,
+        tx: &mut OpenTransaction<Sqlite>,
+        key: &RecordKey,
+        token: OwnerToken,
+    ) -> Result<bool, StoreError> {
+        match sqlx::query("ROLLBACK TO SAVEPOINT idem_business")
+            .execute(&mut *tx.tx)
+            .await
+        {
+            Ok(_) => {}
+            Err(sqlx::Error::Database(db)) if db.message().contains("no such savepoint") => {
+                return Err(StoreError::TransactionEnded(
+                    "SQLite rolled it back by itself, or the handler ended it".into(),
+                ));
+            }
+            Err(error) => return Err(self.fault(error)),
+        }
+        let result = sqlx::query(RELEASE_LOCKED)
+            .bind(&key.operation)
+            .bind(&key.client)
+            .bind(&key.key)
+            .bind(token.to_string())
+            .execute(&mut *tx.tx)
+            .await
+            .map_err(|e| self.fault(e))?;
+        changed_one(result.rows_affected()).map(|()| true)
+    }
+
+    fn fences_by_lock(&self) -> bool {
+        true
     }
 
     fn fault(&self, error: sqlx::Error) -> StoreError {

@@ -116,6 +116,37 @@ pub trait TransactionalStore: Store {
     /// replaced rather than handed out again.
     fn fault(&self, error: sqlx::Error) -> StoreError;
 
+    /// Rolls back what the handler wrote inside `tx` and releases the key in the same
+    /// transaction (the caller then commits it), for a store whose open transaction
+    /// fences out every other writer ([`TransactionalStore::fences_by_lock`]): the release
+    /// then needs neither a live lease nor a wait for the lock. Returns `Ok(false)` when
+    /// the store does not do this (the default); the caller rolls back and releases the
+    /// key on its own.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::TransactionEnded`] when the database ended the transaction by
+    /// itself; [`StoreError::LeaseLost`] when `token` no longer owns the record;
+    /// [`StoreError::Unavailable`].
+    async fn release_in(
+        &self,
+        tx: &mut OpenTransaction<Self::Database>,
+        key: &RecordKey,
+        token: OwnerToken,
+    ) -> Result<bool, StoreError> {
+        let _ = (tx, key, token);
+        Ok(false)
+    }
+
+    /// Whether an open transaction holds the database's only write lock (SQLite), so
+    /// that no other writer can act on a record until it ends: then an attempt's lease
+    /// is not renewed while its transaction is open (the renewal would wait for that
+    /// lock), and [`TransactionalStore::complete_in`] fences by the owner token alone.
+    /// `false` by default.
+    fn fences_by_lock(&self) -> bool {
+        false
+    }
+
     /// A rollback failed: the connection may still count as inside a transaction, so it
     /// must not be handed out again. The default notes the error with
     /// [`TransactionalStore::fault`].
