@@ -17,6 +17,10 @@ use crate::store::{OwnerToken, RecordKey, StoreError, unix_now};
 /// that finds the lease lost stops the heartbeat.
 pub(crate) struct Heartbeat {
     task: tokio::task::JoinHandle<()>,
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres")),
+        allow(dead_code, reason = "paused only in the transactional mode")
+    )]
     paused: Arc<AtomicBool>,
 }
 
@@ -55,6 +59,7 @@ impl Heartbeat {
     /// Stops renewing without ending the heartbeat: for an attempt whose transaction holds
     /// the database's only write lock (SQLite), which fences out every other writer until
     /// it ends, and which the renewal would wait for.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) fn pause(&self) {
         self.paused.store(true, Ordering::SeqCst);
     }

@@ -97,7 +97,11 @@ pub(crate) struct Held {
     /// Holds the lease, even past its end, for as long as this attempt is alive
     /// ([`crate::idem::running::Running`]).
     _alive: Alive,
-    /// Renews the lease in the store while the attempt is alive.
+    /// Renews the lease in the store while the attempt is alive (until dropped).
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres")),
+        allow(dead_code, reason = "paused only in the transactional mode")
+    )]
     heartbeat: Heartbeat,
 }
 
