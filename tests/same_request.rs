@@ -1,6 +1,6 @@
 //! What counts as the same request (DESIGN §4.2), over real sockets: the key as the
-//! client meant it (bare or an RFC 8941 string), the request's path parameters, and the
-//! client identity's rules.
+//! client meant it (bare or an RFC 8941 string), the request's path parameters, form
+//! bodies, and the client identity's rules.
 
 mod common;
 
@@ -81,6 +81,62 @@ async fn add_source(
     )
 }
 
+#[derive(Deserialize)]
+struct CreateCharge {
+    amount: i64,
+    currency: String,
+    #[serde(default)]
+    #[allow(dead_code)]
+    note: String,
+}
+
+/// A Stripe-style form body, with the key in a header.
+#[idem::contract(
+    key_scope = client,
+    fingerprint = [amount, currency],
+    ttl = "1h",
+    deadline = "10s",
+    max_attempts = 4,
+    retryable = [503],
+    concurrency = conflict,
+    status_lookup = order_status,
+    recovery = manual("https://runbooks.example.com/charges"),
+)]
+async fn create_charge(
+    State(app): State<App>,
+    axum::Form(charge): axum::Form<CreateCharge>,
+) -> impl IntoResponse {
+    let run = app.runs.fetch_add(1, SeqCst) + 1;
+    (
+        StatusCode::CREATED,
+        Json(json!({ "run": run, "amount": charge.amount, "currency": charge.currency })),
+    )
+}
+
+/// Repeated `tag` members are ignored by serde here, but they are significant content.
+#[derive(Deserialize)]
+struct Tagged {
+    #[allow(dead_code)]
+    reference: String,
+}
+
+/// A form body whose key is a form field, and whose whole body is significant.
+#[idem::contract(
+    key_scope = client(body = reference),
+    fingerprint = body,
+    ttl = "1h",
+    deadline = "10s",
+    max_attempts = 4,
+    retryable = [503],
+    concurrency = conflict,
+    status_lookup = order_status,
+    recovery = manual("https://runbooks.example.com/tags"),
+)]
+async fn tag(State(app): State<App>, axum::Form(_tagged): axum::Form<Tagged>) -> impl IntoResponse {
+    let run = app.runs.fetch_add(1, SeqCst) + 1;
+    (StatusCode::CREATED, Json(json!({ "run": run })))
+}
+
 async fn server() -> (TestServer, App) {
     let app = App::default();
     let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"));
@@ -88,6 +144,8 @@ async fn server() -> (TestServer, App) {
         .route("/orders", post(create_order))
         .route("/orders/operations/{key}", get(order_status))
         .route("/customers/{customer}/sources", post(add_source))
+        .route("/charges", post(create_charge))
+        .route("/tags", post(tag))
         .with_state(app.clone())
         .layer(idem.layer());
     (TestServer::start(router).await, app)
@@ -217,5 +275,97 @@ async fn the_same_key_and_body_on_another_resource_is_refused() {
     assert_eq!(again.body, first.body);
     let encoded = add("cus%5F1").await;
     assert!(encoded.replayed(), "`%5F` is `_`: the same customer");
+    assert_eq!(app.runs.load(SeqCst), 1);
+}
+
+async fn post_form(
+    server: &TestServer,
+    path: &str,
+    key: Option<&str>,
+    body: &'static [u8],
+) -> Answer {
+    let mut request = client()
+        .post(server.url(path))
+        .header("x-client-id", "client-a")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(body);
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    send(request).await
+}
+
+/// A form body gets the same enforcement as JSON: its fields are the fingerprint's
+/// fields, member order does not matter, another value is 422, a field outside the
+/// fingerprint may differ, and a body that is not UTF-8 once decoded is 400.
+#[tokio::test]
+async fn a_form_body_is_fingerprinted_by_its_fields() {
+    let (server, app) = server().await;
+    let first = post_form(
+        &server,
+        "/charges",
+        Some("k-charge"),
+        b"amount=100&currency=EUR",
+    )
+    .await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let reordered = post_form(
+        &server,
+        "/charges",
+        Some("k-charge"),
+        b"currency=EUR&note=again&amount=100",
+    )
+    .await;
+    assert!(
+        reordered.replayed(),
+        "member order and other fields do not matter"
+    );
+    post_form(
+        &server,
+        "/charges",
+        Some("k-charge"),
+        b"amount=999&currency=EUR",
+    )
+    .await
+    .problem(422, "fingerprint-mismatch");
+    post_form(
+        &server,
+        "/charges",
+        Some("k-bad"),
+        b"amount=100&currency=%FF",
+    )
+    .await
+    .problem(400, "body-malformed");
+    assert_eq!(app.runs.load(SeqCst), 1);
+}
+
+/// With the key in a form field and the whole body significant: repeated names keep
+/// their order (`tag=a&tag=b` is not `tag=b&tag=a`), other members may come in any order,
+/// and a key sent twice is refused.
+#[tokio::test]
+async fn a_form_body_key_and_repeated_names() {
+    let (server, app) = server().await;
+    let first = post_form(&server, "/tags", None, b"reference=r-1&tag=a&tag=b").await;
+    assert_eq!(first.status, 201, "{first:?}");
+    assert!(
+        post_form(&server, "/tags", None, b"tag=a&reference=r-1&tag=b")
+            .await
+            .replayed()
+    );
+    post_form(&server, "/tags", None, b"reference=r-1&tag=b&tag=a")
+        .await
+        .problem(422, "fingerprint-mismatch");
+    post_form(&server, "/tags", None, b"tag=a")
+        .await
+        .problem(400, "key-missing");
+    let twice = post_form(&server, "/tags", None, b"reference=r-2&reference=r-3").await;
+    let problem = twice.problem(400, "key-malformed");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("more than once"),
+        "{problem}"
+    );
     assert_eq!(app.runs.load(SeqCst), 1);
 }

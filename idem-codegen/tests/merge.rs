@@ -279,6 +279,55 @@ fn a_contract_that_fits_its_document_has_no_warnings() {
     assert!(merged.warnings.is_empty(), "{:?}", merged.warnings);
 }
 
+/// The request body's media type decides how its fields are read: a form body's fields
+/// are checked against its schema (and must be flat); a body idem cannot read fields of
+/// (here `multipart/form-data`) is warned about when the contract names fields.
+#[test]
+fn a_fingerprint_that_does_not_fit_the_media_type_is_warned_about() {
+    let with_media = |media: &str| {
+        let mut doc = orders_doc();
+        let body = &mut doc.root["paths"]["/orders"]["post"]["requestBody"]["content"];
+        let schema = body["application/json"].clone();
+        *body = json!({ media: schema });
+        doc
+    };
+    let mut doc = with_media("application/x-www-form-urlencoded");
+    let merged = openapi::merge(
+        &mut doc,
+        &orders_contract(|c| {
+            c["fingerprint"] = json!({ "fields": ["customer_id", "amount", "shipping.zip"] });
+        }),
+    )
+    .unwrap();
+    let warnings: Vec<String> = merged.warnings.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        warnings,
+        [
+            "c.json: warning: contract 1: `create_order`: the fingerprint field `amount` is not in the form request body of `POST /orders` in orders.yaml: the body has no property `amount` (it has `customer_id`, `currency`, `amount_minor`, `items` and `shipping`); the document or the contract is out of date",
+            "c.json: warning: contract 1: `create_order`: the fingerprint field `shipping.zip` is nested, but `POST /orders` takes a form body (`application/x-www-form-urlencoded`), whose fields are flat; name the form field itself",
+        ]
+    );
+
+    let mut doc = with_media("multipart/form-data");
+    let merged = openapi::merge(&mut doc, &orders_contract(|_| {})).unwrap();
+    let warnings: Vec<String> = merged.warnings.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        warnings,
+        [
+            "c.json: warning: contract 1: `create_order`: the contract reads fields of the request body, but `POST /orders` takes only `multipart/form-data`: idem reads the fields of JSON and `application/x-www-form-urlencoded` bodies; write `fingerprint = body` (the bytes as received) and take the key from a header"
+        ]
+    );
+    let mut doc = with_media("multipart/form-data");
+    let merged = openapi::merge(
+        &mut doc,
+        &orders_contract(|c| {
+            c["fingerprint"] = json!("body");
+        }),
+    )
+    .unwrap();
+    assert!(merged.warnings.is_empty(), "{:?}", merged.warnings);
+}
+
 #[test]
 fn contracts_that_do_not_fit_their_document_are_warned_about() {
     let found = orders_contract(|c| {

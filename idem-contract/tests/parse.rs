@@ -273,7 +273,7 @@ fn not_async_and_no_json_body() {
         async fn create_order(headers: HeaderMap) {}
     );
     let parsed = run(full(), item);
-    assert!(messages(&parsed)[0].starts_with("fingerprint fields are members of the JSON body, but `create_order` takes no `Json<T>` argument"));
+    assert!(messages(&parsed)[0].starts_with("fingerprint fields are members of the request body, but `create_order` takes no `Json<T>` or `Form<T>` argument"));
 }
 
 #[test]

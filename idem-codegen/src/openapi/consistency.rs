@@ -35,23 +35,39 @@ pub(super) fn check(doc: &Document, contracts: &[Sourced], found: &[Operation]) 
     for (sourced, op) in contracts.iter().zip(found) {
         let name = &sourced.contract.operation;
         let mut warn = |message: String| out.push(sourced.origin.warning(message));
-        if let Some(schema) = op.get(&doc.root).and_then(|o| body_schema(&doc.root, o)) {
-            let mut fields: Vec<(&str, &str)> = Vec::new();
-            if let KeySource::Body { field } = &sourced.contract.key_scope.source {
-                fields.push(("the key field", field.as_str()));
-            }
-            if let Fingerprint::Fields(list) = &sourced.contract.fingerprint {
-                fields.extend(list.iter().map(|f| ("the fingerprint field", f.as_str())));
-            }
-            for (what, path) in fields {
-                if let Some(missing) = missing_member(&doc.root, schema, path) {
-                    warn(format!(
-                        "`{name}`: {what} `{path}` is not in the JSON request body of `{}` in {}: {missing}; the document or the contract is out of date",
-                        op.label(),
-                        doc.path.display(),
-                    ));
+        let mut fields: Vec<(&str, &str)> = Vec::new();
+        if let KeySource::Body { field } = &sourced.contract.key_scope.source {
+            fields.push(("the key field", field.as_str()));
+        }
+        if let Fingerprint::Fields(list) = &sourced.contract.fingerprint {
+            fields.extend(list.iter().map(|f| ("the fingerprint field", f.as_str())));
+        }
+        match op.get(&doc.root).and_then(|o| body_media(&doc.root, o)) {
+            Some(BodyMedia::Read { kind, schema }) => {
+                for (what, path) in &fields {
+                    if kind == "form" && path.contains('.') {
+                        warn(format!(
+                            "`{name}`: {what} `{path}` is nested, but `{}` takes a form body (`application/x-www-form-urlencoded`), whose fields are flat; name the form field itself",
+                            op.label(),
+                        ));
+                    } else if let Some(missing) =
+                        schema.and_then(|s| missing_member(&doc.root, s, path))
+                    {
+                        warn(format!(
+                            "`{name}`: {what} `{path}` is not in the {kind} request body of `{}` in {}: {missing}; the document or the contract is out of date",
+                            op.label(),
+                            doc.path.display(),
+                        ));
+                    }
                 }
             }
+            Some(BodyMedia::Unread(media)) if !fields.is_empty() => {
+                warn(format!(
+                    "`{name}`: the contract reads fields of the request body, but `{}` takes only {media}: idem reads the fields of JSON and `application/x-www-form-urlencoded` bodies; write `fingerprint = body` (the bytes as received) and take the key from a header",
+                    op.label(),
+                ));
+            }
+            _ => {}
         }
         if let (Some(path), Route::Path(_)) = (&sourced.contract.status_lookup.path, &op.route)
             && let Some(problem) = lookup_problem(doc, &all, path)
@@ -64,9 +80,21 @@ pub(super) fn check(doc: &Document, contracts: &[Sourced], found: &[Operation]) 
     out
 }
 
-/// The schema of the operation's JSON request body (`application/json`, else a
-/// `+json` media type), if it has one that resolves.
-fn body_schema<'a>(root: &'a Value, op: &'a Value) -> Option<&'a Value> {
+/// The request body of an operation, as idem reads its fields.
+enum BodyMedia<'a> {
+    /// A body idem reads fields of: `kind` is `JSON` or `form`, with its schema if any.
+    Read {
+        kind: &'static str,
+        schema: Option<&'a Value>,
+    },
+    /// A body of other media types only, named for the warning.
+    Unread(String),
+}
+
+/// The operation's request body: JSON (`application/json`, else a `+json` media type)
+/// first, then a form (`application/x-www-form-urlencoded`), else the media types it
+/// has. `None` without a request body.
+fn body_media<'a>(root: &'a Value, op: &'a Value) -> Option<BodyMedia<'a>> {
     let body = refs::resolve(root, op.get("requestBody")?)?;
     let content = body.get("content")?.as_object()?;
     let essence = |media: &str| {
@@ -77,11 +105,30 @@ fn body_schema<'a>(root: &'a Value, op: &'a Value) -> Option<&'a Value> {
             .trim()
             .to_ascii_lowercase()
     };
-    let (_, media) = content
+    let json = content
         .iter()
         .find(|(m, _)| essence(m) == "application/json")
-        .or_else(|| content.iter().find(|(m, _)| essence(m).ends_with("+json")))?;
-    media.get("schema")
+        .or_else(|| content.iter().find(|(m, _)| essence(m).ends_with("+json")));
+    if let Some((_, media)) = json {
+        return Some(BodyMedia::Read {
+            kind: "JSON",
+            schema: media.get("schema"),
+        });
+    }
+    if let Some((_, media)) = content
+        .iter()
+        .find(|(m, _)| essence(m) == "application/x-www-form-urlencoded")
+    {
+        return Some(BodyMedia::Read {
+            kind: "form",
+            schema: media.get("schema"),
+        });
+    }
+    if content.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = content.keys().map(|m| format!("`{m}`")).collect();
+    Some(BodyMedia::Unread(names.join(", ")))
 }
 
 /// Why the dotted member `path` is not in `schema`, or `None` when it is or when the

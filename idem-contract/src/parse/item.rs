@@ -11,8 +11,8 @@ use super::Ctxt;
 pub struct Handler {
     /// The function's name; also the operation's name.
     pub ident: Ident,
-    /// `T` of the first argument typed `Json<T>`: the body type that fingerprint fields and
-    /// a body key are checked against.
+    /// `T` of the first argument typed `Json<T>` or `Form<T>`: the body type that
+    /// fingerprint fields and a body key are checked against.
     pub body: Option<Type>,
     /// `T` of the first argument typed `State<T>`: what a reconcile function receives.
     pub state: Option<Type>,
@@ -78,7 +78,7 @@ pub(super) fn handler(cx: &mut Ctxt, item: &Item) -> Option<Handler> {
     let mut state = None;
     for ty in types {
         if body.is_none() {
-            body = wrapped(ty, "Json").cloned();
+            body = wrapped(ty, "Json").or_else(|| wrapped(ty, "Form")).cloned();
         }
         if state.is_none() {
             state = wrapped(ty, "State").cloned();

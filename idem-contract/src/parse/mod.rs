@@ -392,8 +392,8 @@ fn report_missing(cx: &mut Ctxt, slots: &mut Slots, attr_span: Span, suggested: 
     cx.error(attr_span, message);
 }
 
-/// Fingerprint fields and a body key are members of the JSON body, so the handler must
-/// take one (`Json<T>`): that is the type the compiler checks them against.
+/// Fingerprint fields and a body key are members of the body, so the handler must take
+/// one (`Json<T>` or `Form<T>`): that is the type the compiler checks them against.
 fn check_body_needed(cx: &mut Ctxt, slots: &mut Slots, parsed: &Parsed) {
     let Some(handler) = &parsed.handler else {
         return;
@@ -405,7 +405,7 @@ fn check_body_needed(cx: &mut Ctxt, slots: &mut Slots, parsed: &Parsed) {
     if let Some((Fingerprint::Fields(_), tokens)) = slot(&mut slots.fingerprint).get() {
         cx.error_spanned(
             tokens,
-            format!("fingerprint fields are members of the JSON body, but `{name}` takes no `Json<T>` argument: add one, or write `fingerprint = body`"),
+            format!("fingerprint fields are members of the request body, but `{name}` takes no `Json<T>` or `Form<T>` argument (written with those names): add one, or write `fingerprint = body`"),
         );
     }
     if let Some((scope, tokens)) = slot(&mut slots.key_scope).get()
@@ -413,7 +413,7 @@ fn check_body_needed(cx: &mut Ctxt, slots: &mut Slots, parsed: &Parsed) {
     {
         cx.error_spanned(
             tokens,
-            format!("`body = ..` reads the key from the JSON body, but `{name}` takes no `Json<T>` argument: add one, or read the key from a header"),
+            format!("`body = ..` reads the key from the request body, but `{name}` takes no `Json<T>` or `Form<T>` argument (written with those names): add one, or read the key from a header"),
         );
     }
 }

@@ -138,8 +138,15 @@ where
             .await
             .map_err(|rejection| answer::body_unreadable(&rejection))?;
 
-        let doc = if header_key.is_none() || matches!(contract.fingerprint, Fingerprint::Fields(_))
-        {
+        // A form body (`Form<T>`) is read as a form; any other body, when a field or a
+        // body key must be read from it, as JSON.
+        let is_form = parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| fingerprint::form::is_form(v.as_bytes()));
+        let doc = if is_form {
+            Some(fingerprint::form::parse(&bytes).map_err(answer::body_malformed)?)
+        } else if header_key.is_none() || matches!(contract.fingerprint, Fingerprint::Fields(_)) {
             Some(Value::parse(&bytes).map_err(|e| {
                 answer::body_malformed(format_args!("the request body is not valid JSON: {e}"))
             })?)
@@ -148,7 +155,7 @@ where
         };
         let key = match (header_key, &doc) {
             (Some(key), _) => key,
-            (None, Some(doc)) => key_from_body(doc, wire, contract)?,
+            (None, Some(doc)) => key_from_body(doc, is_form, wire, contract)?,
             (None, None) => unreachable!("a body key always parses the body"),
         };
         let params: Vec<(&str, &str)> = path_params
@@ -264,13 +271,26 @@ fn key_from_header(
     clippy::result_large_err,
     reason = "a response is what axum rejects with"
 )]
-fn key_from_body(doc: &Value, wire: &Wire, contract: &Contract) -> Result<String, Response> {
+fn key_from_body(
+    doc: &Value,
+    is_form: bool,
+    wire: &Wire,
+    contract: &Contract,
+) -> Result<String, Response> {
     let Some(field) = &wire.key_field else {
         return Err(answer::key_missing(contract));
     };
     match doc.pointer(field.segments()) {
         None | Some(Value::Null) => Err(answer::key_missing(contract)),
         Some(Value::String(key)) => checked_key(key.as_bytes(), &contract.key_scope),
+        // A form field: the array of its values.
+        Some(Value::Array(values)) if is_form => match values.as_slice() {
+            [Value::String(key)] => checked_key(key.as_bytes(), &contract.key_scope),
+            [] => Err(answer::key_missing(contract)),
+            _ => Err(answer::key_malformed_because(&format!(
+                "the idempotency key `{field}` is sent more than once; send one key"
+            ))),
+        },
         Some(_) => Err(answer::key_malformed_because(&format!(
             "the idempotency key `{field}` must be a JSON string"
         ))),
@@ -349,8 +369,14 @@ mod tests {
             field: FieldPath::from_static("ref.id"),
         };
         let wire = crate::wire::resolve(&contract, None).unwrap();
-        let key =
-            |json: &str| key_from_body(&Value::parse(json.as_bytes()).unwrap(), &wire, &contract);
+        let key = |json: &str| {
+            key_from_body(
+                &Value::parse(json.as_bytes()).unwrap(),
+                false,
+                &wire,
+                &contract,
+            )
+        };
         assert_eq!(key(r#"{"ref":{"id":"k-1"}}"#).unwrap(), "k-1");
         for missing in [r#"{}"#, r#"{"ref":{"id":null}}"#, r#"{"ref":"k"}"#] {
             assert!(key(missing).is_err(), "{missing}");

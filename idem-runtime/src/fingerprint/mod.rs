@@ -11,6 +11,10 @@
 //! | `fingerprint = [a, b.c]` | the canonical form of the object `{"a": …, "b.c": …}` holding the declared members found in the body (absent members are left out); the body must be a JSON object |
 //! | `fingerprint = body` | the canonical form of the body if it is JSON, else the bytes as received |
 //!
+//! A body sent as `application/x-www-form-urlencoded` is read as a form ([`form`]): its
+//! names are the members, each with the array of its values, so that `[amount]` names
+//! the form field `amount` and member order does not matter.
+//!
 //! Member order, whitespace and number spelling (`1`, `1.0`, `1e0`) do not change a
 //! fingerprint; array order does.
 //!
@@ -26,6 +30,7 @@
 //! # Ok::<(), idem_runtime::fingerprint::FingerprintError>(())
 //! ```
 
+pub mod form;
 pub mod jcs;
 
 use idem_contract::Fingerprint;

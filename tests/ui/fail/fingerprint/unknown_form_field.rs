@@ -1,0 +1,34 @@
+#![allow(unused)]
+use axum::{Form, http::StatusCode};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct CreateOrder {
+    customer_id: String,
+    amount: u64,
+}
+
+async fn order_status() -> StatusCode {
+    StatusCode::OK
+}
+
+async fn reconcile(_: idem::UnknownOperation) -> idem::Resolution {
+    idem::Resolution::NotApplied
+}
+
+#[idem::contract(
+    key_scope = client,
+    fingerprint = [customer_id, amout],
+    ttl = "24h",
+    deadline = "30s",
+    max_attempts = 4,
+    retryable = [429, 503, timeout],
+    concurrency = conflict,
+    status_lookup = order_status,
+    recovery = reconcile,
+)]
+async fn create_order(Form(order): Form<CreateOrder>) -> StatusCode {
+    StatusCode::CREATED
+}
+
+fn main() {}
