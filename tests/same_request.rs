@@ -137,6 +137,39 @@ async fn tag(State(app): State<App>, axum::Form(_tagged): axum::Form<Tagged>) ->
     (StatusCode::CREATED, Json(json!({ "run": run })))
 }
 
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct ListOptions {
+    expand: Option<String>,
+    #[serde(rename = "pageSize")]
+    page_size: Option<u32>,
+}
+
+/// A command whose `expand` query parameter is significant (and `trace`, not named, is
+/// not).
+#[idem::contract(
+    key_scope = client,
+    fingerprint = ([amount], query = [expand]),
+    ttl = "1h",
+    deadline = "10s",
+    max_attempts = 4,
+    retryable = [503],
+    concurrency = conflict,
+    status_lookup = order_status,
+    recovery = manual("https://runbooks.example.com/exports"),
+)]
+async fn export(
+    State(app): State<App>,
+    axum::extract::Query(_options): axum::extract::Query<ListOptions>,
+    Json(order): Json<CreateOrder>,
+) -> impl IntoResponse {
+    let run = app.runs.fetch_add(1, SeqCst) + 1;
+    (
+        StatusCode::CREATED,
+        Json(json!({ "run": run, "amount": order.amount })),
+    )
+}
+
 async fn server() -> (TestServer, App) {
     let app = App::default();
     let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"));
@@ -146,6 +179,7 @@ async fn server() -> (TestServer, App) {
         .route("/customers/{customer}/sources", post(add_source))
         .route("/charges", post(create_charge))
         .route("/tags", post(tag))
+        .route("/exports", post(export))
         .with_state(app.clone())
         .layer(idem.layer());
     (TestServer::start(router).await, app)
@@ -367,5 +401,29 @@ async fn a_form_body_key_and_repeated_names() {
             .contains("more than once"),
         "{problem}"
     );
+    assert_eq!(app.runs.load(SeqCst), 1);
+}
+
+/// Query parameters the contract names are significant (`expand`), in any order with
+/// others; one it does not name (`trace`) may differ.
+#[tokio::test]
+async fn named_query_parameters_are_significant() {
+    let (server, app) = server().await;
+    let export = |query: &str| {
+        send(
+            client()
+                .post(server.url(&format!("/exports{query}")))
+                .header("x-client-id", "client-a")
+                .header("idempotency-key", "k-export")
+                .json(&json!({ "amount": 100 })),
+        )
+    };
+    let first = export("?expand=customer&trace=1").await;
+    assert_eq!(first.status, 201, "{first:?}");
+    assert!(export("?trace=2&expand=customer").await.replayed());
+    export("?expand=items")
+        .await
+        .problem(422, "fingerprint-mismatch");
+    export("").await.problem(422, "fingerprint-mismatch");
     assert_eq!(app.runs.load(SeqCst), 1);
 }

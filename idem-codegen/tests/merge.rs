@@ -328,6 +328,32 @@ fn a_fingerprint_that_does_not_fit_the_media_type_is_warned_about() {
     assert!(merged.warnings.is_empty(), "{:?}", merged.warnings);
 }
 
+/// A significant query parameter the operation does not declare is warned about; once
+/// declared (here on the path item), it is not.
+#[test]
+fn significant_query_parameters_must_be_declared() {
+    let found = orders_contract(|c| c["fingerprint_query"] = json!(["expand"]));
+    let mut doc = orders_doc();
+    let merged = openapi::merge(&mut doc, &found).unwrap();
+    let warnings: Vec<String> = merged.warnings.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        warnings,
+        [
+            "c.json: warning: contract 1: `create_order`: the significant query parameter `expand` is not a query parameter of `POST /orders` in orders.yaml; the document or the contract is out of date"
+        ]
+    );
+    assert_eq!(
+        doc.root["paths"]["/orders"]["post"]["x-idempotency"]["fingerprint_query"],
+        json!(["expand"]),
+        "published in the extension"
+    );
+    let mut doc = orders_doc();
+    doc.root["paths"]["/orders"]["parameters"] =
+        json!([{ "name": "expand", "in": "query", "schema": { "type": "string" } }]);
+    let merged = openapi::merge(&mut doc, &found).unwrap();
+    assert!(merged.warnings.is_empty(), "{:?}", merged.warnings);
+}
+
 #[test]
 fn contracts_that_do_not_fit_their_document_are_warned_about() {
     let found = orders_contract(|c| {

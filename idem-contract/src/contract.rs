@@ -6,8 +6,13 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Concurrency, Deadline, Duration, Fingerprint, KeyScope, Recovery, Retryable, StatusLookup,
+    Concurrency, Deadline, Duration, FieldPath, Fingerprint, KeyScope, Recovery, Retryable,
+    StatusLookup,
 };
+
+fn no_query(query: &[FieldPath]) -> bool {
+    query.is_empty()
+}
 
 /// The most attempts a contract may allow: more turns one client's recovery into a retry
 /// storm. Ten attempts with exponential backoff already span minutes.
@@ -32,8 +37,14 @@ pub struct Contract {
     pub operation: Cow<'static, str>,
     /// Property 1: where the key comes from and whose namespace it lives in.
     pub key_scope: KeyScope,
-    /// Property 2: the significant content of a request.
+    /// Property 2: the significant content of a request's body (the request's path
+    /// parameters are always significant too).
     pub fingerprint: Fingerprint,
+    /// Property 2, continued: the query parameters that are significant too, by name
+    /// (`fingerprint = ([amount], query = [expand])`); none by default. Left out of the
+    /// serialised form when empty.
+    #[serde(default, skip_serializing_if = "no_query")]
+    pub fingerprint_query: Cow<'static, [FieldPath]>,
     /// Property 3: how long the server remembers a key and its result, counted from the
     /// first attempt. At least the deadline.
     pub ttl: Duration,

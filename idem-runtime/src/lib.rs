@@ -41,6 +41,7 @@
 //!     operation: Cow::Borrowed("create_order"),
 //!     key_scope: KeyScope::CLIENT,
 //!     fingerprint: Fingerprint::Fields(Cow::Borrowed(&[FieldPath::from_static("amount")])),
+//!     fingerprint_query: Cow::Borrowed(&[]),
 //!     ttl: Duration::from_millis(86_400_000),
 //!     deadline: Deadline { total: Duration::from_millis(30_000), per_attempt: None },
 //!     max_attempts: 4,

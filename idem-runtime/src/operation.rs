@@ -25,6 +25,13 @@ pub trait Contracted: Send + Sync + 'static {
     fn body_fields() -> Option<&'static [&'static str]> {
         None
     }
+
+    /// The field names of the handler's `Query<T>` type as serde reads them, when it
+    /// takes one: the contract's significant query parameters are looked up under these
+    /// names. `None` (the default) takes the names as written.
+    fn query_fields() -> Option<&'static [&'static str]> {
+        None
+    }
 }
 
 /// How a contracted operation recovers, given the router's state `S`.

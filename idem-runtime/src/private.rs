@@ -136,6 +136,7 @@ pub const PLACEHOLDER_CONTRACT: Contract = Contract {
     operation: Cow::Borrowed("__idem_placeholder"),
     key_scope: KeyScope::CLIENT,
     fingerprint: Fingerprint::Body,
+    fingerprint_query: Cow::Borrowed(&[]),
     ttl: Duration::from_millis(86_400_000),
     deadline: Deadline {
         total: Duration::from_millis(30_000),

@@ -28,6 +28,10 @@ pub(crate) struct Wire {
     pub(crate) fingerprint: Fingerprint,
     /// The body member that carries the key, with its wire name.
     pub(crate) key_field: Option<FieldPath>,
+    /// The significant query parameters, with the names the query string spells
+    /// (`rename_all` of the `Query<T>` type followed; a name serde does not read is kept
+    /// as written).
+    pub(crate) query: Vec<String>,
 }
 
 /// Resolves `contract`'s body fields against `members`, the names serde reads (`None`:
@@ -36,7 +40,11 @@ pub(crate) struct Wire {
 /// # Errors
 ///
 /// A message naming each field that the body does not have under any spelling.
-pub(crate) fn resolve(contract: &Contract, members: Option<&[&str]>) -> Result<Wire, String> {
+pub(crate) fn resolve(
+    contract: &Contract,
+    members: Option<&[&str]>,
+    query_members: Option<&[&str]>,
+) -> Result<Wire, String> {
     let mut missing = Vec::new();
     let mut resolve_path = |path: &FieldPath| -> FieldPath {
         let Some(members) = members else {
@@ -65,10 +73,22 @@ pub(crate) fn resolve(contract: &Contract, members: Option<&[&str]>) -> Result<W
         KeySource::Body { field } => Some(resolve_path(field)),
         KeySource::Header { .. } => None,
     };
+    let query = contract
+        .fingerprint_query
+        .iter()
+        .map(|name| {
+            let name = name.as_str();
+            query_members
+                .and_then(|members| wire_name(name, members))
+                .unwrap_or(name)
+                .to_owned()
+        })
+        .collect();
     if missing.is_empty() {
         return Ok(Wire {
             fingerprint,
             key_field,
+            query,
         });
     }
     let members: Vec<String> = members
@@ -136,6 +156,7 @@ mod tests {
         let wire = resolve(
             &contract(FIELDS),
             Some(&["customer_id", "amount_minor", "items"]),
+            None,
         )
         .unwrap();
         assert_eq!(names(&wire), ["customer_id", "amount_minor", "items.sku"]);
@@ -146,12 +167,14 @@ mod tests {
         let camel = resolve(
             &contract(FIELDS),
             Some(&["customerId", "amountMinor", "items"]),
+            None,
         )
         .unwrap();
         assert_eq!(names(&camel), ["customerId", "amountMinor", "items.sku"]);
         let kebab = resolve(
             &contract(FIELDS),
             Some(&["customer-id", "AMOUNT_MINOR", "items"]),
+            None,
         )
         .unwrap();
         assert_eq!(names(&kebab), ["customer-id", "AMOUNT_MINOR", "items.sku"]);
@@ -159,8 +182,12 @@ mod tests {
 
     #[test]
     fn unknown_members_are_a_configuration_error() {
-        let error =
-            resolve(&contract(FIELDS), Some(&["cust", "amountMinor", "items"])).unwrap_err();
+        let error = resolve(
+            &contract(FIELDS),
+            Some(&["cust", "amountMinor", "items"]),
+            None,
+        )
+        .unwrap_err();
         assert!(
             error.contains("names `customer_id` of the JSON body"),
             "{error}"
@@ -170,7 +197,7 @@ mod tests {
 
     #[test]
     fn unknown_bodies_take_the_names_as_written() {
-        let wire = resolve(&contract(FIELDS), None).unwrap();
+        let wire = resolve(&contract(FIELDS), None, None).unwrap();
         assert_eq!(names(&wire), ["customer_id", "amount_minor", "items.sku"]);
     }
 }

@@ -32,6 +32,22 @@ pub(super) fn properties(c: &Contract) -> Vec<PropertyText> {
             r.text(". The same key with different values in any of them, or on another resource's path (the path parameters are significant too), is refused with 422 and nothing runs; a retry sends the same values.")
         }
     };
+    let fingerprint = if c.fingerprint_query.is_empty() {
+        fingerprint
+    } else {
+        let mut r = fingerprint.text(" The query parameters ");
+        for (i, q) in c.fingerprint_query.iter().enumerate() {
+            if i > 0 {
+                r = r.text(if i + 1 == c.fingerprint_query.len() {
+                    " and "
+                } else {
+                    ", "
+                });
+            }
+            r = r.code(q.as_str());
+        }
+        r.text(" are significant too: a retry sends them unchanged.")
+    };
     let ttl = Rich::new(&format!(
         "The server remembers a key and its result for {} from the first attempt. Within that time a retry gets the stored result; after it, the same key starts a new operation.",
         words::duration(c.ttl)

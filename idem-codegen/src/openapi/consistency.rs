@@ -69,6 +69,17 @@ pub(super) fn check(doc: &Document, contracts: &[Sourced], found: &[Operation]) 
             }
             _ => {}
         }
+        if let Some(operation) = op.get(&doc.root) {
+            for query in sourced.contract.fingerprint_query.iter() {
+                if !declares_query_parameter(&doc.root, operation, query.as_str()) {
+                    warn(format!(
+                        "`{name}`: the significant query parameter `{query}` is not a query parameter of `{}` in {}; the document or the contract is out of date",
+                        op.label(),
+                        doc.path.display(),
+                    ));
+                }
+            }
+        }
         if let (Some(path), Route::Path(_)) = (&sourced.contract.status_lookup.path, &op.route)
             && let Some(problem) = lookup_problem(doc, &all, path)
         {
@@ -78,6 +89,33 @@ pub(super) fn check(doc: &Document, contracts: &[Sourced], found: &[Operation]) 
         }
     }
     out
+}
+
+/// Whether the operation declares the query parameter `name` (its own `parameters`, or
+/// those of its path item, `$ref`s followed).
+fn declares_query_parameter(root: &Value, operation: &Value, name: &str) -> bool {
+    let declared = |list: Option<&Value>| {
+        list.and_then(Value::as_array).is_some_and(|params| {
+            params
+                .iter()
+                .filter_map(|p| refs::resolve(root, p))
+                .any(|p| {
+                    p.get("in").and_then(Value::as_str) == Some("query")
+                        && p.get("name").and_then(Value::as_str) == Some(name)
+                })
+        })
+    };
+    declared(operation.get("parameters"))
+        || root
+            .get("paths")
+            .and_then(Value::as_object)
+            .is_some_and(|paths| {
+                paths.values().any(|item| {
+                    item.as_object()
+                        .is_some_and(|methods| methods.values().any(|m| std::ptr::eq(m, operation)))
+                        && declared(item.get("parameters"))
+                })
+            })
 }
 
 /// The request body of an operation, as idem reads its fields.

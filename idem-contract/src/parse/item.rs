@@ -16,6 +16,9 @@ pub struct Handler {
     pub body: Option<Type>,
     /// `T` of the first argument typed `State<T>`: what a reconcile function receives.
     pub state: Option<Type>,
+    /// `T` of the first argument typed `Query<T>`: the type that significant query
+    /// parameters are checked against.
+    pub query: Option<Type>,
 }
 
 /// The single generic argument of a type whose last path segment is `name`:
@@ -76,7 +79,11 @@ pub(super) fn handler(cx: &mut Ctxt, item: &Item) -> Option<Handler> {
     });
     let mut body = None;
     let mut state = None;
+    let mut query = None;
     for ty in types {
+        if query.is_none() {
+            query = wrapped(ty, "Query").cloned();
+        }
         if body.is_none() {
             body = wrapped(ty, "Json").or_else(|| wrapped(ty, "Form")).cloned();
         }
@@ -84,7 +91,12 @@ pub(super) fn handler(cx: &mut Ctxt, item: &Item) -> Option<Handler> {
             state = wrapped(ty, "State").cloned();
         }
     }
-    ok.then_some(Handler { ident, body, state })
+    ok.then_some(Handler {
+        ident,
+        body,
+        state,
+        query,
+    })
 }
 
 /// The tokens to blame and a name for an item that is not a function.

@@ -58,6 +58,9 @@ pub struct Parsed {
     pub handler: Option<Handler>,
     /// The fingerprint fields, for the compiler's check against the body type.
     pub fingerprint_fields: Vec<FieldRef>,
+    /// The significant query parameters, for the compiler's check against the
+    /// `Query<T>` type.
+    pub fingerprint_query: Vec<FieldRef>,
     /// The body field that carries the key, for the compiler's check.
     pub key_field: Option<FieldRef>,
     /// The status lookup handler's path, for the compiler's check.
@@ -119,6 +122,7 @@ pub fn parse(args: TokenStream, attr_span: Span, item: Option<&syn::Item>) -> Pa
         contract: None,
         handler,
         fingerprint_fields: Vec::new(),
+        fingerprint_query: Vec::new(),
         key_field: None,
         status_lookup: None,
         recovery: None,
@@ -185,8 +189,9 @@ pub fn parse(args: TokenStream, attr_span: Span, item: Option<&syn::Item>) -> Pa
                 slot(&mut slots.key_scope).set(&mut cx, property, key, v.map(|v| (v, tokens)));
             }
             Property::Fingerprint => {
-                let v = value::fingerprint(&mut cx, &value).map(|(f, fields)| {
+                let v = value::fingerprint(&mut cx, &value).map(|(f, fields, query)| {
                     parsed.fingerprint_fields = fields;
+                    parsed.fingerprint_query = query;
                     f
                 });
                 slot(&mut slots.fingerprint).set(&mut cx, property, key, v.map(|v| (v, tokens)));
@@ -238,7 +243,13 @@ pub fn parse(args: TokenStream, attr_span: Span, item: Option<&syn::Item>) -> Pa
     check_body_needed(&mut cx, &mut slots, &parsed);
     // The rules run even when some properties are missing or refused: each violation that
     // reads only valid values is reported, so one compile shows every problem.
-    let (contract, complete) = build(&mut slots, parsed.handler.as_ref());
+    let (mut contract, complete) = build(&mut slots, parsed.handler.as_ref());
+    contract.fingerprint_query = parsed
+        .fingerprint_query
+        .iter()
+        .map(FieldRef::path)
+        .collect::<Vec<_>>()
+        .into();
     for violation in check(&contract) {
         let readable = violation.involves.iter().all(|p| is_set(&mut slots, *p));
         if !readable || (violation.at == Location::Operation && parsed.handler.is_none()) {
@@ -398,10 +409,18 @@ fn check_body_needed(cx: &mut Ctxt, slots: &mut Slots, parsed: &Parsed) {
     let Some(handler) = &parsed.handler else {
         return;
     };
+    let name = &handler.ident;
+    if handler.query.is_none()
+        && let Some(first) = parsed.fingerprint_query.first()
+    {
+        cx.error_spanned(
+            first,
+            format!("`query = [..]` names significant query parameters, but `{name}` takes no `Query<T>` argument (written with that name): add one, so that the compiler checks the names against `T`"),
+        );
+    }
     if handler.body.is_some() {
         return;
     }
-    let name = &handler.ident;
     if let Some((Fingerprint::Fields(_), tokens)) = slot(&mut slots.fingerprint).get() {
         cx.error_spanned(
             tokens,
@@ -438,6 +457,7 @@ fn build(slots: &mut Slots, handler: Option<&Handler>) -> (Contract, bool) {
         operation,
         key_scope: value(slot(&mut slots.key_scope), s.key_scope, &mut complete),
         fingerprint: value(slot(&mut slots.fingerprint), s.fingerprint, &mut complete),
+        fingerprint_query: s.fingerprint_query,
         ttl: value(slot(&mut slots.ttl), s.ttl, &mut complete),
         deadline: value(slot(&mut slots.deadline), s.deadline, &mut complete),
         max_attempts: value(slot(&mut slots.max_attempts), s.max_attempts, &mut complete),
@@ -464,6 +484,7 @@ const STAND_IN: Contract = Contract {
     operation: std::borrow::Cow::Borrowed("operation"),
     key_scope: crate::KeyScope::CLIENT,
     fingerprint: Fingerprint::Body,
+    fingerprint_query: std::borrow::Cow::Borrowed(&[]),
     ttl: crate::Duration::MAX,
     deadline: crate::Deadline {
         total: crate::Duration::from_millis(30_000),

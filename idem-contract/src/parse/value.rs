@@ -209,14 +209,65 @@ fn field_path(input: ParseStream) -> syn::Result<FieldRef> {
     Ok(FieldRef { segments })
 }
 
-/// `fingerprint = [customer_id, items]` or `fingerprint = body`; also returns the fields'
-/// identifiers, for the compiler's check and for errors.
-pub(super) fn fingerprint(
-    cx: &mut Ctxt,
-    value: &TokenStream,
-) -> Option<(Fingerprint, Vec<FieldRef>)> {
+/// The fingerprint as written: the body's part, its fields, and the query parameters.
+pub(super) type FingerprintValue = (Fingerprint, Vec<FieldRef>, Vec<FieldRef>);
+
+/// `fingerprint = [customer_id, items]`, `fingerprint = body`, or either with the
+/// significant query parameters: `fingerprint = ([amount], query = [expand])`; also
+/// returns the fields' and the parameters' identifiers, for the compiler's check and for
+/// errors.
+pub(super) fn fingerprint(cx: &mut Ctxt, value: &TokenStream) -> Option<FingerprintValue> {
     run(cx, value, |input| {
-        let hint = "`fingerprint` lists the significant fields of the JSON body, such as `fingerprint = [customer_id, amount]`, or is `body` for the whole body";
+        if input.peek(syn::token::Paren) {
+            let inner;
+            parenthesized!(inner in input);
+            let (body, fields) = fingerprint_body(&inner)?;
+            inner.parse::<Token![,]>().map_err(|e| {
+                syn::Error::new(e.span(), "after the body's part, write the significant query parameters: `fingerprint = ([amount], query = [expand])`")
+            })?;
+            let key: Ident = inner.parse()?;
+            if key != "query" {
+                return Err(syn::Error::new(
+                    key.span(),
+                    format!(
+                        "unknown fingerprint option `{key}`: write `fingerprint = ([amount], query = [expand])`"
+                    ),
+                ));
+            }
+            inner.parse::<Token![=]>()?;
+            let list;
+            bracketed!(list in inner);
+            let query: Vec<FieldRef> = list
+                .parse_terminated(field_path, Token![,])?
+                .into_iter()
+                .collect();
+            if let Some(nested) = query.iter().find(|q| q.segments.len() > 1) {
+                return Err(syn::Error::new_spanned(
+                    nested,
+                    "query parameters are flat: name the parameter itself, such as `query = [expand]`",
+                ));
+            }
+            if query.is_empty() {
+                return Err(syn::Error::new(
+                    list.span(),
+                    "`query = []` names no parameter: leave `query` out, or name the significant ones",
+                ));
+            }
+            let _ = inner.parse::<Option<Token![,]>>()?;
+            expect_end(&inner, Property::Fingerprint)?;
+            expect_end(input, Property::Fingerprint)?;
+            return Ok((body, fields, query));
+        }
+        let (body, fields) = fingerprint_body(input)?;
+        expect_end(input, Property::Fingerprint)?;
+        Ok((body, fields, Vec::new()))
+    })
+}
+
+/// `[customer_id, items]` or `body`.
+fn fingerprint_body(input: ParseStream) -> syn::Result<(Fingerprint, Vec<FieldRef>)> {
+    {
+        let hint = "`fingerprint` lists the significant fields of the body, such as `fingerprint = [customer_id, amount]`, or is `body` for the whole body";
         if input.peek(syn::token::Bracket) {
             let inner;
             bracketed!(inner in input);
@@ -224,7 +275,6 @@ pub(super) fn fingerprint(
                 .parse_terminated(field_path, Token![,])?
                 .into_iter()
                 .collect();
-            expect_end(input, Property::Fingerprint)?;
             let paths = fields.iter().map(FieldRef::path).collect::<Vec<_>>();
             return Ok((Fingerprint::Fields(Cow::Owned(paths)), fields));
         }
@@ -232,9 +282,8 @@ pub(super) fn fingerprint(
         if ident != "body" {
             return Err(syn::Error::new(ident.span(), hint));
         }
-        expect_end(input, Property::Fingerprint)?;
         Ok((Fingerprint::Body, Vec::new()))
-    })
+    }
 }
 
 /// `key_scope = client` or `client(header = "..", body = field, format = uuid)`; also

@@ -35,6 +35,25 @@ pub(super) fn expand(paths: &Paths, parsed: &Parsed) -> TokenStream {
         }
     }
 
+    if let Some(query) = parsed.handler.as_ref().and_then(|h| h.query.as_ref()) {
+        let accesses: Vec<TokenStream> = parsed
+            .fingerprint_query
+            .iter()
+            .map(|field| {
+                let segments = &field.segments;
+                quote_spanned!(field.span()=> let _ = &__idem_query #(.#segments)*;)
+            })
+            .collect();
+        if !accesses.is_empty() {
+            checks.push(quote! {
+                #[allow(dead_code, clippy::no_effect_underscore_binding)]
+                fn __idem_query_fields(__idem_query: &#query) {
+                    #(#accesses)*
+                }
+            });
+        }
+    }
+
     if let Some(path) = &parsed.status_lookup {
         let assert = quote_spanned!(path.span()=> #p::assert_status_lookup(#path););
         checks.push(quote! {

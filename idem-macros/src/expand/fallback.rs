@@ -20,7 +20,8 @@ pub(super) fn expand(
     let companion = match item {
         Some(syn::Item::Fn(func)) => {
             let ident = &func.sig.ident;
-            let module = handler::companion(paths, func, quote!(#p::PLACEHOLDER_CONTRACT), None);
+            let module =
+                handler::companion(paths, func, quote!(#p::PLACEHOLDER_CONTRACT), None, None);
             let checks = checks::expand(paths, parsed);
             quote! {
                 #module

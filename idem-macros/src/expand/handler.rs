@@ -24,6 +24,7 @@ pub(super) fn expand(
         &func,
         model::contract(paths, contract),
         handler.body.as_ref(),
+        handler.query.as_ref(),
     );
     let recover = recover_impl(paths, parsed.recovery.as_ref(), handler, &func);
     let handler_fn = rewrite(paths, contract, func);
@@ -38,6 +39,7 @@ pub(super) fn companion(
     func: &ItemFn,
     contract: TokenStream,
     body: Option<&syn::Type>,
+    query: Option<&syn::Type>,
 ) -> TokenStream {
     let p = &paths.private;
     let m = &paths.model;
@@ -49,6 +51,13 @@ pub(super) fn companion(
     let const_doc = format!("The contract of `{ident}`, as declared on the handler.");
     // The body's member names as serde reads them, so that fingerprint fields follow
     // `#[serde(rename_all)]` (see the runtime's `enforce::wire`).
+    let query_fields = query.map(|query| {
+        quote! {
+            fn query_fields() -> ::core::option::Option<&'static [&'static str]> {
+                #p::serde_fields::<#query>()
+            }
+        }
+    });
     let body_fields = body.map(|body| {
         quote! {
             fn body_fields() -> ::core::option::Option<&'static [&'static str]> {
@@ -71,6 +80,7 @@ pub(super) fn companion(
         impl #p::Contracted for #ident::Operation {
             const CONTRACT: &'static #m::Contract = &#ident::CONTRACT;
             #body_fields
+            #query_fields
         }
     }
 }

@@ -94,11 +94,13 @@ pub(super) fn contract(paths: &Paths, c: &Contract) -> TokenStream {
             quote!(#m::Recovery::Manual { runbook: #runbook })
         }
     };
+    let query = c.fingerprint_query.iter().map(|f| f.as_str());
     quote! {
         #m::Contract {
             operation: #operation,
             key_scope: #m::KeyScope { per: #m::Namespace::Client, source: #source, format: #format },
             fingerprint: #fingerprint,
+            fingerprint_query: ::std::borrow::Cow::Borrowed(&[#(#m::FieldPath::from_static(#query)),*]),
             ttl: #ttl,
             deadline: #m::Deadline { total: #total, per_attempt: #per_attempt },
             max_attempts: #max_attempts,
@@ -118,6 +120,7 @@ pub(super) fn doc(c: &Contract) -> String {
     let rows = [
         ("key scope", json(&c.key_scope)),
         ("fingerprint", json(&c.fingerprint)),
+        ("significant query parameters", json(&c.fingerprint_query)),
         ("TTL", c.ttl.to_string()),
         ("deadline", json(&c.deadline)),
         ("max attempts", c.max_attempts.to_string()),

@@ -158,6 +158,25 @@ where
             (None, Some(doc)) => key_from_body(doc, is_form, wire, contract)?,
             (None, None) => unreachable!("a body key always parses the body"),
         };
+        // The significant query parameters the contract names, each with its values in
+        // order; read like a form (the query string's encoding).
+        let query = if wire.query.is_empty() {
+            None
+        } else {
+            let string = parts.uri.query().unwrap_or_default();
+            let fingerprint::jcs::Value::Object(all) = fingerprint::form::parse(string.as_bytes())
+                .map_err(|e| {
+                    answer::body_malformed(format_args!("the query string cannot be read: {e}"))
+                })?
+            else {
+                return Err(answer::body_malformed("the query string cannot be read"));
+            };
+            Some(
+                all.into_iter()
+                    .filter(|(name, _)| wire.query.iter().any(|q| q == name))
+                    .collect::<Vec<_>>(),
+            )
+        };
         let params: Vec<(&str, &str)> = path_params
             .iter()
             .map(|(n, v)| (n.as_str(), v.as_str()))
@@ -166,7 +185,7 @@ where
             Some(doc) => fingerprint::of_parsed(&wire.fingerprint, &bytes, doc),
             None => fingerprint::compute(&wire.fingerprint, &bytes),
         }
-        .and_then(|body| fingerprint::with_path_params(body, &params))
+        .and_then(|body| fingerprint::with_request_parts(body, &params, query))
         .map_err(answer::body_malformed)?;
 
         #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -368,7 +387,7 @@ mod tests {
         contract.key_scope.source = KeySource::Body {
             field: FieldPath::from_static("ref.id"),
         };
-        let wire = crate::wire::resolve(&contract, None).unwrap();
+        let wire = crate::wire::resolve(&contract, None, None).unwrap();
         let key = |json: &str| {
             key_from_body(
                 &Value::parse(json.as_bytes()).unwrap(),

@@ -114,7 +114,24 @@ pub fn with_path_params(
     body_fingerprint: String,
     params: &[(&str, &str)],
 ) -> Result<String, FingerprintError> {
-    if params.is_empty() {
+    with_request_parts(body_fingerprint, params, None)
+}
+
+/// The fingerprint of a request whose contract also names significant query
+/// parameters: as [`with_path_params`], with a member `"query"` holding each named
+/// parameter that the query string has, with the array of its values in order
+/// (`{"body": …, "path": {…}, "query": {"expand": ["customer"]}}`). `query` is `None`
+/// when the contract names none, and the form is then that of [`with_path_params`].
+///
+/// # Errors
+///
+/// None in practice, as for [`with_path_params`].
+pub fn with_request_parts(
+    body_fingerprint: String,
+    params: &[(&str, &str)],
+    query: Option<Vec<(String, Value)>>,
+) -> Result<String, FingerprintError> {
+    if params.is_empty() && query.is_none() {
         return Ok(body_fingerprint);
     }
     let mut path: Vec<(String, Value)> = params
@@ -122,11 +139,17 @@ pub fn with_path_params(
         .map(|(name, value)| ((*name).to_owned(), Value::String((*value).to_owned())))
         .collect();
     path.sort_by(|(a, _), (b, _)| jcs::utf16_cmp(a, b));
-    // "body" sorts before "path".
-    let request = Value::Object(vec![
+    // "body" sorts before "path", and "path" before "query".
+    let mut members = vec![
         ("body".to_owned(), Value::String(body_fingerprint)),
         ("path".to_owned(), Value::Object(path)),
-    ]);
+    ];
+    if let Some(mut query) = query {
+        query.sort_by(|(a, _), (b, _)| jcs::utf16_cmp(a, b));
+        query.dedup_by(|(a, _), (b, _)| a == b);
+        members.push(("query".to_owned(), Value::Object(query)));
+    }
+    let request = Value::Object(members);
     let canonical = request.to_canonical().map_err(FingerprintError::NotJson)?;
     Ok(hash(&canonical))
 }

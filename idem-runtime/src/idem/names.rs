@@ -45,7 +45,7 @@ impl Names {
                 .or_insert_with(|| Claim {
                     id,
                     type_name: type_name::<C>(),
-                    wire: Arc::new(wire::resolve(contract, C::body_fields())),
+                    wire: Arc::new(wire::resolve(contract, C::body_fields(), C::query_fields())),
                 })
                 .clone(),
         };
