@@ -128,7 +128,7 @@ pub(crate) type ReconcileFn =
     Box<dyn FnOnce(UnknownOperation) -> BoxFuture<'static, Resolution> + Send>;
 
 /// The contract's recovery, ready to run: a reconcile function (with its state) or the
-/// manual path. Made by [`Recover::recoverer`].
+/// manual path. Made by [`Recover::recoverer`](crate::Recover::recoverer).
 pub struct Recoverer {
     pub(crate) reconcile: Option<ReconcileFn>,
 }
