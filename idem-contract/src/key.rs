@@ -196,6 +196,35 @@ impl KeyScope {
         Ok(String::from_utf8_lossy(&key).into_owned())
     }
 
+    /// The key a status lookup names in its path (percent-decoded): read as the header
+    /// would read it ([`KeyScope::header_key`]) when the key comes from a header, and as
+    /// written when it is a body member (a body key is never quoted).
+    ///
+    /// # Errors
+    ///
+    /// As [`KeyScope::header_key`], or the first key rule a body key breaks.
+    pub fn lookup_key(&self, path_key: &[u8]) -> Result<String, KeyError> {
+        match self.source {
+            KeySource::Header { .. } => self.header_key(path_key),
+            KeySource::Body { .. } => {
+                self.validate_key(path_key)?;
+                Ok(String::from_utf8_lossy(path_key).into_owned())
+            }
+        }
+    }
+
+    /// How `key` is written in a status lookup's path so that
+    /// [`KeyScope::lookup_key`] reads it back: as it is, or, for a header key that
+    /// itself starts with `"`, as an RFC 8941 sf-string.
+    pub fn key_for_lookup<'k>(&self, key: &'k str) -> std::borrow::Cow<'k, str> {
+        match self.source {
+            KeySource::Header { .. } if key.starts_with('"') => {
+                format!("\"{}\"", key.replace('\\', "\\\\").replace('"', "\\\"")).into()
+            }
+            _ => key.into(),
+        }
+    }
+
     /// Checks a key against the key rules: 1 to [`MAX_KEY_LEN`] bytes, all of them
     /// visible ASCII, and the declared [`KeyFormat`].
     ///

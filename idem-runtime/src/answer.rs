@@ -285,9 +285,10 @@ pub(crate) fn store_unavailable(
 
 /// The status lookup path of `key`, percent-encoded, if the contract declares one.
 pub(crate) fn lookup_location(contract: &Contract, key: &str) -> Option<String> {
+    let key = contract.key_scope.key_for_lookup(key);
     contract
         .status_lookup
-        .path_for(&utf8_percent_encode(key, PATH_SEGMENT).to_string())
+        .path_for(&utf8_percent_encode(&key, PATH_SEGMENT).to_string())
 }
 
 /// 202 for `concurrency = accepted`: `Location` is the status lookup of the key.

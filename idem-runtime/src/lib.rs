@@ -133,7 +133,8 @@ pub mod __private;
 
 pub use crate::attempt::Attempt;
 pub use crate::idem::{
-    DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS, DEFAULT_UNAVAILABLE_RETRY_AFTER, Idem,
+    DEFAULT_HEARTBEAT_LEASE, DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS,
+    DEFAULT_UNAVAILABLE_RETRY_AFTER, Idem, MIN_HEARTBEAT_LEASE,
 };
 pub use crate::layer::{IdemLayer, IdemService};
 pub use crate::lookup::{Lookup, OperationReport, OperationStatus};

@@ -95,7 +95,7 @@ impl<C: Contracted> Lookup<C> {
     pub async fn status(self, key: &str) -> OperationStatus {
         let contract = C::CONTRACT;
         // The key as the client meant it: bare, or quoted as in its header.
-        let key = match contract.key_scope.header_key(key.as_bytes()) {
+        let key = match contract.key_scope.lookup_key(key.as_bytes()) {
             Ok(key) => key,
             Err(error) => return OperationStatus::InvalidKey(error),
         };

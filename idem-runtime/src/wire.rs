@@ -73,17 +73,38 @@ pub(crate) fn resolve(
         KeySource::Body { field } => Some(resolve_path(field)),
         KeySource::Header { .. } => None,
     };
+    let mut missing_query = Vec::new();
     let query = contract
         .fingerprint_query
         .iter()
         .map(|name| {
             let name = name.as_str();
-            query_members
-                .and_then(|members| wire_name(name, members))
-                .unwrap_or(name)
-                .to_owned()
+            match query_members {
+                None => name.to_owned(),
+                Some(members) => match wire_name(name, members) {
+                    Some(wire) => wire.to_owned(),
+                    None => {
+                        missing_query.push(format!("`{name}`"));
+                        name.to_owned()
+                    }
+                },
+            }
         })
         .collect();
+    if !missing_query.is_empty() {
+        let members: Vec<String> = query_members
+            .unwrap_or_default()
+            .iter()
+            .map(|m| format!("`{m}`"))
+            .collect();
+        return Err(format!(
+            "the contract of `{}` names the query parameter {}, which serde reads under none of its spellings (the query type's fields are {}): \
+             a `#[serde(rename)]` the contract cannot follow; rename the Rust field",
+            contract.operation,
+            missing_query.join(", "),
+            members.join(", ")
+        ));
+    }
     if missing.is_empty() {
         return Ok(Wire {
             fingerprint,

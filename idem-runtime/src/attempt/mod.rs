@@ -213,12 +213,7 @@ impl Held {
             body: body.clone(),
         };
         let response = Response::from_parts(parts, axum::body::Body::from(body));
-        match self
-            .idem
-            .store()
-            .complete(&self.key, self.token, &stored, unix_now())
-            .await
-        {
+        match self.store_complete(&stored).await {
             Ok(()) => {
                 fault::point("after_complete");
                 self.log_outcome("completed", status);
@@ -309,12 +304,7 @@ impl Held {
                 if (400..500).contains(&status) {
                     // A permanent refusal is final even without its writes (the database
                     // rolled them back): it is recorded alone, and replayed.
-                    return match self
-                        .idem
-                        .store()
-                        .complete(&self.key, self.token, &stored, unix_now())
-                        .await
-                    {
+                    return match self.store_complete(&stored).await {
                         Ok(()) => {
                             self.log_outcome("completed", status);
                             let response =
@@ -433,8 +423,15 @@ impl Held {
     ) -> Response {
         match self.store_release().await {
             Ok(()) => answer(OperationState::Released),
-            Err(StoreError::LeaseLost) => match self.release_lapsed().await {
-                Ok(()) => answer(OperationState::Released),
+            Err(StoreError::LeaseLost) => match self.revive().await {
+                Ok(()) => match self.store_release().await {
+                    Ok(()) => answer(OperationState::Released),
+                    Err(StoreError::LeaseLost) => {
+                        self.log_lease_lost("release");
+                        answer(OperationState::Processing)
+                    }
+                    Err(error) => self.write_failed("release", &error),
+                },
                 Err(StoreError::LeaseLost) => {
                     self.log_lease_lost("release");
                     answer(OperationState::Processing)
@@ -445,28 +442,37 @@ impl Held {
         }
     }
 
-    /// Releases the key of a rolled-back attempt whose lease lapsed (its renewals came
-    /// late) but that nobody took over: the attempt takes its own ended lease over (the
-    /// compare-and-set of recovery, which fails if anyone else's token holds the record)
-    /// and releases under the new one. Nothing of the attempt was committed, so the
-    /// release is sound; the takeover counts one attempt, like any.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
-    async fn release_lapsed(&self) -> Result<(), StoreError> {
+    /// Renews this attempt's lease, lapsed or not (its renewals came late, or paused
+    /// while a transaction held SQLite's write lock): the owner token still owning the
+    /// record means nobody took it over, so the attempt may still record its outcome.
+    async fn revive(&self) -> Result<(), StoreError> {
         let now = unix_now();
-        let lease = crate::store::Lease {
-            token: OwnerToken::random(),
-            until: now.saturating_add(
-                u64::try_from(self.idem.lease_for(self.contract).as_millis()).unwrap_or(u64::MAX),
-            ),
-        };
+        let until = now.saturating_add(
+            u64::try_from(self.idem.lease_for(self.contract).as_millis()).unwrap_or(u64::MAX),
+        );
         self.idem
             .store()
-            .take_over(&self.key, self.token, lease, now)
-            .await?;
-        self.idem
-            .store()
-            .release(&self.key, lease.token, unix_now())
+            .renew(&self.key, self.token, until, now)
             .await
+    }
+
+    /// Stores `stored` as the result; a lapsed lease is revived once first.
+    async fn store_complete(&self, stored: &StoredResponse) -> Result<(), StoreError> {
+        let completed = self
+            .idem
+            .store()
+            .complete(&self.key, self.token, stored, unix_now())
+            .await;
+        match completed {
+            Err(StoreError::LeaseLost) => {
+                self.revive().await?;
+                self.idem
+                    .store()
+                    .complete(&self.key, self.token, stored, unix_now())
+                    .await
+            }
+            other => other,
+        }
     }
 
     /// The outcome of an attempt without a transaction is unknown: its lease ends now,
@@ -541,12 +547,7 @@ impl Held {
             headers: select_headers(&parts.headers, self.idem.replayed_headers()),
             body,
         };
-        match self
-            .idem
-            .store()
-            .complete(&self.key, self.token, &stored, unix_now())
-            .await
-        {
+        match self.store_complete(&stored).await {
             Ok(()) => {
                 self.log_outcome("recovered", status);
                 replay(&stored, self.operation_id)

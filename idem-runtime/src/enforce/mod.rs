@@ -144,7 +144,15 @@ where
             .headers
             .get(http::header::CONTENT_TYPE)
             .is_some_and(|v| fingerprint::form::is_form(v.as_bytes()));
-        let doc = if is_form {
+        // A form on GET or HEAD is its query string (as axum's `Form` reads it).
+        let get_form = matches!(parts.method, http::Method::GET | http::Method::HEAD)
+            && bytes.is_empty()
+            && parts.uri.query().is_some();
+        let is_form = is_form || get_form;
+        let doc = if get_form {
+            let query = parts.uri.query().unwrap_or_default();
+            Some(fingerprint::form::parse(query.as_bytes()).map_err(answer::body_malformed)?)
+        } else if is_form {
             Some(fingerprint::form::parse(&bytes).map_err(answer::body_malformed)?)
         } else if header_key.is_none() || matches!(contract.fingerprint, Fingerprint::Fields(_)) {
             Some(Value::parse(&bytes).map_err(|e| {

@@ -63,6 +63,7 @@ where
             },
             expires_at: now.saturating_add(contract.ttl.as_millis()),
             transactional,
+            holds_until: now.saturating_add(contract.lease().as_millis()),
         };
         let record = match idem.store().begin(key, &new, now).await {
             Ok(Begin::Started(record)) => {

@@ -41,6 +41,9 @@ pub const DEFAULT_MAX_STORED_BODY: usize = 1024 * 1024;
 /// attempt in flight is noticed within it.
 pub const DEFAULT_HEARTBEAT_LEASE: Duration = Duration::from_secs(2);
 
+/// The shortest lease [`Idem::with_heartbeat`] takes: 30 ms, three renewals 10 ms apart.
+pub const MIN_HEARTBEAT_LEASE: Duration = Duration::from_millis(30);
+
 /// The `Retry-After` of 503 `store-unavailable` unless
 /// [`Idem::with_unavailable_retry_after`] says otherwise: 2 seconds.
 pub const DEFAULT_UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(2);
@@ -168,9 +171,10 @@ impl Idem {
     /// attempt runs (a heartbeat), so that an attempt whose instance died is noticed
     /// within one lease, whatever the contract's per-attempt timeout; the attempt itself
     /// still has the whole per-attempt timeout. A contract whose per-attempt timeout (or
-    /// deadline) is shorter uses that. Zero is taken as one millisecond.
+    /// deadline) is shorter uses that. A lease under [`MIN_HEARTBEAT_LEASE`] (30 ms) is
+    /// taken as that: renewals come every 10 ms at the most.
     pub fn with_heartbeat(mut self, lease: Duration) -> Idem {
-        self.inner_mut().heartbeat_lease = lease.max(Duration::from_millis(1));
+        self.inner_mut().heartbeat_lease = lease.max(MIN_HEARTBEAT_LEASE);
         self
     }
 

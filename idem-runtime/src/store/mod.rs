@@ -21,7 +21,7 @@
 //! | released, same fingerprint | [`Store::begin`] | processing, attempt + 1, same operation id |
 //! | processing, live lease, caller owns it | [`Store::complete`] | completed, with the result |
 //! | processing, live lease, caller owns it | [`Store::release`] | released |
-//! | processing, live lease, caller owns it | [`Store::renew`] | processing, the lease moved (extended, or ended now) |
+//! | processing, caller owns the lease (live or ended) | [`Store::renew`] | processing, the lease moved (extended, revived, or ended now) |
 //! | processing, caller owns the lease | [`Store::park_unknown`] | unknown, with a reason |
 //! | processing, lease ended, caller names its owner | [`Store::take_over`] | processing under a new lease, attempt + 1 |
 //!
@@ -189,16 +189,17 @@ pub trait Store: Send + Sync + 'static {
         now: UnixMillis,
     ) -> Result<(), StoreError>;
 
-    /// Moves the end of the lease that `token` owns to `until`, if that lease is live at
-    /// `now`, and the record's `expires_at` to `until` if that is later. The runtime
+    /// Moves the end of the lease that `token` owns to `until`, live lease or ended, and
+    /// the record's `expires_at` to `until` if that is later. A running attempt renews
+    /// its lease with it (the heartbeat), also after its lease lapsed because renewals
+    /// came late: as long as its token owns the record nobody has taken it over (a
+    /// takeover replaces the token first, and then fences this out). The runtime also
     /// calls it with `until = now` when an attempt has ended without an outcome, so that
-    /// recovery may decide without waiting for the lease to run out; a running attempt
-    /// could renew its lease with it (a heartbeat). A lease that has ended is never
-    /// revived: a takeover may be under way.
+    /// recovery may decide without waiting for the lease to run out.
     ///
     /// # Errors
     ///
-    /// [`StoreError::LeaseLost`] when `token` does not own a live lease;
+    /// [`StoreError::LeaseLost`] when the record is not processing under `token`;
     /// [`StoreError::Unavailable`].
     async fn renew(
         &self,

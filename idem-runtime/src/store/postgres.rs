@@ -47,7 +47,7 @@ const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migration
 const INSERT: &str = "INSERT INTO idem_records
         (operation, client, key, operation_id, fingerprint, state, attempt, token,
          lease_until, created_at, expires_at, transactional)
-    VALUES ($1, $2, $3, $4, $5, 'processing', 1, $6, $7, $8, GREATEST($9, $7), $10)
+    VALUES ($1, $2, $3, $4, $5, 'processing', 1, $6, $7, $8, GREATEST($9, $7, $11), $10)
     ON CONFLICT (operation, client, key) DO NOTHING
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
               created_at, expires_at, status, headers, body, reason, transactional";
@@ -60,8 +60,8 @@ const RECLAIM: &str = "UPDATE idem_records SET
         operation_id = CASE WHEN expires_at <= $8 THEN $4 ELSE operation_id END,
         attempt      = CASE WHEN expires_at <= $8 THEN 1 ELSE attempt + 1 END,
         created_at   = CASE WHEN expires_at <= $8 THEN $8 ELSE created_at END,
-        expires_at   = CASE WHEN expires_at <= $8 THEN GREATEST($9, $7)
-                            ELSE GREATEST(expires_at, $7) END,
+        expires_at   = CASE WHEN expires_at <= $8 THEN GREATEST($9, $7, $11)
+                            ELSE GREATEST(expires_at, $7, $11) END,
         fingerprint  = $5,
         state        = 'processing',
         token        = $6,
@@ -102,11 +102,12 @@ const RELEASE: &str = "UPDATE idem_records
     WHERE operation = $1 AND client = $2 AND key = $3
       AND state = 'processing' AND token = $4 AND lease_until > $5";
 
-/// `$6` the lease's new end (`Record::renewed`).
+/// `$4` token, `$5` the lease's new end (`Record::renewed`): the owner, live lease or
+/// ended.
 const RENEW: &str = "UPDATE idem_records
-    SET lease_until = $6, expires_at = GREATEST(expires_at, $6)
+    SET lease_until = $5, expires_at = GREATEST(expires_at, $5)
     WHERE operation = $1 AND client = $2 AND key = $3
-      AND state = 'processing' AND token = $4 AND lease_until > $5";
+      AND state = 'processing' AND token = $4";
 
 /// `$4` token: the current owner, live lease or ended.
 const PARK: &str = "UPDATE idem_records
@@ -332,6 +333,7 @@ impl Store for PostgresStore {
                 .bind(sql_ms(now))
                 .bind(sql_ms(new.expires_at))
                 .bind(new.transactional)
+                .bind(sql_ms(new.holds_until))
                 .fetch_optional(&mut *conn)
                 .await
                 .map_err(StoreError::unavailable)?;
@@ -355,6 +357,7 @@ impl Store for PostgresStore {
                 .bind(sql_ms(now))
                 .bind(sql_ms(new.expires_at))
                 .bind(new.transactional)
+                .bind(sql_ms(new.holds_until))
                 .fetch_optional(&mut *conn)
                 .await
                 .map_err(StoreError::unavailable)?;
@@ -416,7 +419,7 @@ impl Store for PostgresStore {
         key: &RecordKey,
         token: OwnerToken,
         until: UnixMillis,
-        now: UnixMillis,
+        _now: UnixMillis,
     ) -> Result<(), StoreError> {
         self.update(
             sqlx::query(RENEW)
@@ -424,7 +427,6 @@ impl Store for PostgresStore {
                 .bind(&key.client)
                 .bind(&key.key)
                 .bind(token.to_string())
-                .bind(sql_ms(now))
                 .bind(sql_ms(until)),
         )
         .await

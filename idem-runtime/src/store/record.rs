@@ -254,7 +254,7 @@ impl Record {
             fingerprint: new.fingerprint.clone(),
             attempt: 1,
             created_at: now,
-            expires_at: new.expires_at.max(new.lease.until),
+            expires_at: new.expires_at.max(new.lease.until).max(new.holds_until),
             state: RecordState::Processing { lease: new.lease },
             transactional: new.transactional,
         }
@@ -273,9 +273,11 @@ impl Record {
             return Some(Record::started(new, now));
         }
         if matches!(self.state, RecordState::Released) && self.fingerprint == new.fingerprint {
+            let leased = self.leased(new.lease);
             return Some(Record {
                 transactional: new.transactional,
-                ..self.leased(new.lease)
+                expires_at: leased.expires_at.max(new.holds_until),
+                ..leased
             });
         }
         None
@@ -333,6 +335,11 @@ pub struct NewRecord {
     pub expires_at: UnixMillis,
     /// Whether the attempt runs in the transactional mode ([`Record::transactional`]).
     pub transactional: bool,
+    /// When the attempt's time ends (its per-attempt timeout), in unix milliseconds: the
+    /// record is kept at least until then, whether it is new or reclaimed. The lease is
+    /// shorter and renewed while the attempt runs; this floor keeps the record when the
+    /// renewals pause (a transaction that holds SQLite's write lock).
+    pub holds_until: UnixMillis,
 }
 
 /// The outcome of [`Store::begin`](super::Store::begin).

@@ -48,12 +48,13 @@ const SCHEMA: &[&str] = &[
 
 /// `begin` as one statement: insert, or on conflict take the row only when its TTL has
 /// passed (a new operation) or it is released with the same fingerprint (attempt + 1).
-/// `?7` is the lease's end, `?8` is `now`; `expires_at` is never before the lease's end
+/// `?7` is the lease's end, `?8` is `now`, `?11` the end of the attempt's time;
+/// `expires_at` is never before the lease's end nor the attempt's
 /// (`Record::begin_over`). SQLite evaluates every SET expression against the old row.
 const BEGIN: &str = "INSERT INTO idem_records
         (operation, client, key, operation_id, fingerprint, state, attempt, token,
          lease_until, created_at, expires_at, transactional)
-    VALUES (?1, ?2, ?3, ?4, ?5, 'processing', 1, ?6, ?7, ?8, MAX(?9, ?7), ?10)
+    VALUES (?1, ?2, ?3, ?4, ?5, 'processing', 1, ?6, ?7, ?8, MAX(?9, ?7, ?11), ?10)
     ON CONFLICT (operation, client, key) DO UPDATE SET
         operation_id = CASE WHEN idem_records.expires_at <= ?8 THEN excluded.operation_id
                             ELSE idem_records.operation_id END,
@@ -62,7 +63,7 @@ const BEGIN: &str = "INSERT INTO idem_records
         created_at   = CASE WHEN idem_records.expires_at <= ?8 THEN excluded.created_at
                             ELSE idem_records.created_at END,
         expires_at   = CASE WHEN idem_records.expires_at <= ?8 THEN excluded.expires_at
-                            ELSE MAX(idem_records.expires_at, excluded.lease_until) END,
+                            ELSE MAX(idem_records.expires_at, excluded.lease_until, ?11) END,
         fingerprint  = excluded.fingerprint,
         state        = 'processing',
         token        = excluded.token,
@@ -110,11 +111,12 @@ const RELEASE: &str = "UPDATE idem_records
     WHERE operation = ?1 AND client = ?2 AND key = ?3
       AND state = 'processing' AND token = ?4 AND lease_until > ?5";
 
-/// `?4` token, `?5` now, `?6` the lease's new end (`Record::renewed`).
+/// `?4` token, `?5` the lease's new end (`Record::renewed`): the owner, live lease or
+/// ended.
 const RENEW: &str = "UPDATE idem_records
-    SET lease_until = ?6, expires_at = MAX(expires_at, ?6)
+    SET lease_until = ?5, expires_at = MAX(expires_at, ?5)
     WHERE operation = ?1 AND client = ?2 AND key = ?3
-      AND state = 'processing' AND token = ?4 AND lease_until > ?5";
+      AND state = 'processing' AND token = ?4";
 
 /// `?4` token: the current owner, live lease or ended.
 const PARK: &str = "UPDATE idem_records
@@ -412,6 +414,7 @@ impl SqliteStore {
             .bind(sql_ms(now))
             .bind(sql_ms(new.expires_at))
             .bind(new.transactional)
+            .bind(sql_ms(new.holds_until))
             .fetch_optional(&mut *conn)
             .await
             .map_err(|e| self.fault(e))?;
@@ -566,7 +569,7 @@ impl Store for SqliteStore {
         key: &RecordKey,
         token: OwnerToken,
         until: UnixMillis,
-        now: UnixMillis,
+        _now: UnixMillis,
     ) -> Result<(), StoreError> {
         self.update(
             sqlx::query(RENEW)
@@ -574,7 +577,6 @@ impl Store for SqliteStore {
                 .bind(&key.client)
                 .bind(&key.key)
                 .bind(token.to_string())
-                .bind(sql_ms(now))
                 .bind(sql_ms(until)),
         )
         .await

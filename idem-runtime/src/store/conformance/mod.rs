@@ -61,6 +61,9 @@ pub const CHECKS: &[Check] = &[
     ("the_mode_is_recorded", |s| {
         Box::pin(the_mode_is_recorded(s))
     }),
+    ("the_record_outlives_its_attempt", |s| {
+        Box::pin(the_record_outlives_its_attempt(s))
+    }),
     ("namespaces_are_independent", |s| {
         Box::pin(namespaces_are_independent(s))
     }),
@@ -77,8 +80,8 @@ pub const CHECKS: &[Check] = &[
     ("release_needs_a_live_lease", |s| {
         Box::pin(release_needs_a_live_lease(s))
     }),
-    ("renew_moves_a_live_lease_only", |s| {
-        Box::pin(renew_moves_a_live_lease_only(s))
+    ("renew_moves_the_owners_lease", |s| {
+        Box::pin(renew_moves_the_owners_lease(s))
     }),
     ("renew_to_now_ends_the_lease", |s| {
         Box::pin(renew_to_now_ends_the_lease(s))
@@ -140,6 +143,7 @@ pub fn new_record(fingerprint: &str, now: UnixMillis) -> NewRecord {
         },
         expires_at: now + TTL,
         transactional: false,
+        holds_until: now,
     }
 }
 
@@ -447,6 +451,45 @@ pub async fn release_needs_a_live_lease(store: Arc<dyn Store>) {
     );
 }
 
+/// `holds_until` keeps a new or reclaimed record at least until the attempt's time ends,
+/// even when its lease is shorter and the TTL ends sooner.
+pub async fn the_record_outlives_its_attempt(store: Arc<dyn Store>) {
+    let late = T0 + TTL - 10;
+    let k = key("fresh-late");
+    let new = NewRecord {
+        expires_at: T0 + 5,
+        holds_until: T0 + 10 * LEASE,
+        ..new_record("sha256:a", T0)
+    };
+    assert_eq!(
+        started(&*store, &k, &new, T0).await.expires_at,
+        T0 + 10 * LEASE
+    );
+
+    let r = key("reclaimed-late");
+    let first = new_record("sha256:a", T0);
+    started(&*store, &r, &first, T0).await;
+    store.release(&r, first.lease.token, T0).await.unwrap();
+    let retry = NewRecord {
+        holds_until: late + 10 * LEASE,
+        ..new_record("sha256:a", late)
+    };
+    let record = started(&*store, &r, &retry, late).await;
+    assert_eq!(
+        record.expires_at,
+        late + 10 * LEASE,
+        "a reclaim keeps the record for the attempt's time"
+    );
+    let after_ttl = T0 + TTL + LEASE + 1;
+    assert!(
+        exists(&*store, &r, &new_record("sha256:a", after_ttl), after_ttl)
+            .await
+            .lease()
+            .is_some(),
+        "a duplicate past the TTL is not a new operation while the attempt may run"
+    );
+}
+
 /// Whether the attempt runs in the transactional mode is written by `begin`, read back by
 /// `get`, kept by a takeover and set again by a reclaim.
 pub async fn the_mode_is_recorded(store: Arc<dyn Store>) {
@@ -477,9 +520,10 @@ pub async fn the_mode_is_recorded(store: Arc<dyn Store>) {
     );
 }
 
-/// `renew` moves the end of a live lease for its owner (and `expires_at` with it when
-/// the lease would outlive the TTL), and nobody else's; an ended lease is not revived.
-pub async fn renew_moves_a_live_lease_only(store: Arc<dyn Store>) {
+/// `renew` moves the end of the lease for its owner, live or lapsed (and `expires_at`
+/// with it when the lease would outlive the TTL), and nobody else's; after a takeover the
+/// old owner cannot renew.
+pub async fn renew_moves_the_owners_lease(store: Arc<dyn Store>) {
     let k = key("k1");
     let new = new_record("sha256:a", T0);
     let original = started(&*store, &k, &new, T0).await;
@@ -519,11 +563,28 @@ pub async fn renew_moves_a_live_lease_only(store: Arc<dyn Store>) {
             .await,
         "take_over of a renewed lease before its new end",
     );
+    store
+        .renew(&k, new.lease.token, T0 + 4 * LEASE, T0 + 2 * LEASE)
+        .await
+        .expect("the owner revives its lease that lapsed (nobody took it over)");
+    assert!(
+        get(&*store, &k, T0 + 3 * LEASE)
+            .await
+            .is_live_owner(new.lease.token, T0 + 3 * LEASE)
+    );
+    let taken = Lease {
+        token: OwnerToken::random(),
+        until: T0 + 6 * LEASE,
+    };
+    store
+        .take_over(&k, new.lease.token, taken, T0 + 5 * LEASE)
+        .await
+        .unwrap();
     lease_lost(
         store
-            .renew(&k, new.lease.token, T0 + 4 * LEASE, T0 + 2 * LEASE)
+            .renew(&k, new.lease.token, T0 + 8 * LEASE, T0 + 5 * LEASE)
             .await,
-        "renew of a lease that has ended",
+        "renew by an owner whose lease was taken over",
     );
 
     // Near the end of the TTL, a renewal keeps the record until the lease ends.
