@@ -35,9 +35,12 @@
 //! # Fencing
 //!
 //! Each attempt holds a [`Lease`]: a random [`OwnerToken`] and the time the lease ends.
-//! `complete`, `release` and `renew` succeed only for the token of a lease that is still live;
+//! `complete` and `release` succeed only for the token of a lease that is still live;
 //! `take_over` succeeds only for the token of a lease that has ended, and replaces it, so a
-//! worker whose lease ran out can never overwrite what recovery decided.
+//! worker whose lease ran out can never overwrite what recovery decided. `renew` and
+//! `park_unknown` need the current token, live lease or ended: as long as the token owns
+//! the record nobody has taken it over, and a takeover (which replaces the token) fences
+//! them out from then on.
 //!
 //! # Time
 //!
