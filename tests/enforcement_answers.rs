@@ -1,10 +1,11 @@
-//! The answers of DESIGN §4 over real sockets: every row of the table, with the handler
-//! runs counted (issue 2, §3).
+//! The answers of the README's table ("The answers") that need no recovery, over real
+//! sockets, with the handler runs counted (issue 2, §3): keys, fingerprints and replays,
+//! concurrent duplicates, retryable and permanent answers, a store that is down, answers
+//! given before the handler, oversized results, the status lookup. Recovery is in
+//! `enforcement_recovery.rs`, the transactional mode in `transactional.rs`.
 
 mod common;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use axum::extract::{Path, State};
@@ -12,37 +13,19 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use common::{Answer, CountingStore, TestServer, client, send};
+use common::answer::{Answer, send};
+use common::counter::Counter;
+use common::faults::{Call, FaultyStore};
+use common::orders::{CreateOrder, echo, pay};
+use common::raw;
+use common::server::{TestServer, client};
 use idem::store::{MemoryStore, RecordKey, RecordState, Store, unix_now};
 use idem::{Idem, identity};
-use serde::Deserialize;
+use reqwest::Method;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-#[derive(Clone, Default)]
-struct App {
-    runs: Arc<AtomicUsize>,
-}
-
-impl App {
-    fn runs(&self) -> usize {
-        self.runs.load(SeqCst)
-    }
-
-    fn run(&self) -> usize {
-        self.runs.fetch_add(1, SeqCst) + 1
-    }
-}
-
-#[derive(Deserialize)]
-#[allow(dead_code)]
-struct CreateOrder {
-    customer_id: String,
-    amount: i64,
-    #[serde(default)]
-    delay_ms: u64,
-}
-
+/// This file's own `POST /orders`: the handler of `common::orders::create_order`, under a
+/// contract that also declares 429 and timeouts retryable.
 #[idem::contract(
     key_scope = client,
     fingerprint = [customer_id, amount],
@@ -54,8 +37,11 @@ struct CreateOrder {
     status_lookup = order_status(path = "/orders/operations/{key}"),
     recovery = manual("https://runbooks.example.com/orders"),
 )]
-async fn create_order(State(app): State<App>, Json(order): Json<CreateOrder>) -> impl IntoResponse {
-    let n = app.run();
+async fn create_order(
+    State(runs): State<Counter>,
+    Json(order): Json<CreateOrder>,
+) -> impl IntoResponse {
+    let n = runs.bump();
     tokio::time::sleep(Duration::from_millis(order.delay_ms)).await;
     (
         StatusCode::CREATED,
@@ -75,10 +61,10 @@ async fn create_order(State(app): State<App>, Json(order): Json<CreateOrder>) ->
     recovery = manual("https://runbooks.example.com/refunds"),
 )]
 async fn create_refund(
-    State(app): State<App>,
+    State(runs): State<Counter>,
     Json(order): Json<CreateOrder>,
 ) -> impl IntoResponse {
-    let n = app.run();
+    let n = runs.bump();
     (
         StatusCode::CREATED,
         Json(json!({ "refund": n, "amount": order.amount })),
@@ -94,25 +80,10 @@ async fn create_refund(
     retryable = [503],
     concurrency = conflict,
     status_lookup = order_status,
-    recovery = manual("https://runbooks.example.com/echo"),
-)]
-async fn echo(State(app): State<App>, Json(_body): Json<Value>) -> impl IntoResponse {
-    (StatusCode::CREATED, Json(json!({ "run": app.run() })))
-}
-
-#[idem::contract(
-    key_scope = client,
-    fingerprint = body,
-    ttl = "1h",
-    deadline = "10s",
-    max_attempts = 3,
-    retryable = [503],
-    concurrency = conflict,
-    status_lookup = order_status,
     recovery = manual("https://runbooks.example.com/cancel"),
 )]
-async fn cancel(State(app): State<App>) -> StatusCode {
-    app.run();
+async fn cancel(State(runs): State<Counter>) -> StatusCode {
+    runs.bump();
     StatusCode::NO_CONTENT
 }
 
@@ -129,8 +100,8 @@ async fn cancel(State(app): State<App>) -> StatusCode {
     status_lookup = order_status,
     recovery = manual("https://runbooks.example.com/created"),
 )]
-async fn created(State(app): State<App>) -> impl IntoResponse {
-    let n = app.run();
+async fn created(State(runs): State<Counter>) -> impl IntoResponse {
+    let n = runs.bump();
     let mut headers = HeaderMap::new();
     headers.insert(
         header::LOCATION,
@@ -164,8 +135,8 @@ async fn created(State(app): State<App>) -> impl IntoResponse {
     status_lookup = order_status,
     recovery = manual("https://runbooks.example.com/flaky"),
 )]
-async fn flaky(State(app): State<App>, Json(order): Json<CreateOrder>) -> impl IntoResponse {
-    match app.run() {
+async fn flaky(State(runs): State<Counter>, Json(order): Json<CreateOrder>) -> impl IntoResponse {
+    match runs.bump() {
         1 => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({ "error": "busy" })),
@@ -189,39 +160,14 @@ async fn flaky(State(app): State<App>, Json(order): Json<CreateOrder>) -> impl I
     status_lookup = order_status,
     recovery = manual("https://runbooks.example.com/rejects"),
 )]
-async fn rejects(State(app): State<App>, Json(_order): Json<CreateOrder>) -> impl IntoResponse {
-    let n = app.run();
+async fn rejects(
+    State(runs): State<Counter>,
+    Json(_order): Json<CreateOrder>,
+) -> impl IntoResponse {
+    let n = runs.bump();
     (
         StatusCode::UNPROCESSABLE_ENTITY,
         Json(json!({ "error": "amount over the limit", "run": n })),
-    )
-}
-
-#[derive(Deserialize)]
-struct Payment {
-    client_reference: String,
-    amount: i64,
-}
-
-/// The key is a member of the body: `key_scope = client(body = client_reference)`.
-#[idem::contract(
-    key_scope = client(body = client_reference),
-    fingerprint = [amount],
-    ttl = "1h",
-    deadline = "10s",
-    max_attempts = 3,
-    retryable = [503],
-    concurrency = conflict,
-    status_lookup = order_status,
-    recovery = manual("https://runbooks.example.com/payments"),
-)]
-async fn pay(State(app): State<App>, Json(payment): Json<Payment>) -> impl IntoResponse {
-    let n = app.run();
-    (
-        StatusCode::CREATED,
-        Json(
-            json!({ "payment": n, "reference": payment.client_reference, "amount": payment.amount }),
-        ),
     )
 }
 
@@ -232,7 +178,7 @@ async fn order_status(
     lookup.status(&key).await
 }
 
-fn routes(app: App) -> Router {
+fn routes(runs: Counter) -> Router {
     Router::new()
         .route("/orders", post(create_order))
         .route("/refunds", post(create_refund))
@@ -243,14 +189,13 @@ fn routes(app: App) -> Router {
         .route("/rejects", post(rejects))
         .route("/payments", post(pay))
         .route("/orders/operations/{key}", get(order_status))
-        .with_state(app)
+        .with_state(runs)
 }
 
 struct Fixture {
     server: TestServer,
-    app: App,
+    runs: Counter,
     idem: Idem,
-    http: reqwest::Client,
 }
 
 impl Fixture {
@@ -260,14 +205,9 @@ impl Fixture {
     }
 
     async fn with_idem(idem: Idem) -> Fixture {
-        let app = App::default();
-        let server = TestServer::start(routes(app.clone()).layer(idem.layer())).await;
-        Fixture {
-            server,
-            app,
-            idem,
-            http: client(),
-        }
+        let runs = Counter::default();
+        let server = TestServer::start(routes(runs.clone()).layer(idem.layer())).await;
+        Fixture { server, runs, idem }
     }
 
     async fn new() -> Fixture {
@@ -275,14 +215,7 @@ impl Fixture {
     }
 
     fn post(&self, path: &str, client_id: &str, key: Option<&str>) -> reqwest::RequestBuilder {
-        let mut request = self
-            .http
-            .post(self.server.url(path))
-            .header("x-client-id", client_id);
-        if let Some(key) = key {
-            request = request.header("Idempotency-Key", key);
-        }
-        request
+        self.server.request(Method::POST, path, client_id, key)
     }
 
     async fn order(&self, key: &str, body: Value) -> Answer {
@@ -314,14 +247,14 @@ async fn concurrent_duplicates_run_once_then_replay() {
         assert_eq!(problem["operation_id"], created[0].operation_id());
         assert_eq!(answer.operation_id(), created[0].operation_id());
     }
-    assert_eq!(f.app.runs(), 1, "the handler ran once");
+    assert_eq!(f.runs.get(), 1, "the handler ran once");
 
     let repeat = f.order("concurrent-1", body).await;
     assert_eq!(repeat.status, 201);
     assert!(repeat.replayed(), "Idempotent-Replayed: true");
     assert_eq!(repeat.body, created[0].body, "the body byte for byte");
     assert_eq!(repeat.operation_id(), created[0].operation_id());
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.runs.get(), 1);
 }
 
 /// Same key, other significant content: 422, nothing runs, the record is unchanged.
@@ -338,7 +271,7 @@ async fn fingerprint_mismatch_is_refused_and_changes_nothing() {
     assert_eq!(problem["state"], "completed");
     assert_eq!(problem["new_key_safe"], false);
     assert_eq!(problem["operation_id"], first.operation_id());
-    assert_eq!(f.app.runs(), 1, "the handler did not run");
+    assert_eq!(f.runs.get(), 1, "the handler did not run");
     let after = f.idem.store().get(&key, unix_now()).await.unwrap().unwrap();
     assert_eq!(after, before, "the stored record is unchanged");
 
@@ -382,21 +315,17 @@ async fn fingerprints_are_canonical_json() {
     assert_eq!(raw("k-numbers", "1").await.status, 201);
     assert!(raw("k-numbers", "1.0").await.replayed());
     assert!(raw("k-numbers", "1e0").await.replayed());
-    assert_eq!(f.app.runs(), 3);
+    assert_eq!(f.runs.get(), 3);
 }
 
 /// Sends a raw HTTP/1.1 request, so that header names keep the spelling given.
-async fn raw_request(addr: std::net::SocketAddr, key_header: &str, body: &str) -> String {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!(
-        "POST /orders HTTP/1.1\r\nHost: {addr}\r\nX-Client-Id: client-a\r\n{key_header}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await.unwrap();
-    answer
+async fn raw_request(addr: std::net::SocketAddr, key_header: &str, body: &str) -> raw::RawAnswer {
+    let headers: [&[u8]; 3] = [
+        b"X-Client-Id: client-a",
+        key_header.as_bytes(),
+        b"Content-Type: application/json",
+    ];
+    raw::send(addr, &raw::post("/orders", &headers, body.as_bytes())).await
 }
 
 /// The key's header name is matched case-insensitively: three spellings, one record.
@@ -409,29 +338,30 @@ async fn key_header_is_case_insensitive() {
         answers.push(raw_request(f.server.addr, &format!("{name}: k-case"), &body).await);
     }
     for answer in &answers {
-        assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+        assert!(answer.head.starts_with("HTTP/1.1 201"), "{}", answer.head);
     }
-    let replayed = |a: &str| {
-        a.to_ascii_lowercase()
-            .contains("\r\nidempotent-replayed: true\r\n")
+    let replayed = |a: &raw::RawAnswer| {
+        a.header("idempotent-replayed")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
     };
     assert!(!replayed(&answers[0]));
     assert!(
         replayed(&answers[1]) && replayed(&answers[2]),
         "{answers:?}"
     );
-    assert_eq!(f.app.runs(), 1, "one record");
+    assert_eq!(f.runs.get(), 1, "one record");
 }
 
 /// Keys are checked before any store call: 128 emoji (512 bytes) and 256 characters are
 /// refused, 255 visible ASCII characters are accepted.
 #[tokio::test]
 async fn key_rules_are_checked_before_the_store() {
-    let store = CountingStore::default();
+    let store = FaultyStore::memory();
     let f = Fixture::with_store(store.clone()).await;
     let emoji = HeaderValue::from_bytes("🦀".repeat(128).as_bytes()).unwrap();
     let answer = send(
-        f.http
+        f.server
+            .http
             .post(f.server.url("/orders"))
             .header("x-client-id", "client-a")
             .header("idempotency-key", emoji)
@@ -445,7 +375,7 @@ async fn key_rules_are_checked_before_the_store() {
         "{problem}"
     );
     answer.operation_id();
-    assert_eq!(store.calls(), 0, "no store call for a malformed key");
+    assert_eq!(store.total(), 0, "no store call for a malformed key");
 
     f.order(&"k".repeat(256), order_body(1))
         .await
@@ -453,18 +383,18 @@ async fn key_rules_are_checked_before_the_store() {
     f.order("has space", order_body(1))
         .await
         .problem(400, "key-malformed");
-    assert_eq!(store.calls(), 0);
-    assert_eq!(f.app.runs(), 0);
+    assert_eq!(store.total(), 0);
+    assert_eq!(f.runs.get(), 0);
 
     assert_eq!(f.order(&"k".repeat(255), order_body(1)).await.status, 201);
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.runs.get(), 1);
 }
 
 /// A keyed operation without a key: 400 each time, a fresh operation id each time, and the
 /// handler never runs.
 #[tokio::test]
 async fn missing_key_is_refused_without_running() {
-    let store = CountingStore::default();
+    let store = FaultyStore::memory();
     let f = Fixture::with_store(store.clone()).await;
     let mut ids = Vec::new();
     for _ in 0..2 {
@@ -479,8 +409,8 @@ async fn missing_key_is_refused_without_running() {
         ids.push(answer.operation_id().to_owned());
     }
     assert_ne!(ids[0], ids[1], "a fresh operation id per answer");
-    assert_eq!(f.app.runs(), 0);
-    assert_eq!(store.calls(), 0);
+    assert_eq!(f.runs.get(), 0);
+    assert_eq!(store.total(), 0);
 }
 
 /// Two clients with one key, and one client's key on two operations: independent
@@ -527,7 +457,7 @@ async fn clients_and_operations_are_independent() {
     )
     .await;
     assert_eq!(c.status, 201);
-    assert_eq!(f.app.runs(), 4);
+    assert_eq!(f.runs.get(), 4);
 }
 
 /// 204 with no body is replayed as 204 with no body.
@@ -541,7 +471,7 @@ async fn no_content_is_replayed_empty() {
     assert_eq!(replay.status, 204);
     assert!(replay.replayed());
     assert!(replay.body.is_empty());
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.runs.get(), 1);
 }
 
 /// 201 with `Location` and `ETag`: the replay carries both, the content type, and the body
@@ -568,7 +498,7 @@ async fn created_is_replayed_byte_for_byte() {
         replay.body,
         "{ \"id\" : 1,\n  \"name\": \"café\" }\n".as_bytes()
     );
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.runs.get(), 1);
 }
 
 /// A retryable answer releases the key: the retry runs, and its 201 is stored.
@@ -596,7 +526,7 @@ async fn retryable_status_releases_the_key() {
     assert_eq!(third.status, 201);
     assert!(third.replayed());
     assert_eq!(third.body, second.body);
-    assert_eq!(f.app.runs(), 2);
+    assert_eq!(f.runs.get(), 2);
     // The released key is not open to other content.
     let other = send(
         f.post("/flaky", "client-a", Some("k-flaky"))
@@ -622,14 +552,14 @@ async fn permanent_error_is_stored_and_replayed() {
     assert_eq!(second.status, 422);
     assert!(second.replayed());
     assert_eq!(second.body, first.body);
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.runs.get(), 1);
 }
 
 /// The store fails on insert: 503 with `Retry-After`, and the handler does not run.
 #[tokio::test]
 async fn store_failure_fails_closed() {
-    let store = CountingStore::default();
-    store.fail_begin.store(true, SeqCst);
+    let store = FaultyStore::memory();
+    store.fail(Call::Begin);
     let f = Fixture::with_store(store.clone()).await;
     for _ in 0..2 {
         let answer = f.order("k-down", order_body(1)).await;
@@ -641,18 +571,18 @@ async fn store_failure_fails_closed() {
             "no internals leak"
         );
     }
-    assert_eq!(f.app.runs(), 0);
+    assert_eq!(f.runs.get(), 0);
     // Back up: the same key runs.
-    store.fail_begin.store(false, SeqCst);
+    store.heal(Call::Begin);
     assert_eq!(f.order("k-down", order_body(1)).await.status, 201);
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.runs.get(), 1);
 }
 
 /// `with_unavailable_retry_after` sets the `Retry-After` of that 503.
 #[tokio::test]
 async fn unavailable_retry_after_is_configurable() {
-    let store = CountingStore::default();
-    store.fail_begin.store(true, SeqCst);
+    let store = FaultyStore::memory();
+    store.fail(Call::Begin);
     let idem = Idem::new(store, identity::header("x-client-id"))
         .with_unavailable_retry_after(Duration::from_millis(4500));
     let f = Fixture::with_idem(idem).await;
@@ -667,7 +597,7 @@ async fn unavailable_retry_after_is_configurable() {
 #[tokio::test]
 async fn answers_before_the_handler() {
     // No layer: 500 with the fix in the detail.
-    let bare = TestServer::start(routes(App::default())).await;
+    let bare = TestServer::start(routes(Counter::default())).await;
     let answer = send(
         client()
             .post(bare.url("/orders"))
@@ -686,7 +616,8 @@ async fn answers_before_the_handler() {
 
     let f = Fixture::new().await;
     let anonymous = send(
-        f.http
+        f.server
+            .http
             .post(f.server.url("/orders"))
             .header("idempotency-key", "k")
             .json(&order_body(1)),
@@ -709,7 +640,7 @@ async fn answers_before_the_handler() {
     )
     .await;
     duplicate.problem(400, "body-malformed");
-    assert_eq!(f.app.runs(), 0);
+    assert_eq!(f.runs.get(), 0);
 
     // Valid JSON that `Json<CreateOrder>` rejects (a missing member): axum's 422 is
     // answered as it is, and nothing is registered, since nothing ran.
@@ -734,7 +665,7 @@ async fn answers_before_the_handler() {
     // The same key with the request fixed runs.
     let fixed = f.order("k-rejected", order_body(1)).await;
     assert_eq!(fixed.status, 201);
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.runs.get(), 1);
 }
 
 /// A result larger than the stored-body limit reaches the client whole, and the
@@ -758,7 +689,7 @@ async fn oversized_results_are_sent_but_parked() {
     let problem = retry.problem(409, "operation-outcome-unknown");
     assert_eq!(problem["state"], "unknown");
     assert_eq!(retry.header("retry-after"), None);
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.runs.get(), 1);
 }
 
 /// The status lookup: 404 for an unknown key, the stored result for a completed one,
@@ -768,7 +699,8 @@ async fn status_lookup_reports_the_clients_own_operations() {
     let f = Fixture::new().await;
     let lookup = |client_id: &'static str, key: &'static str| {
         send(
-            f.http
+            f.server
+                .http
                 .get(f.server.url(&format!("/orders/operations/{key}")))
                 .header("x-client-id", client_id),
         )
@@ -821,5 +753,5 @@ async fn body_keys_are_read_from_the_json() {
     pay(json!({ "client_reference": "two words", "amount": 5 }))
         .await
         .problem(400, "key-malformed");
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.runs.get(), 1);
 }

@@ -1,10 +1,9 @@
 //! Leases, the server's deadline, recovery of unknown outcomes, and the concurrency
-//! answers `wait` and `accepted`, over real sockets (DESIGN §4).
+//! answers `wait` and `accepted`, over real sockets (the README's table of answers;
+//! docs/contract.md, `deadline`, `concurrency` and `recovery`).
 
 mod common;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State};
@@ -12,35 +11,29 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use common::{Answer, TestServer, client, send};
+use common::answer::{Answer, send};
+use common::counter::Counter;
+use common::server::TestServer;
 use idem::store::{MemoryStore, RecordKey, RecordState, unix_now};
 use idem::{Idem, Resolution, UnknownOperation, identity};
 use serde_json::{Value, json};
 
 #[derive(Clone, Default)]
 struct App {
-    runs: Arc<AtomicUsize>,
-    finished: Arc<AtomicUsize>,
-    reconciles: Arc<AtomicUsize>,
+    runs: Counter,
+    finished: Counter,
+    reconciles: Counter,
 }
 
 impl App {
-    fn runs(&self) -> usize {
-        self.runs.load(SeqCst)
-    }
-
-    fn reconciles(&self) -> usize {
-        self.reconciles.load(SeqCst)
-    }
-
     /// The first run outlasts its 300 ms lease (it would take 1 s); later runs answer at
     /// once.
     async fn slow_first(&self) -> impl IntoResponse + use<> {
-        let n = self.runs.fetch_add(1, SeqCst) + 1;
+        let n = self.runs.bump();
         if n == 1 {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        self.finished.fetch_add(1, SeqCst);
+        self.finished.bump();
         (StatusCode::CREATED, Json(json!({ "run": n })))
     }
 }
@@ -76,7 +69,7 @@ recovering_handler!(
 );
 
 async fn reconcile_applied(app: App, op: UnknownOperation) -> Resolution {
-    app.reconciles.fetch_add(1, SeqCst);
+    app.reconciles.bump();
     // Reconciliation takes a while: concurrent retries must not start a second one.
     tokio::time::sleep(Duration::from_millis(100)).await;
     Resolution::applied((
@@ -86,17 +79,17 @@ async fn reconcile_applied(app: App, op: UnknownOperation) -> Resolution {
 }
 
 async fn reconcile_not_applied(app: App, _op: UnknownOperation) -> Resolution {
-    app.reconciles.fetch_add(1, SeqCst);
+    app.reconciles.bump();
     Resolution::NotApplied
 }
 
 async fn reconcile_unknown(app: App, _op: UnknownOperation) -> Resolution {
-    app.reconciles.fetch_add(1, SeqCst);
+    app.reconciles.bump();
     Resolution::unknown("the payment provider did not answer")
 }
 
 async fn reconcile_panics(app: App, _op: UnknownOperation) -> Resolution {
-    app.reconciles.fetch_add(1, SeqCst);
+    app.reconciles.bump();
     panic!("the reconcile function is broken");
 }
 
@@ -120,7 +113,7 @@ async fn not_applied_status(
     recovery = reconcile_not_applied,
 )]
 async fn panics_first(State(app): State<App>, Json(_body): Json<Value>) -> impl IntoResponse {
-    let n = app.runs.fetch_add(1, SeqCst) + 1;
+    let n = app.runs.bump();
     assert!(n > 1, "the handler fails halfway");
     (StatusCode::CREATED, Json(json!({ "run": n })))
 }
@@ -137,7 +130,7 @@ async fn panics_first(State(app): State<App>, Json(_body): Json<Value>) -> impl 
     recovery = manual("https://runbooks.example.com/wait"),
 )]
 async fn wait_long(State(app): State<App>, Json(_body): Json<Value>) -> impl IntoResponse {
-    let n = app.runs.fetch_add(1, SeqCst) + 1;
+    let n = app.runs.bump();
     tokio::time::sleep(Duration::from_millis(300)).await;
     (StatusCode::CREATED, Json(json!({ "run": n })))
 }
@@ -154,7 +147,7 @@ async fn wait_long(State(app): State<App>, Json(_body): Json<Value>) -> impl Int
     recovery = manual("https://runbooks.example.com/wait"),
 )]
 async fn wait_short(State(app): State<App>, Json(_body): Json<Value>) -> impl IntoResponse {
-    let n = app.runs.fetch_add(1, SeqCst) + 1;
+    let n = app.runs.bump();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     (StatusCode::CREATED, Json(json!({ "run": n })))
 }
@@ -171,7 +164,7 @@ async fn wait_short(State(app): State<App>, Json(_body): Json<Value>) -> impl In
     recovery = manual("https://runbooks.example.com/accepted"),
 )]
 async fn accepted(State(app): State<App>, Json(_body): Json<Value>) -> impl IntoResponse {
-    let n = app.runs.fetch_add(1, SeqCst) + 1;
+    let n = app.runs.bump();
     tokio::time::sleep(Duration::from_millis(500)).await;
     (StatusCode::CREATED, Json(json!({ "run": n })))
 }
@@ -195,7 +188,7 @@ async fn accepted_status(
     recovery = manual("https://runbooks.example.com/short"),
 )]
 async fn short_ttl(State(app): State<App>, Json(_body): Json<Value>) -> impl IntoResponse {
-    let n = app.runs.fetch_add(1, SeqCst) + 1;
+    let n = app.runs.bump();
     (StatusCode::CREATED, Json(json!({ "run": n })))
 }
 
@@ -212,9 +205,9 @@ async fn short_ttl(State(app): State<App>, Json(_body): Json<Value>) -> impl Int
     recovery = reconcile_not_applied,
 )]
 async fn slow_answer(State(app): State<App>, Json(_body): Json<Value>) -> impl IntoResponse {
-    let n = app.runs.fetch_add(1, SeqCst) + 1;
+    let n = app.runs.bump();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    app.finished.fetch_add(1, SeqCst);
+    app.finished.bump();
     (StatusCode::CREATED, Json(json!({ "run": n })))
 }
 
@@ -222,7 +215,6 @@ struct Fixture {
     server: TestServer,
     app: App,
     idem: Idem,
-    http: reqwest::Client,
 }
 
 impl Fixture {
@@ -249,16 +241,11 @@ impl Fixture {
             server: TestServer::start(router).await,
             app,
             idem,
-            http: client(),
         }
     }
 
     fn request(&self, path: &str, key: &str) -> reqwest::RequestBuilder {
-        self.http
-            .post(self.server.url(path))
-            .header("x-client-id", "client-a")
-            .header("idempotency-key", key)
-            .json(&json!({ "amount": 100 }))
+        self.server.post(path, key).json(&json!({ "amount": 100 }))
     }
 
     async fn post(&self, path: &str, key: &str) -> Answer {
@@ -266,12 +253,7 @@ impl Fixture {
     }
 
     async fn lookup(&self, path: &str) -> Answer {
-        send(
-            self.http
-                .get(self.server.url(path))
-                .header("x-client-id", "client-a"),
-        )
-        .await
+        send(self.server.get(path)).await
     }
 
     /// The first attempt outlasts its lease: 503 `attempt-timed-out`, and the record stays
@@ -303,12 +285,8 @@ async fn server_deadline_stops_the_attempt_and_keeps_the_record_processing() {
     );
     assert_eq!(record.operation_id.to_string(), answer.operation_id());
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    assert_eq!(
-        f.app.finished.load(SeqCst),
-        0,
-        "the handler's future was dropped"
-    );
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.app.finished.get(), 0, "the handler's future was dropped");
+    assert_eq!(f.app.runs.get(), 1);
 }
 
 /// Lease ended, recovery finds the effect applied: its answer is stored and replayed; the
@@ -319,7 +297,11 @@ async fn recovery_applied_is_stored_and_replayed_once() {
     let first = f.time_out_first_attempt("/applied", "k-applied").await;
     let answers =
         futures_util::future::join_all((0..5).map(|_| f.post("/applied", "k-applied"))).await;
-    assert_eq!(f.app.reconciles(), 1, "exactly one recovery: {answers:?}");
+    assert_eq!(
+        f.app.reconciles.get(),
+        1,
+        "exactly one recovery: {answers:?}"
+    );
     let recovered: Vec<&Answer> = answers.iter().filter(|a| a.status == 201).collect();
     assert!(!recovered.is_empty());
     for answer in &answers {
@@ -341,8 +323,8 @@ async fn recovery_applied_is_stored_and_replayed_once() {
     let later = f.post("/applied", "k-applied").await;
     assert!(later.replayed());
     assert_eq!(later.body, recovered[0].body);
-    assert_eq!(f.app.reconciles(), 1);
-    assert_eq!(f.app.runs(), 1, "the handler never ran again");
+    assert_eq!(f.app.reconciles.get(), 1);
+    assert_eq!(f.app.runs.get(), 1, "the handler never ran again");
 }
 
 /// Lease ended, recovery finds the effect not applied: the retry runs the handler as the
@@ -356,12 +338,12 @@ async fn recovery_not_applied_runs_the_next_attempt() {
     assert!(!retry.replayed());
     assert_eq!(retry.json()["run"], 2);
     assert_eq!(retry.operation_id(), first.operation_id());
-    assert_eq!(f.app.reconciles(), 1);
+    assert_eq!(f.app.reconciles.get(), 1);
     let replay = f.post("/not-applied", "k-na").await;
     assert!(replay.replayed());
     assert_eq!(replay.body, retry.body);
-    assert_eq!(f.app.runs(), 2);
-    assert_eq!(f.app.reconciles(), 1);
+    assert_eq!(f.app.runs.get(), 2);
+    assert_eq!(f.app.reconciles.get(), 1);
 }
 
 /// A handler that panics leaves the record processing: the client gets 503
@@ -385,11 +367,15 @@ async fn a_panicking_handler_is_recovered_not_rerun_blindly() {
         matches!(record.state, RecordState::Processing { lease } if !lease.is_live(unix_now())),
         "nothing is recorded as final, and the lease has ended: {record:?}"
     );
-    assert_eq!(f.app.reconciles(), 0);
+    assert_eq!(f.app.reconciles.get(), 0);
     let retry = f.post("/panics-first", "k-panic").await;
     assert_eq!(retry.status, 201);
-    assert_eq!(f.app.reconciles(), 1, "recovery decided before the re-run");
-    assert_eq!(f.app.runs(), 2);
+    assert_eq!(
+        f.app.reconciles.get(),
+        1,
+        "recovery decided before the re-run"
+    );
+    assert_eq!(f.app.runs.get(), 2);
     assert_eq!(retry.operation_id(), first.operation_id());
 }
 
@@ -406,13 +392,13 @@ async fn a_client_that_hangs_up_gets_the_stored_result_on_retry() {
         .await;
     assert!(lost.is_err(), "the client gave up before the answer");
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(f.app.finished.load(SeqCst), 1, "the handler ran to its end");
+    assert_eq!(f.app.finished.get(), 1, "the handler ran to its end");
     let retry = f.post("/slow-answer", "k-lost").await;
     assert_eq!(retry.status, 201);
     assert!(retry.replayed());
     assert_eq!(retry.json()["run"], 1);
-    assert_eq!(f.app.runs(), 1);
-    assert_eq!(f.app.reconciles(), 0);
+    assert_eq!(f.app.runs.get(), 1);
+    assert_eq!(f.app.reconciles.get(), 0);
 }
 
 /// Recovery cannot decide: the operation is parked as unknown (409, no `Retry-After`) and
@@ -434,8 +420,8 @@ async fn recovery_unknown_parks_the_operation() {
         );
         assert_eq!(answer.header("retry-after"), None);
     }
-    assert_eq!(f.app.reconciles(), 1);
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.app.reconciles.get(), 1);
+    assert_eq!(f.app.runs.get(), 1);
 }
 
 /// A panicking reconcile function could not decide: nothing is parked, and the next retry
@@ -452,11 +438,11 @@ async fn a_panicking_reconcile_is_asked_again() {
     let again = f.post("/panicking", "k-rp").await;
     again.problem(503, "recovery-pending");
     assert_eq!(
-        f.app.reconciles(),
+        f.app.reconciles.get(),
         2,
         "nothing was parked: recovery asks again"
     );
-    assert_eq!(f.app.runs(), 1, "the handler never re-ran blindly");
+    assert_eq!(f.app.runs.get(), 1, "the handler never re-ran blindly");
 }
 
 /// `recovery = manual(..)`: parked as unknown; the answer names the runbook.
@@ -476,7 +462,7 @@ async fn manual_recovery_parks_with_the_runbook() {
     let key = RecordKey::new("manual", "client-a", "k-manual");
     let record = f.idem.store().get(&key, unix_now()).await.unwrap().unwrap();
     assert!(matches!(record.state, RecordState::Unknown { .. }));
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.app.runs.get(), 1);
 }
 
 /// The status lookup recovers an ended lease too; "not applied" releases the key, so the
@@ -496,7 +482,7 @@ async fn status_lookup_recovers_and_releases() {
     assert_eq!(json["state"], "released");
     assert_eq!(json["new_key_safe"], true);
     assert_eq!(json["operation_id"], first.operation_id());
-    assert_eq!(f.app.reconciles(), 1);
+    assert_eq!(f.app.reconciles.get(), 1);
 
     let retry = f.post("/not-applied", "k-look").await;
     assert_eq!(retry.status, 201);
@@ -508,7 +494,7 @@ async fn status_lookup_recovers_and_releases() {
         "first attempt, the lookup's takeover, the retry"
     );
     assert_eq!(done["response"]["body"], retry.json());
-    assert_eq!(f.app.reconciles(), 1);
+    assert_eq!(f.app.reconciles.get(), 1);
 }
 
 /// `concurrency = wait("2s")`: a duplicate waits for the first attempt and gets its result.
@@ -525,7 +511,7 @@ async fn wait_returns_the_first_attempts_result() {
     assert_eq!(second.status, 201);
     assert!(second.replayed());
     assert_eq!(second.body, first.body);
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.app.runs.get(), 1);
 }
 
 /// `concurrency = wait("300ms")`: past the limit the duplicate gets 409 with `Retry-After`.
@@ -543,7 +529,7 @@ async fn wait_past_its_limit_answers_conflict() {
     second.problem(409, "operation-in-progress");
     assert!(second.header("retry-after").is_some());
     assert!(waited >= Duration::from_millis(300), "{waited:?}");
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.app.runs.get(), 1);
 }
 
 /// `concurrency = accepted`: 202 with `Location` at the status lookup of the
@@ -579,7 +565,7 @@ async fn accepted_points_at_the_status_lookup() {
     let done = f.lookup("/accepted/operations/a%2Fb%3Ac%3Fd").await.json();
     assert_eq!(done["state"], "completed");
     assert_eq!(done["response"]["body"], first.json());
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.app.runs.get(), 1);
 }
 
 /// A key seen after its TTL names a new operation.
@@ -594,7 +580,7 @@ async fn a_key_after_its_ttl_is_a_new_operation() {
     assert_eq!(later.status, 201);
     assert!(!later.replayed());
     assert_ne!(later.operation_id(), first.operation_id());
-    assert_eq!(f.app.runs(), 2);
+    assert_eq!(f.app.runs.get(), 2);
     assert_eq!(
         f.idem.purge_expired().await.unwrap(),
         0,

@@ -1,25 +1,19 @@
 //! The SQLite store behind a real server: a completed key is replayed after the service
-//! restarts (DESIGN §5: "survives a restart").
+//! restarts (the store is durable: `idem::SqliteStore`).
 
 mod common;
-
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use common::{TestServer, client, send};
+use common::answer::send;
+use common::counter::Counter;
+use common::server::TestServer;
 use idem::{Idem, SqliteStore, identity};
 use serde::Deserialize;
 use serde_json::json;
-
-#[derive(Clone, Default)]
-struct App {
-    runs: Arc<AtomicUsize>,
-}
 
 #[derive(Deserialize)]
 struct CreateOrder {
@@ -38,8 +32,11 @@ struct CreateOrder {
     status_lookup = order_status(path = "/orders/operations/{key}"),
     recovery = manual("https://runbooks.example.com/orders"),
 )]
-async fn create_order(State(app): State<App>, Json(order): Json<CreateOrder>) -> impl IntoResponse {
-    let n = app.runs.fetch_add(1, SeqCst) + 1;
+async fn create_order(
+    State(runs): State<Counter>,
+    Json(order): Json<CreateOrder>,
+) -> impl IntoResponse {
+    let n = runs.bump();
     let mut headers = HeaderMap::new();
     headers.insert(
         header::LOCATION,
@@ -58,13 +55,13 @@ async fn order_status(
     lookup.status(&key).await
 }
 
-async fn start(path: &std::path::Path, app: App) -> (TestServer, SqliteStore) {
+async fn start(path: &std::path::Path, runs: Counter) -> (TestServer, SqliteStore) {
     let store = SqliteStore::open(path).await.expect("open the SQLite file");
     let idem = Idem::new(store.clone(), identity::header("x-client-id"));
     let router = Router::new()
         .route("/orders", post(create_order))
         .route("/orders/operations/{key}", get(order_status))
-        .with_state(app)
+        .with_state(runs)
         .layer(idem.layer());
     (TestServer::start(router).await, store)
 }
@@ -73,26 +70,18 @@ async fn start(path: &std::path::Path, app: App) -> (TestServer, SqliteStore) {
 async fn a_completed_key_is_replayed_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("orders.db");
-    let app = App::default();
-    let http = client();
+    let runs = Counter::default();
     let body = json!({ "customer_id": "c-9", "amount_minor": 1250 });
-    let post = |server: &TestServer| {
-        send(
-            http.post(server.url("/orders"))
-                .header("x-client-id", "client-a")
-                .header("idempotency-key", "order-2026-0001")
-                .json(&body),
-        )
-    };
+    let post = |server: &TestServer| send(server.post("/orders", "order-2026-0001").json(&body));
 
-    let (server, store) = start(&path, app.clone()).await;
+    let (server, store) = start(&path, runs.clone()).await;
     let first = post(&server).await;
     assert_eq!(first.status, 201);
     assert!(!first.replayed());
     server.stop().await;
     store.close().await;
 
-    let (server, _store) = start(&path, app.clone()).await;
+    let (server, _store) = start(&path, runs.clone()).await;
     let replay = post(&server).await;
     assert_eq!(replay.status, 201);
     assert!(
@@ -104,25 +93,16 @@ async fn a_completed_key_is_replayed_after_a_restart() {
     assert_eq!(replay.header("etag"), Some("\"1\""));
     assert_eq!(replay.header("content-type"), Some("application/json"));
     assert_eq!(replay.operation_id(), first.operation_id());
-    assert_eq!(
-        app.runs.load(SeqCst),
-        1,
-        "the handler ran once across both processes"
-    );
+    assert_eq!(runs.get(), 1, "the handler ran once across both processes");
 
-    let report = send(
-        http.get(server.url("/orders/operations/order-2026-0001"))
-            .header("x-client-id", "client-a"),
-    )
-    .await;
+    let report = send(server.get("/orders/operations/order-2026-0001")).await;
     assert_eq!(report.status, 200);
     assert_eq!(report.json()["state"], "completed");
     assert_eq!(report.json()["response"]["body"], first.json());
 
     let other = send(
-        http.post(server.url("/orders"))
-            .header("x-client-id", "client-a")
-            .header("idempotency-key", "order-2026-0001")
+        server
+            .post("/orders", "order-2026-0001")
             .json(&json!({ "customer_id": "c-9", "amount_minor": 9999 })),
     )
     .await;
@@ -134,14 +114,12 @@ async fn a_completed_key_is_replayed_after_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_duplicates_run_once_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
-    let app = App::default();
-    let (server, _store) = start(&dir.path().join("race.db"), app.clone()).await;
-    let http = client();
+    let runs = Counter::default();
+    let (server, _store) = start(&dir.path().join("race.db"), runs.clone()).await;
     let answers = futures_util::future::join_all((0..10).map(|_| {
         send(
-            http.post(server.url("/orders"))
-                .header("x-client-id", "client-a")
-                .header("idempotency-key", "race")
+            server
+                .post("/orders", "race")
                 .json(&json!({ "customer_id": "c", "amount_minor": 1 })),
         )
     }))
@@ -152,6 +130,6 @@ async fn concurrent_duplicates_run_once_on_sqlite() {
         .count();
     assert_eq!(fresh, 1, "{answers:?}");
     assert!(answers.iter().all(|a| a.status == 201 || a.status == 409));
-    assert_eq!(app.runs.load(SeqCst), 1);
+    assert_eq!(runs.get(), 1);
     server.stop().await;
 }

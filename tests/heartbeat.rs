@@ -1,6 +1,7 @@
-//! The heartbeat (DESIGN §4.2): a running attempt renews a short lease, so that an
-//! instance that died is noticed within one lease, not after the whole per-attempt
-//! timeout; a live attempt keeps its key however long it runs within its time.
+//! The heartbeat (`Idem::with_heartbeat`; docs/contract.md, `deadline`): a running
+//! attempt renews a short lease, so that an instance that died is noticed within one
+//! lease, not after the whole per-attempt timeout; a live attempt keeps its key however
+//! long it runs within its time.
 
 mod common;
 
@@ -12,7 +13,9 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use common::{Answer, TestServer, client, send};
+use common::answer::{Answer, send};
+use common::process;
+use common::server::TestServer;
 use idem::store::{RecordKey, RecordState, Store, unix_now};
 use idem::{Idem, Resolution, SqliteStore, UnknownOperation, identity};
 use serde::Deserialize;
@@ -71,14 +74,8 @@ async fn start(store: SqliteStore) -> TestServer {
 }
 
 async fn post_work(server: &TestServer, key: &str, sleep_ms: u64) -> Answer {
-    send(
-        client()
-            .post(server.url("/work"))
-            .header("x-client-id", "client-a")
-            .header("idempotency-key", key)
-            .json(&json!({ "amount": 1, "sleep_ms": sleep_ms })),
-    )
-    .await
+    let work = json!({ "amount": 1, "sleep_ms": sleep_ms });
+    send(server.post("/work", key).json(&work)).await
 }
 
 /// A live attempt that runs for several heartbeat leases keeps its key: its lease in the
@@ -129,31 +126,17 @@ async fn a_live_attempt_keeps_renewing_its_short_lease() {
 fn a_dead_attempt_is_recovered_within_one_heartbeat_lease() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("crash.db");
-    let runtime = || {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap()
-    };
     let before = RUNS.load(SeqCst);
-    let doomed = runtime();
+    let doomed = process::runtime();
     doomed.block_on(async {
         let server = start(SqliteStore::open(&path).await.unwrap()).await;
-        let url = server.url("/work");
+        let request = server
+            .post("/work", "k-dead")
+            .json(&json!({ "amount": 1, "sleep_ms": 60_000 }));
         tokio::spawn(async move {
-            let _ = client()
-                .post(url)
-                .header("x-client-id", "client-a")
-                .header("idempotency-key", "k-dead")
-                .json(&json!({ "amount": 1, "sleep_ms": 60_000 }))
-                .send()
-                .await;
+            let _ = request.send().await;
         });
-        let waited = Instant::now();
-        while RUNS.load(SeqCst) == before && waited.elapsed() < Duration::from_secs(5) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        process::wait_until(|| RUNS.load(SeqCst) != before).await;
         // Long enough for a few renewals.
         tokio::time::sleep(HEARTBEAT * 2).await;
         std::mem::forget(server); // the process dies: no graceful shutdown
@@ -161,7 +144,7 @@ fn a_dead_attempt_is_recovered_within_one_heartbeat_lease() {
     doomed.shutdown_background();
     let died = Instant::now();
 
-    runtime().block_on(async {
+    process::runtime().block_on(async {
         let server = start(SqliteStore::open(&path).await.unwrap()).await;
         let reconciles = RECONCILES.load(SeqCst);
         let until = Instant::now() + Duration::from_secs(5);

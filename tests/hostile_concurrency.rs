@@ -8,70 +8,48 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::{FromRef, Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use common::{Answer, TestServer, client, send};
+use common::answer::{Answer, send};
+use common::counter::Counter;
+use common::orders::{create_order, order_status};
+use common::server::TestServer;
 use futures_util::future::join_all;
 use idem::store::{MemoryStore, RecordKey, RecordState, Store, unix_now};
 use idem::{Idem, Resolution, SqliteStore, UnknownOperation, identity};
-use serde::Deserialize;
+use reqwest::Method;
 use serde_json::{Value, json};
 
 #[derive(Clone, Default)]
 struct App {
-    runs: Arc<AtomicUsize>,
-    /// Handlers running right now, and the most ever seen at once.
+    /// The runs of every handler, `common::orders::create_order`'s included.
+    runs: Counter,
+    /// Handlers running right now, and the most ever seen at once (`create_order` aside).
     running: Arc<AtomicUsize>,
     most_at_once: Arc<AtomicUsize>,
-    reconciles: Arc<AtomicUsize>,
+    reconciles: Counter,
+}
+
+/// `common::orders::create_order` counts its runs in the app's.
+impl FromRef<App> for Counter {
+    fn from_ref(app: &App) -> Counter {
+        app.runs.clone()
+    }
 }
 
 impl App {
-    fn runs(&self) -> usize {
-        self.runs.load(SeqCst)
-    }
-
     /// Counts a run for as long as `work` takes.
     async fn run<T>(&self, work: impl Future<Output = T>) -> (usize, T) {
-        let n = self.runs.fetch_add(1, SeqCst) + 1;
+        let n = self.runs.bump();
         let now = self.running.fetch_add(1, SeqCst) + 1;
         self.most_at_once.fetch_max(now, SeqCst);
         let out = work.await;
         self.running.fetch_sub(1, SeqCst);
         (n, out)
     }
-}
-
-#[derive(Deserialize)]
-struct CreateOrder {
-    customer_id: String,
-    amount: i64,
-    #[serde(default)]
-    delay_ms: u64,
-}
-
-#[idem::contract(
-    key_scope = client,
-    fingerprint = [customer_id, amount],
-    ttl = "1h",
-    deadline = "10s",
-    max_attempts = 3,
-    retryable = [503],
-    concurrency = conflict,
-    status_lookup = order_status(path = "/orders/operations/{key}"),
-    recovery = manual("https://runbooks.example.com/orders"),
-)]
-async fn create_order(State(app): State<App>, Json(order): Json<CreateOrder>) -> impl IntoResponse {
-    let (n, ()) = app
-        .run(tokio::time::sleep(Duration::from_millis(order.delay_ms)))
-        .await;
-    (
-        StatusCode::CREATED,
-        Json(json!({ "order": n, "customer_id": order.customer_id, "amount": order.amount })),
-    )
 }
 
 /// The first run outlasts its 300 ms lease; later runs answer at once.
@@ -87,7 +65,7 @@ async fn create_order(State(app): State<App>, Json(order): Json<CreateOrder>) ->
     recovery = reconcile_not_applied,
 )]
 async fn slow_first(State(app): State<App>, Json(_body): Json<Value>) -> impl IntoResponse {
-    let runs = app.runs();
+    let runs = app.runs.get();
     let (n, ()) = app
         .run(async move {
             if runs == 0 {
@@ -118,7 +96,7 @@ async fn waited(State(app): State<App>, Json(_body): Json<Value>) -> impl IntoRe
 }
 
 async fn reconcile_not_applied(app: App, _op: UnknownOperation) -> Resolution {
-    app.reconciles.fetch_add(1, SeqCst);
+    app.reconciles.bump();
     tokio::time::sleep(Duration::from_millis(50)).await;
     Resolution::NotApplied
 }
@@ -137,7 +115,7 @@ async fn reconcile_not_applied(app: App, _op: UnknownOperation) -> Resolution {
     recovery = manual("https://runbooks.example.com/ttl"),
 )]
 async fn ttl_equals_deadline(State(app): State<App>) -> impl IntoResponse {
-    let first = app.runs() == 0;
+    let first = app.runs.get() == 0;
     let (n, ()) = app
         .run(async move {
             if !first {
@@ -150,13 +128,6 @@ async fn ttl_equals_deadline(State(app): State<App>) -> impl IntoResponse {
     } else {
         (StatusCode::CREATED, Json(json!({ "run": n })))
     }
-}
-
-async fn order_status(
-    lookup: idem::Lookup<create_order::Operation>,
-    Path(key): Path<String>,
-) -> idem::OperationStatus {
-    lookup.status(&key).await
 }
 
 async fn slow_first_status(
@@ -177,7 +148,6 @@ struct Fixture {
     server: TestServer,
     app: App,
     idem: Idem,
-    http: reqwest::Client,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -209,31 +179,19 @@ impl Fixture {
             server: TestServer::start(router).await,
             app,
             idem,
-            http: client(),
             _dir: dir,
         }
     }
 
     async fn order(&self, client_id: &str, key: &str, body: &Value) -> Answer {
-        send(
-            self.http
-                .post(self.server.url("/orders"))
-                .header("x-client-id", client_id)
-                .header("idempotency-key", key)
-                .json(body),
-        )
-        .await
+        let request = self
+            .server
+            .request(Method::POST, "/orders", client_id, Some(key));
+        send(request.json(body)).await
     }
 
     async fn post(&self, path: &str, key: &str) -> Answer {
-        send(
-            self.http
-                .post(self.server.url(path))
-                .header("x-client-id", "client-a")
-                .header("idempotency-key", key)
-                .json(&json!({ "amount": 1 })),
-        )
-        .await
+        send(self.server.post(path, key).json(&json!({ "amount": 1 }))).await
     }
 
     async fn record(&self, operation: &str, key: &str) -> Option<idem::store::Record> {
@@ -269,7 +227,7 @@ async fn hundred_identical_requests(f: &Fixture) {
     let body = json!({ "customer_id": "c", "amount": 100, "delay_ms": 300 });
     let answers = join_all((0..100).map(|_| f.order("client-a", "k-100", &body))).await;
     let first = assert_one_run(&answers);
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.app.runs.get(), 1);
     let replay = f.order("client-a", "k-100", &body).await;
     assert!(replay.replayed());
     assert_eq!(replay.body, first.body);
@@ -313,7 +271,7 @@ async fn racing_fingerprints(f: &Fixture) {
         let problem = answer.problem(422, "fingerprint-mismatch");
         assert_eq!(problem["operation_id"], winner.operation_id());
     }
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.app.runs.get(), 1);
     let replay = f.order("client-a", "k-race", &body(amount as i64)).await;
     assert!(replay.replayed());
     assert_eq!(replay.body, winner.body);
@@ -345,7 +303,7 @@ async fn two_clients_racing_on_one_key_string() {
         async move { (client_id, f.order(client_id, "shared", &body).await) }
     });
     let answers = join_all(requests).await;
-    assert_eq!(f.app.runs(), 2, "one run per client");
+    assert_eq!(f.app.runs.get(), 2, "one run per client");
     for client_id in ["client-a", "client-b"] {
         let own: Vec<Answer> = answers
             .iter()
@@ -364,15 +322,11 @@ async fn many_retries_at_the_end_of_a_lease(f: &Fixture) {
     first.problem(503, "attempt-timed-out");
     tokio::time::sleep(Duration::from_millis(50)).await;
     let answers = join_all((0..20).map(|_| f.post("/slow-first", "k-expiry"))).await;
-    assert_eq!(
-        f.app.reconciles.load(SeqCst),
-        1,
-        "one recovery: {answers:?}"
-    );
+    assert_eq!(f.app.reconciles.get(), 1, "one recovery: {answers:?}");
     let second = assert_one_run(&answers);
     assert_eq!(second.json()["run"], 2);
     assert_eq!(second.operation_id(), first.operation_id());
-    assert_eq!(f.app.runs(), 2, "the first attempt and one re-run");
+    assert_eq!(f.app.runs.get(), 2, "the first attempt and one re-run");
 }
 
 /// Twenty retries at once after a lease ended: exactly one recovery, exactly one re-run;
@@ -396,13 +350,7 @@ async fn lookups_and_retries_racing_at_the_end_of_a_lease() {
         let first = f.post("/slow-first", "k-mixed").await;
         first.problem(503, "attempt-timed-out");
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let lookups = (0..10).map(|_| {
-            send(
-                f.http
-                    .get(f.server.url("/slow-first/operations/k-mixed"))
-                    .header("x-client-id", "client-a"),
-            )
-        });
+        let lookups = (0..10).map(|_| send(f.server.get("/slow-first/operations/k-mixed")));
         let retries = (0..10).map(|i| {
             let f = &f;
             async move {
@@ -416,7 +364,7 @@ async fn lookups_and_retries_racing_at_the_end_of_a_lease() {
             assert_eq!(report.status, 200, "{report:?}");
             assert_eq!(report.json()["operation_id"], first.operation_id());
         }
-        assert_eq!(f.app.reconciles.load(SeqCst), 1, "one recovery");
+        assert_eq!(f.app.reconciles.get(), 1, "one recovery");
         for answer in &answers {
             assert!(answer.status == 201 || answer.status == 409, "{answer:?}");
             assert_eq!(answer.operation_id(), first.operation_id());
@@ -430,7 +378,7 @@ async fn lookups_and_retries_racing_at_the_end_of_a_lease() {
             .chain([&done])
             .filter(|a| a.status == 201 && !a.replayed());
         assert_eq!(fresh.count(), 1, "one fresh answer: {answers:?}");
-        assert_eq!(f.app.runs(), 2, "one re-run");
+        assert_eq!(f.app.runs.get(), 2, "one re-run");
         assert!(f.post("/slow-first", "k-mixed").await.replayed());
     }
 }
@@ -448,7 +396,7 @@ async fn many_waiters_get_the_one_result() {
             assert_eq!(answer.body, fresh[0].body);
             assert_eq!(answer.operation_id(), fresh[0].operation_id());
         }
-        assert_eq!(f.app.runs(), 1);
+        assert_eq!(f.app.runs.get(), 1);
     }
 }
 
@@ -476,7 +424,7 @@ async fn retries_racing_the_completion() {
         "the retries straddle the completion"
     );
     assert_eq!(fresh.json()["order"], 1);
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.app.runs.get(), 1);
 }
 
 /// With `ttl` equal to `deadline` (allowed by the rules), a retry near the end of the
@@ -490,23 +438,12 @@ async fn a_lease_outliving_the_ttl_keeps_the_key() {
         assert_eq!(first.status, 503, "released");
         tokio::time::sleep(Duration::from_millis(1200)).await;
         // The retry, within the deadline: runs from 1.2 s to 2.7 s, lease to 3.2 s.
-        let retry = tokio::spawn({
-            let request = f
-                .http
-                .post(f.server.url("/ttl"))
-                .header("x-client-id", "client-a")
-                .header("idempotency-key", "k-ttl")
-                .json(&json!({ "amount": 1 }));
-            async move { send(request).await }
-        });
+        let retry = tokio::spawn(send(
+            f.server.post("/ttl", "k-ttl").json(&json!({ "amount": 1 })),
+        ));
         tokio::time::sleep(Duration::from_millis(1100)).await;
         // 2.3 s: past the TTL (2 s), the retry still running.
-        let lookup = send(
-            f.http
-                .get(f.server.url("/ttl/operations/k-ttl"))
-                .header("x-client-id", "client-a"),
-        )
-        .await;
+        let lookup = send(f.server.get("/ttl/operations/k-ttl")).await;
         let duplicate = f.post("/ttl", "k-ttl").await;
         let retry = retry.await.unwrap();
         assert_eq!(retry.status, 201);
@@ -517,6 +454,6 @@ async fn a_lease_outliving_the_ttl_keeps_the_key() {
         let replay = f.post("/ttl", "k-ttl").await;
         assert!(replay.replayed(), "the retry's result is kept: {replay:?}");
         assert_eq!(replay.body, retry.body);
-        assert_eq!(f.app.runs(), 2);
+        assert_eq!(f.app.runs.get(), 2);
     }
 }

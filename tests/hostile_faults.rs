@@ -10,7 +10,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,8 +19,11 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use common::answer::{Answer, send};
+use common::counter::Counter;
 use common::faults::{Call, FaultyStore};
-use common::{Answer, TestServer, client, send};
+use common::process;
+use common::server::TestServer;
 use futures_util::stream;
 use idem::store::{RecordKey, RecordState, Store, unix_now};
 use idem::{Idem, Resolution, SqliteStore, UnknownOperation, identity};
@@ -32,21 +34,13 @@ use serde_json::{Value, json};
 #[derive(Clone, Default)]
 struct App {
     orders: Arc<Mutex<HashMap<String, Value>>>,
-    runs: Arc<AtomicUsize>,
-    reconciles: Arc<AtomicUsize>,
+    runs: Counter,
+    reconciles: Counter,
     /// Every write of an order, even one that overwrites the same key.
-    writes: Arc<AtomicUsize>,
+    writes: Counter,
 }
 
 impl App {
-    fn runs(&self) -> usize {
-        self.runs.load(SeqCst)
-    }
-
-    fn reconciles(&self) -> usize {
-        self.reconciles.load(SeqCst)
-    }
-
     fn effects(&self) -> usize {
         self.orders.lock().unwrap().len()
     }
@@ -67,7 +61,7 @@ struct CreateOrder {
 /// The handler behind every route: waits `delay_ms`, writes the order (the effect) unless
 /// `mode` says it fails first, then answers as `mode` says.
 async fn handle(app: App, headers: HeaderMap, order: CreateOrder) -> Response {
-    app.runs.fetch_add(1, SeqCst);
+    app.runs.bump();
     tokio::time::sleep(Duration::from_millis(order.delay_ms)).await;
     let key = headers["idempotency-key"].to_str().unwrap().to_owned();
     let json = json!({ "customer_id": order.customer_id, "amount": order.amount, "key": key });
@@ -86,13 +80,13 @@ async fn handle(app: App, headers: HeaderMap, order: CreateOrder) -> Response {
         let (app, key, json) = (app.clone(), key.clone(), json.clone());
         let _ = tokio::task::spawn_blocking(move || {
             std::thread::sleep(Duration::from_millis(800));
-            app.writes.fetch_add(1, SeqCst);
+            app.writes.bump();
             app.orders.lock().unwrap().insert(key, json);
         })
         .await;
         return (StatusCode::CREATED, "written").into_response();
     }
-    app.writes.fetch_add(1, SeqCst);
+    app.writes.bump();
     app.orders.lock().unwrap().insert(key, json.clone());
     let chunk = |s: &'static str| Ok::<_, std::io::Error>(Bytes::from_static(s.as_bytes()));
     let streamed = |body: Body| {
@@ -133,7 +127,7 @@ async fn handle(app: App, headers: HeaderMap, order: CreateOrder) -> Response {
 
 /// Finds the order written under the key: applied with it, or not applied.
 async fn reconcile(app: App, op: UnknownOperation) -> Resolution {
-    app.reconciles.fetch_add(1, SeqCst);
+    app.reconciles.bump();
     let order = app.orders.lock().unwrap().get(&op.key).cloned();
     match order {
         Some(order) => Resolution::applied((StatusCode::CREATED, Json(order))),
@@ -191,7 +185,6 @@ struct Fixture {
     server: TestServer,
     app: App,
     idem: Idem,
-    http: reqwest::Client,
 }
 
 impl Fixture {
@@ -200,21 +193,20 @@ impl Fixture {
     }
 
     async fn with_idem(idem: Idem) -> Fixture {
-        let app = App::default();
+        Fixture::serve(idem, App::default()).await
+    }
+
+    async fn serve(idem: Idem, app: App) -> Fixture {
         Fixture {
             server: TestServer::start(router(app.clone(), &idem)).await,
             app,
             idem,
-            http: client(),
         }
     }
 
     fn request(&self, path: &str, key: &str, mode: &str) -> reqwest::RequestBuilder {
-        self.http
-            .post(self.server.url(path))
-            .header("x-client-id", "client-a")
-            .header("idempotency-key", key)
-            .json(&json!({ "customer_id": "c-1", "amount": 100, "mode": mode }))
+        let order = json!({ "customer_id": "c-1", "amount": 100, "mode": mode });
+        self.server.post(path, key).json(&order)
     }
 
     async fn post(&self, path: &str, key: &str, mode: &str) -> Answer {
@@ -270,7 +262,7 @@ async fn complete_failing_after_the_effect_is_recovered() {
     past_the_lease().await;
     let retry = f.post("/orders", "k-complete", "ok").await;
     assert_recovered(&retry, "k-complete", first.operation_id());
-    assert_eq!((f.app.runs(), f.app.reconciles()), (1, 1));
+    assert_eq!((f.app.runs.get(), f.app.reconciles.get()), (1, 1));
     assert!(f.post("/orders", "k-complete", "ok").await.replayed());
 }
 
@@ -291,7 +283,7 @@ async fn complete_failing_with_manual_recovery_parks() {
             .await
             .problem(409, "operation-outcome-unknown");
     }
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.app.runs.get(), 1);
 }
 
 /// The store fails on `get`: the status lookup answers 503 `store-unavailable` with
@@ -302,22 +294,12 @@ async fn get_failing_makes_the_lookup_unavailable() {
     let f = Fixture::new(store.clone()).await;
     assert_eq!(f.post("/orders", "k-get", "ok").await.status, 201);
     store.fail(Call::Get);
-    let answer = send(
-        f.http
-            .get(f.server.url("/orders/operations/k-get"))
-            .header("x-client-id", "client-a"),
-    )
-    .await;
+    let answer = send(f.server.get("/orders/operations/k-get")).await;
     answer.problem(503, "store-unavailable");
     assert!(answer.header("retry-after").is_some());
     answer.operation_id();
     store.heal(Call::Get);
-    let report = send(
-        f.http
-            .get(f.server.url("/orders/operations/k-get"))
-            .header("x-client-id", "client-a"),
-    )
-    .await;
+    let report = send(f.server.get("/orders/operations/k-get")).await;
     assert_eq!(report.json()["state"], "completed");
 }
 
@@ -337,11 +319,11 @@ async fn take_over_failing_fails_closed() {
     let problem = refused.problem(503, "store-unavailable");
     assert_eq!(problem["operation_id"], first.operation_id());
     assert!(refused.header("retry-after").is_some());
-    assert_eq!((f.app.runs(), f.app.reconciles()), (1, 0));
+    assert_eq!((f.app.runs.get(), f.app.reconciles.get()), (1, 0));
     store.heal(Call::TakeOver);
     let retry = f.post("/orders", "k-take", "ok").await;
     assert_recovered(&retry, "k-take", first.operation_id());
-    assert_eq!((f.app.runs(), f.app.reconciles()), (1, 1));
+    assert_eq!((f.app.runs.get(), f.app.reconciles.get()), (1, 1));
 }
 
 /// The store fails on `release` after a retryable answer given before the effect: the
@@ -365,7 +347,7 @@ async fn release_failing_holds_the_key_until_recovery() {
     assert!(!retry.replayed(), "not applied: the retry ran");
     assert_eq!(retry.operation_id(), first.operation_id());
     assert_eq!(
-        (f.app.runs(), f.app.reconciles(), f.app.effects()),
+        (f.app.runs.get(), f.app.reconciles.get(), f.app.effects()),
         (2, 1, 1)
     );
 }
@@ -384,8 +366,12 @@ async fn a_retryable_answer_after_the_effect_runs_again() {
     let retry = f.post("/orders", "k-503", "ok").await;
     assert_eq!(retry.status, 201);
     assert!(!retry.replayed());
-    assert_eq!(f.app.runs(), 2, "the handler ran twice for one key");
-    assert_eq!(f.app.reconciles(), 0, "no recovery: the key was released");
+    assert_eq!(f.app.runs.get(), 2, "the handler ran twice for one key");
+    assert_eq!(
+        f.app.reconciles.get(),
+        0,
+        "no recovery: the key was released"
+    );
 }
 
 /// A handler that panics after its effect: 503 `attempt-failed` with `Retry-After`;
@@ -400,7 +386,7 @@ async fn a_panic_after_the_effect_is_recovered() {
     past_the_lease().await;
     let retry = f.post("/orders", "k-panic", "ok").await;
     assert_recovered(&retry, "k-panic", first.operation_id());
-    assert_eq!((f.app.runs(), f.app.reconciles()), (1, 1));
+    assert_eq!((f.app.runs.get(), f.app.reconciles.get()), (1, 1));
 }
 
 /// A response body that fails while it is read, after the effect: the outcome is
@@ -421,7 +407,7 @@ async fn a_failing_response_body_is_recovered() {
     past_the_lease().await;
     let retry = f.post("/orders", "k-stream", "ok").await;
     assert_recovered(&retry, "k-stream", first.operation_id());
-    assert_eq!((f.app.runs(), f.app.reconciles()), (1, 1));
+    assert_eq!((f.app.runs.get(), f.app.reconciles.get()), (1, 1));
 }
 
 /// A response body that panics while it is read: 503 `attempt-failed`, then recovery.
@@ -452,7 +438,7 @@ async fn a_hanging_response_body_is_stopped_at_the_lease() {
     past_the_lease().await;
     let retry = f.post("/orders", "k-hang", "ok").await;
     assert_recovered(&retry, "k-hang", first.operation_id());
-    assert_eq!((f.app.runs(), f.app.reconciles()), (1, 1));
+    assert_eq!((f.app.runs.get(), f.app.reconciles.get()), (1, 1));
 }
 
 /// A streamed result (no size known in advance) past the stored-body limit: the client
@@ -473,7 +459,7 @@ async fn a_streamed_result_past_the_stored_limit_is_sent_and_parked() {
     f.post("/orders", "k-big", "big-stream")
         .await
         .problem(409, "operation-outcome-unknown");
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.app.runs.get(), 1);
 }
 
 /// A handler that blocks its thread past its time (400 ms), before its effect. The
@@ -495,17 +481,18 @@ async fn a_handler_blocking_past_its_lease_is_not_run_twice() {
     let after = f.post("/orders", "k-block", "ok").await;
     assert!(after.replayed());
     assert_eq!(after.body, first.body);
-    assert_eq!(f.app.writes.load(SeqCst), 1, "one write");
-    assert_eq!((f.app.runs(), f.app.reconciles()), (1, 0));
+    assert_eq!(f.app.writes.get(), 1, "one write");
+    assert_eq!((f.app.runs.get(), f.app.reconciles.get()), (1, 0));
 }
 
 /// A handler whose effect runs on a detached blocking task: at the lease's end the
 /// attempt is stopped (503 `attempt-timed-out`) and its future dropped, but the blocking
 /// task goes on. A retry then recovers, finds no effect yet, and runs the operation
 /// again: two writes. No lease can fence work it cannot see; this needs the
-/// transactional store of DESIGN §5, or a fencing token the effect checks.
+/// transactional mode (`idem::transaction`, docs/transaction.md), or a fencing token the
+/// effect checks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "design limit: work detached from the handler's future outlives its lease; see the report"]
+#[ignore = "design limit: work detached from the handler's future outlives its lease; see this test's doc comment"]
 async fn detached_work_past_the_lease_is_not_run_twice() {
     let f = Fixture::new(idem::MemoryStore::new()).await;
     let first = f.post("/orders", "k-detached", "detached").await;
@@ -514,7 +501,7 @@ async fn detached_work_past_the_lease_is_not_run_twice() {
     let retry = f.post("/orders", "k-detached", "ok").await;
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(retry.status, 201);
-    assert_eq!(f.app.writes.load(SeqCst), 1, "one write");
+    assert_eq!(f.app.writes.get(), 1, "one write");
 }
 
 /// A handler that answers with an encoded body (`Content-Encoding: gzip`): the replay
@@ -529,27 +516,18 @@ async fn an_encoded_body_is_replayed_with_its_encoding() {
     assert!(replay.replayed());
     assert_eq!(replay.body, first.body);
     assert_eq!(replay.header("content-encoding"), Some("gzip"));
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.app.runs.get(), 1);
 }
 
 async fn sqlite_fixture(path: &std::path::Path, app: App) -> (Fixture, SqliteStore) {
     let store = SqliteStore::open(path).await.unwrap();
     let idem = Idem::new(store.clone(), identity::header("x-client-id"));
-    let fixture = Fixture {
-        server: TestServer::start(router(app.clone(), &idem)).await,
-        app,
-        idem,
-        http: client(),
-    };
-    (fixture, store)
+    (Fixture::serve(idem, app).await, store)
 }
 
 fn slow_order(f: &Fixture, key: &str) -> reqwest::RequestBuilder {
-    f.http
-        .post(f.server.url("/orders"))
-        .header("x-client-id", "client-a")
-        .header("idempotency-key", key)
-        .json(&json!({ "customer_id": "c-1", "amount": 100, "delay_ms": 200 }))
+    let order = json!({ "customer_id": "c-1", "amount": 100, "delay_ms": 200 });
+    f.server.post("/orders", key).json(&order)
 }
 
 /// The SQLite store is closed while an attempt runs: the client gets 503 (its answer
@@ -572,14 +550,14 @@ async fn sqlite_closed_mid_attempt_is_recovered_after_a_restart() {
     f.post("/orders", "k-other", "ok")
         .await
         .problem(503, "store-unavailable");
-    assert_eq!(app.runs(), 1, "nothing runs while the store is down");
+    assert_eq!(app.runs.get(), 1, "nothing runs while the store is down");
     f.server.stop().await;
 
     past_the_lease().await;
     let (f, _store) = sqlite_fixture(&path, app.clone()).await;
     let retry = f.post("/orders", "k-closed", "ok").await;
     assert_recovered(&retry, "k-closed", first.operation_id());
-    assert_eq!((app.runs(), app.reconciles()), (1, 1));
+    assert_eq!((app.runs.get(), app.reconciles.get()), (1, 1));
     f.server.stop().await;
 }
 
@@ -611,7 +589,7 @@ async fn sqlite_file_deleted_mid_run() {
             }
         }
     }
-    assert_eq!(app.runs(), 1, "no second run while the service runs");
+    assert_eq!(app.runs.get(), 1, "no second run while the service runs");
     f.server.stop().await;
     store.close().await;
 
@@ -619,7 +597,7 @@ async fn sqlite_file_deleted_mid_run() {
     let after = f.post("/orders", "k-gone", "ok").await;
     assert_eq!(after.status, 201);
     assert!(!after.replayed(), "the record went with the file");
-    assert_eq!(app.runs(), 2);
+    assert_eq!(app.runs.get(), 2);
     f.server.stop().await;
 }
 
@@ -632,31 +610,21 @@ fn sqlite_crash_with_an_attempt_in_flight_then_restart() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("crash.db");
     let app = App::default();
-    let runtime = || {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap()
-    };
 
-    let doomed = runtime();
+    let doomed = process::runtime();
     let started_at = doomed.block_on(async {
         let (f, _store) = sqlite_fixture(&path, app.clone()).await;
         let request = slow_order(&f, "k-crash");
         tokio::spawn(async move { request.send().await });
-        let waited = Instant::now();
-        while app.runs() == 0 && waited.elapsed() < Duration::from_secs(5) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        assert_eq!(app.runs(), 1, "the attempt is in flight");
+        process::wait_until(|| app.runs.get() > 0).await;
+        assert_eq!(app.runs.get(), 1, "the attempt is in flight");
         std::mem::forget(f); // the process dies: no graceful shutdown
         Instant::now()
     });
     doomed.shutdown_background();
     assert_eq!(app.effects(), 0, "the crash came before the effect");
 
-    let restarted = runtime();
+    let restarted = process::runtime();
     restarted.block_on(async {
         let (f, _store) = sqlite_fixture(&path, app.clone()).await;
         let early = f.post("/orders", "k-crash", "ok").await;
@@ -675,5 +643,8 @@ fn sqlite_crash_with_an_attempt_in_flight_then_restart() {
         assert!(f.post("/orders", "k-crash", "ok").await.replayed());
         f.server.stop().await;
     });
-    assert_eq!((app.runs(), app.reconciles(), app.effects()), (2, 1, 1));
+    assert_eq!(
+        (app.runs.get(), app.reconciles.get(), app.effects()),
+        (2, 1, 1)
+    );
 }

@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, Path, State};
@@ -13,94 +11,16 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use common::answer::{Answer, send};
+use common::counter::Counter;
 use common::faults::FaultyStore;
+use common::orders::{create_order, echo, order_status, pay};
 use common::raw;
-use common::{Answer, TestServer, client, send};
+use common::server::{CLIENT, TestServer};
 use idem::{Idem, identity};
+use reqwest::Method;
 use serde::Deserialize;
 use serde_json::{Value, json};
-
-#[derive(Clone, Default)]
-struct App {
-    runs: Arc<AtomicUsize>,
-}
-
-impl App {
-    fn run(&self) -> usize {
-        self.runs.fetch_add(1, SeqCst) + 1
-    }
-
-    fn runs(&self) -> usize {
-        self.runs.load(SeqCst)
-    }
-}
-
-#[derive(Deserialize)]
-struct CreateOrder {
-    customer_id: String,
-    amount: i64,
-}
-
-#[idem::contract(
-    key_scope = client,
-    fingerprint = [customer_id, amount],
-    ttl = "1h",
-    deadline = "10s",
-    max_attempts = 3,
-    retryable = [503],
-    concurrency = conflict,
-    status_lookup = order_status(path = "/orders/operations/{key}"),
-    recovery = manual("https://runbooks.example.com/orders"),
-)]
-async fn create_order(State(app): State<App>, Json(order): Json<CreateOrder>) -> impl IntoResponse {
-    let n = app.run();
-    (
-        StatusCode::CREATED,
-        Json(json!({ "order": n, "customer_id": order.customer_id, "amount": order.amount })),
-    )
-}
-
-#[idem::contract(
-    key_scope = client,
-    fingerprint = body,
-    ttl = "1h",
-    deadline = "10s",
-    max_attempts = 3,
-    retryable = [503],
-    concurrency = conflict,
-    status_lookup = order_status,
-    recovery = manual("https://runbooks.example.com/echo"),
-)]
-async fn echo(State(app): State<App>, Json(_body): Json<Value>) -> impl IntoResponse {
-    (StatusCode::CREATED, Json(json!({ "run": app.run() })))
-}
-
-#[derive(Deserialize)]
-struct Payment {
-    client_reference: String,
-    amount: i64,
-}
-
-#[idem::contract(
-    key_scope = client(body = client_reference),
-    fingerprint = [amount],
-    ttl = "1h",
-    deadline = "10s",
-    max_attempts = 3,
-    retryable = [503],
-    concurrency = conflict,
-    status_lookup = order_status,
-    recovery = manual("https://runbooks.example.com/payments"),
-)]
-async fn pay(State(app): State<App>, Json(payment): Json<Payment>) -> impl IntoResponse {
-    let n = app.run();
-    (
-        StatusCode::CREATED,
-        Json(
-            json!({ "payment": n, "reference": payment.client_reference, "amount": payment.amount }),
-        ),
-    )
-}
 
 #[idem::contract(
     key_scope = client,
@@ -113,8 +33,8 @@ async fn pay(State(app): State<App>, Json(payment): Json<Payment>) -> impl IntoR
     status_lookup = short_status,
     recovery = manual("https://runbooks.example.com/short"),
 )]
-async fn short_ttl(State(app): State<App>) -> impl IntoResponse {
-    (StatusCode::CREATED, Json(json!({ "run": app.run() })))
+async fn short_ttl(State(runs): State<Counter>) -> impl IntoResponse {
+    (StatusCode::CREATED, Json(json!({ "run": runs.bump() })))
 }
 
 /// A body type in the common camelCase wire style.
@@ -137,10 +57,10 @@ struct CamelOrder {
     status_lookup = order_status,
     recovery = manual("https://runbooks.example.com/camel"),
 )]
-async fn camel(State(app): State<App>, Json(order): Json<CamelOrder>) -> impl IntoResponse {
+async fn camel(State(runs): State<Counter>, Json(order): Json<CamelOrder>) -> impl IntoResponse {
     (
         StatusCode::CREATED,
-        Json(json!({ "run": app.run(), "amountMinor": order.amount_minor })),
+        Json(json!({ "run": runs.bump(), "amountMinor": order.amount_minor })),
     )
 }
 
@@ -164,18 +84,14 @@ struct RenamedOrder {
     status_lookup = order_status,
     recovery = manual("https://runbooks.example.com/renamed"),
 )]
-async fn renamed(State(app): State<App>, Json(order): Json<RenamedOrder>) -> impl IntoResponse {
+async fn renamed(
+    State(runs): State<Counter>,
+    Json(order): Json<RenamedOrder>,
+) -> impl IntoResponse {
     (
         StatusCode::CREATED,
-        Json(json!({ "run": app.run(), "amt": order.amount_minor })),
+        Json(json!({ "run": runs.bump(), "amt": order.amount_minor })),
     )
-}
-
-async fn order_status(
-    lookup: idem::Lookup<create_order::Operation>,
-    Path(key): Path<String>,
-) -> idem::OperationStatus {
-    lookup.status(&key).await
 }
 
 async fn short_status(
@@ -187,9 +103,8 @@ async fn short_status(
 
 struct Fixture {
     server: TestServer,
-    app: App,
+    runs: Counter,
     store: FaultyStore,
-    http: reqwest::Client,
 }
 
 impl Fixture {
@@ -200,7 +115,7 @@ impl Fixture {
     async fn with_body_limit(limit: Option<usize>) -> Fixture {
         let store = FaultyStore::memory();
         let idem = Idem::new(store.clone(), identity::header("x-client-id"));
-        let app = App::default();
+        let runs = Counter::default();
         let mut router = Router::new()
             .route("/orders", post(create_order))
             .route("/echo", post(echo))
@@ -210,16 +125,15 @@ impl Fixture {
             .route("/renamed", post(renamed))
             .route("/orders/operations/{key}", get(order_status))
             .route("/short/operations/{key}", get(short_status))
-            .with_state(app.clone());
+            .with_state(runs.clone());
         if let Some(limit) = limit {
             router = router.layer(DefaultBodyLimit::max(limit));
         }
         let server = TestServer::start(router.layer(idem.layer())).await;
         Fixture {
             server,
-            app,
+            runs,
             store,
-            http: client(),
         }
     }
 
@@ -232,29 +146,17 @@ impl Fixture {
     }
 
     fn post(&self, path: &str, key: Option<&str>) -> reqwest::RequestBuilder {
-        let mut request = self
-            .http
-            .post(self.server.url(path))
-            .header("x-client-id", "client-a");
-        if let Some(key) = key {
-            request = request.header("idempotency-key", key);
-        }
-        request
+        self.server.request(Method::POST, path, CLIENT, key)
     }
 
     async fn lookup(&self, path: &str) -> Answer {
-        send(
-            self.http
-                .get(self.server.url(path))
-                .header("x-client-id", "client-a"),
-        )
-        .await
+        send(self.server.get(path)).await
     }
 
     /// Nothing reached the store and nothing ran.
     fn assert_untouched(&self, what: &str) {
         assert_eq!(self.store.total(), 0, "{what}: no store call");
-        assert_eq!(self.app.runs(), 0, "{what}: the handler did not run");
+        assert_eq!(self.runs.get(), 0, "{what}: the handler did not run");
     }
 }
 
@@ -340,7 +242,7 @@ async fn whitespace_around_the_key_is_not_part_of_it() {
         Some("true")
     );
     assert_eq!(second.body, first.body);
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.runs.get(), 1);
 }
 
 /// What the HTTP parser itself refuses (obs-fold, a control character in the key, a
@@ -642,11 +544,8 @@ async fn status_lookup_with_hostile_keys() {
 
     // A 1 MB key in the path: refused by the HTTP server (414 or 431), and the server
     // keeps serving.
-    let huge = format!(
-        "GET /orders/operations/{} HTTP/1.1\r\nHost: idem.test\r\nX-Client-Id: client-a\r\nConnection: close\r\n\r\n",
-        "k".repeat(1024 * 1024)
-    );
-    let answer = raw::send(f.server.addr, huge.as_bytes()).await;
+    let huge = format!("/orders/operations/{}", "k".repeat(1024 * 1024));
+    let answer = raw_get(&f, &huge, "client-a").await;
     assert!(
         answer.status == 0 || (400..500).contains(&answer.status),
         "{}",
@@ -654,7 +553,7 @@ async fn status_lookup_with_hostile_keys() {
     );
     let alive = f.lookup("/orders/operations/k-none").await;
     alive.problem(404, "operation-not-found");
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.runs.get(), 1);
 }
 
 async fn raw_get(f: &Fixture, path: &str, client_id: &str) -> raw::RawAnswer {
@@ -709,7 +608,7 @@ async fn json_without_its_content_type_does_not_run() {
         assert_eq!(answer.status, 415, "{content_type:?}");
         answer.operation_id();
     }
-    assert_eq!(f.app.runs(), 0);
+    assert_eq!(f.runs.get(), 0);
 }
 
 /// The extractor's refusal is a property of the request's form, not of the operation: a
@@ -727,7 +626,7 @@ async fn a_request_fixed_after_an_extractor_rejection_runs() {
     )
     .await;
     assert_eq!(fixed.status, 201, "the fixed request runs");
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.runs.get(), 1);
 }
 
 /// `fingerprint = body` hashes a body that is not JSON as bytes; `Json<Value>` then
@@ -765,7 +664,7 @@ async fn whole_body_fingerprints_survive_hostile_json() {
         assert_eq!(again.status, first.status, "{key}");
         assert_eq!(again.body, first.body, "{key}");
     }
-    assert_eq!(f.app.runs(), 0);
+    assert_eq!(f.runs.get(), 0);
 }
 
 /// Integers beyond 2^53 would be one double in RFC 8785's model; idem keeps integer
@@ -844,7 +743,7 @@ async fn an_unfollowable_rename_is_a_configuration_error() {
     let detail = problem["detail"].as_str().unwrap_or_default().to_owned();
     assert!(detail.contains("`amount_minor`"), "{detail}");
     assert!(detail.contains("`customer_id`, `amt`"), "{detail}");
-    assert_eq!(f.app.runs(), 0);
+    assert_eq!(f.runs.get(), 0);
 }
 
 /// Two identical requests pipelined on one keep-alive connection: answered in order, the
@@ -893,7 +792,7 @@ async fn pipelined_duplicates_on_one_connection() {
         "{}",
         answers[1]
     );
-    assert_eq!(f.app.runs(), 1);
+    assert_eq!(f.runs.get(), 1);
 }
 
 /// Two contracted handlers with the same name in different modules.
@@ -911,8 +810,11 @@ mod orders {
         status_lookup = super::order_status,
         recovery = manual("https://runbooks.example.com/orders"),
     )]
-    pub async fn create(State(app): State<App>, Json(_body): Json<Value>) -> impl IntoResponse {
-        (StatusCode::CREATED, Json(json!({ "order": app.run() })))
+    pub async fn create(
+        State(runs): State<Counter>,
+        Json(_body): Json<Value>,
+    ) -> impl IntoResponse {
+        (StatusCode::CREATED, Json(json!({ "order": runs.bump() })))
     }
 }
 
@@ -930,34 +832,29 @@ mod refunds {
         status_lookup = super::order_status,
         recovery = manual("https://runbooks.example.com/refunds"),
     )]
-    pub async fn create(State(app): State<App>, Json(_body): Json<Value>) -> impl IntoResponse {
-        (StatusCode::CREATED, Json(json!({ "refund": app.run() })))
+    pub async fn create(
+        State(runs): State<Counter>,
+        Json(_body): Json<Value>,
+    ) -> impl IntoResponse {
+        (StatusCode::CREATED, Json(json!({ "refund": runs.bump() })))
     }
 }
 
-/// One client's key on two operations names two operations (DESIGN §2, property 1). An
+/// One client's key on two operations names two operations (keys live per client and per
+/// operation: docs/contract.md, `key_scope`). An
 /// operation is named by its handler, so `orders::create` and `refunds::create` would
 /// share one namespace and answer each other's replays: the second handler to serve is
 /// refused with 500 `not-configured`, naming the clash, and never runs or replays.
 #[tokio::test]
 async fn same_named_handlers_in_two_modules_are_refused() {
-    let app = App::default();
     let idem = Idem::new(idem::MemoryStore::new(), identity::header("x-client-id"));
     let router = Router::new()
         .route("/orders", post(orders::create))
         .route("/refunds", post(refunds::create))
-        .with_state(app.clone())
+        .with_state(Counter::default())
         .layer(idem.layer());
     let server = TestServer::start(router).await;
-    let post = |path: &str| {
-        send(
-            client()
-                .post(server.url(path))
-                .header("x-client-id", "client-a")
-                .header("idempotency-key", "k-shared")
-                .json(&json!({ "amount": 1 })),
-        )
-    };
+    let post = |path: &str| send(server.post(path, "k-shared").json(&json!({ "amount": 1 })));
     let order = post("/orders").await;
     assert_eq!(order.json(), json!({ "order": 1 }));
     let refund = post("/refunds").await;
@@ -1007,5 +904,5 @@ async fn numbers_with_millions_of_digits_are_refused() {
             assert!((400..500).contains(&answer.status), "{what}: {answer:?}");
         }
     }
-    assert_eq!(f.app.runs(), 0);
+    assert_eq!(f.runs.get(), 0);
 }

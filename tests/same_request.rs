@@ -1,26 +1,21 @@
-//! What counts as the same request (DESIGN §4.2), over real sockets: the key as the
-//! client meant it (bare or an RFC 8941 string), the request's path parameters, form
-//! bodies, and the client identity's rules.
+//! What counts as the same request (docs/contract.md, `key_scope` and `fingerprint`), over
+//! real sockets: the key as the client meant it (bare or an RFC 8941 string), the
+//! request's path parameters, form bodies, and the client identity's rules.
 
 mod common;
-
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use common::{Answer, TestServer, client, send};
+use common::answer::{Answer, send};
+use common::counter::Counter;
+use common::server::{CLIENT, TestServer};
 use idem::{Idem, MemoryStore, identity};
+use reqwest::Method;
 use serde::Deserialize;
 use serde_json::json;
-
-#[derive(Clone, Default)]
-struct App {
-    runs: Arc<AtomicUsize>,
-}
 
 #[derive(Deserialize)]
 struct CreateOrder {
@@ -38,8 +33,11 @@ struct CreateOrder {
     status_lookup = order_status(path = "/orders/operations/{key}"),
     recovery = manual("https://runbooks.example.com/orders"),
 )]
-async fn create_order(State(app): State<App>, Json(order): Json<CreateOrder>) -> impl IntoResponse {
-    let run = app.runs.fetch_add(1, SeqCst) + 1;
+async fn create_order(
+    State(runs): State<Counter>,
+    Json(order): Json<CreateOrder>,
+) -> impl IntoResponse {
+    let run = runs.bump();
     (
         StatusCode::CREATED,
         Json(json!({ "run": run, "amount": order.amount })),
@@ -70,11 +68,11 @@ struct AddSource {
     recovery = manual("https://runbooks.example.com/sources"),
 )]
 async fn add_source(
-    State(app): State<App>,
+    State(runs): State<Counter>,
     Path(customer): Path<String>,
     Json(source): Json<AddSource>,
 ) -> impl IntoResponse {
-    app.runs.fetch_add(1, SeqCst);
+    runs.bump();
     (
         StatusCode::CREATED,
         Json(json!({ "customer": customer, "token": source.token })),
@@ -103,10 +101,10 @@ struct CreateCharge {
     recovery = manual("https://runbooks.example.com/charges"),
 )]
 async fn create_charge(
-    State(app): State<App>,
+    State(runs): State<Counter>,
     axum::Form(charge): axum::Form<CreateCharge>,
 ) -> impl IntoResponse {
-    let run = app.runs.fetch_add(1, SeqCst) + 1;
+    let run = runs.bump();
     (
         StatusCode::CREATED,
         Json(json!({ "run": run, "amount": charge.amount, "currency": charge.currency })),
@@ -132,8 +130,11 @@ struct Tagged {
     status_lookup = order_status,
     recovery = manual("https://runbooks.example.com/tags"),
 )]
-async fn tag(State(app): State<App>, axum::Form(_tagged): axum::Form<Tagged>) -> impl IntoResponse {
-    let run = app.runs.fetch_add(1, SeqCst) + 1;
+async fn tag(
+    State(runs): State<Counter>,
+    axum::Form(_tagged): axum::Form<Tagged>,
+) -> impl IntoResponse {
+    let run = runs.bump();
     (StatusCode::CREATED, Json(json!({ "run": run })))
 }
 
@@ -159,19 +160,19 @@ struct ListOptions {
     recovery = manual("https://runbooks.example.com/exports"),
 )]
 async fn export(
-    State(app): State<App>,
+    State(runs): State<Counter>,
     axum::extract::Query(_options): axum::extract::Query<ListOptions>,
     Json(order): Json<CreateOrder>,
 ) -> impl IntoResponse {
-    let run = app.runs.fetch_add(1, SeqCst) + 1;
+    let run = runs.bump();
     (
         StatusCode::CREATED,
         Json(json!({ "run": run, "amount": order.amount })),
     )
 }
 
-async fn server() -> (TestServer, App) {
-    let app = App::default();
+async fn server() -> (TestServer, Counter) {
+    let runs = Counter::default();
     let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"));
     let router = Router::new()
         .route("/orders", post(create_order))
@@ -180,27 +181,20 @@ async fn server() -> (TestServer, App) {
         .route("/charges", post(create_charge))
         .route("/tags", post(tag))
         .route("/exports", post(export))
-        .with_state(app.clone())
+        .with_state(runs.clone())
         .layer(idem.layer());
-    (TestServer::start(router).await, app)
+    (TestServer::start(router).await, runs)
 }
 
 async fn post_with_key(server: &TestServer, key: &str) -> Answer {
-    send(
-        client()
-            .post(server.url("/orders"))
-            .header("x-client-id", "client-a")
-            .header("idempotency-key", key)
-            .json(&json!({ "amount": 100 })),
-    )
-    .await
+    send(server.post("/orders", key).json(&json!({ "amount": 100 }))).await
 }
 
 /// `abc` and `"abc"` (the IETF draft's RFC 8941 sf-string) name one key, in either
 /// order, escapes included; the status lookup finds it under either spelling.
 #[tokio::test]
 async fn a_quoted_key_is_the_same_key_as_the_bare_one() {
-    let (server, app) = server().await;
+    let (server, runs) = server().await;
     let first = post_with_key(&server, "abc").await;
     assert_eq!(first.status, 201);
     let quoted = post_with_key(&server, "\"abc\"").await;
@@ -219,15 +213,10 @@ async fn a_quoted_key_is_the_same_key_as_the_bare_one() {
         post_with_key(&server, r#"a"b\c"#).await.replayed(),
         "escapes are read"
     );
-    assert_eq!(app.runs.load(SeqCst), 3, "three keys, three runs");
+    assert_eq!(runs.get(), 3, "three keys, three runs");
 
     for path in ["/orders/operations/abc", "/orders/operations/%22abc%22"] {
-        let report = send(
-            client()
-                .get(server.url(path))
-                .header("x-client-id", "client-a"),
-        )
-        .await;
+        let report = send(server.get(path)).await;
         assert_eq!(report.status, 200, "{path}");
         assert_eq!(report.json()["key"], "abc");
     }
@@ -238,7 +227,7 @@ async fn a_quoted_key_is_the_same_key_as_the_bare_one() {
 /// runs.
 #[tokio::test]
 async fn a_malformed_quoted_key_is_refused_with_what_is_wrong() {
-    let (server, app) = server().await;
+    let (server, runs) = server().await;
     for (value, says) in [
         ("\"abc", "unterminated"),
         (r#""a\bc""#, "escape"),
@@ -253,20 +242,18 @@ async fn a_malformed_quoted_key_is_refused_with_what_is_wrong() {
         let detail = problem["detail"].as_str().unwrap();
         assert!(detail.contains(says), "{value}: {detail}");
     }
-    assert_eq!(app.runs.load(SeqCst), 0);
+    assert_eq!(runs.get(), 0);
 }
 
 /// The client identity is visible ASCII, as its docs say: a space or a tab inside it is
 /// refused with 401 (around it, they are not part of the value).
 #[tokio::test]
 async fn an_identity_with_a_space_or_a_tab_is_refused() {
-    let (server, app) = server().await;
+    let (server, runs) = server().await;
     for identity in ["acme corp", "acme\tcorp"] {
         let answer = send(
-            client()
-                .post(server.url("/orders"))
-                .header("x-client-id", identity)
-                .header("idempotency-key", "k-identity")
+            server
+                .request(Method::POST, "/orders", identity, Some("k-identity"))
                 .json(&json!({ "amount": 100 })),
         )
         .await;
@@ -279,7 +266,7 @@ async fn an_identity_with_a_space_or_a_tab_is_refused() {
             "{problem}"
         );
     }
-    assert_eq!(app.runs.load(SeqCst), 0);
+    assert_eq!(runs.get(), 0);
 }
 
 /// The path parameters are significant content: on `POST /customers/{customer}/sources`
@@ -288,13 +275,11 @@ async fn an_identity_with_a_space_or_a_tab_is_refused() {
 /// make another value.
 #[tokio::test]
 async fn the_same_key_and_body_on_another_resource_is_refused() {
-    let (server, app) = server().await;
+    let (server, runs) = server().await;
     let add = |customer: &str| {
         send(
-            client()
-                .post(server.url(&format!("/customers/{customer}/sources")))
-                .header("x-client-id", "client-a")
-                .header("idempotency-key", "k-source")
+            server
+                .post(&format!("/customers/{customer}/sources"), "k-source")
                 .json(&json!({ "token": "tok_visa" })),
         )
     };
@@ -309,7 +294,7 @@ async fn the_same_key_and_body_on_another_resource_is_refused() {
     assert_eq!(again.body, first.body);
     let encoded = add("cus%5F1").await;
     assert!(encoded.replayed(), "`%5F` is `_`: the same customer");
-    assert_eq!(app.runs.load(SeqCst), 1);
+    assert_eq!(runs.get(), 1);
 }
 
 async fn post_form(
@@ -318,14 +303,10 @@ async fn post_form(
     key: Option<&str>,
     body: &'static [u8],
 ) -> Answer {
-    let mut request = client()
-        .post(server.url(path))
-        .header("x-client-id", "client-a")
+    let request = server
+        .request(Method::POST, path, CLIENT, key)
         .header("content-type", "application/x-www-form-urlencoded")
         .body(body);
-    if let Some(key) = key {
-        request = request.header("idempotency-key", key);
-    }
     send(request).await
 }
 
@@ -334,7 +315,7 @@ async fn post_form(
 /// fingerprint may differ, and a body that is not UTF-8 once decoded is 400.
 #[tokio::test]
 async fn a_form_body_is_fingerprinted_by_its_fields() {
-    let (server, app) = server().await;
+    let (server, runs) = server().await;
     let first = post_form(
         &server,
         "/charges",
@@ -370,7 +351,7 @@ async fn a_form_body_is_fingerprinted_by_its_fields() {
     )
     .await
     .problem(400, "body-malformed");
-    assert_eq!(app.runs.load(SeqCst), 1);
+    assert_eq!(runs.get(), 1);
 }
 
 /// With the key in a form field and the whole body significant: repeated names keep
@@ -378,7 +359,7 @@ async fn a_form_body_is_fingerprinted_by_its_fields() {
 /// and a key sent twice is refused.
 #[tokio::test]
 async fn a_form_body_key_and_repeated_names() {
-    let (server, app) = server().await;
+    let (server, runs) = server().await;
     let first = post_form(&server, "/tags", None, b"reference=r-1&tag=a&tag=b").await;
     assert_eq!(first.status, 201, "{first:?}");
     assert!(
@@ -401,20 +382,18 @@ async fn a_form_body_key_and_repeated_names() {
             .contains("more than once"),
         "{problem}"
     );
-    assert_eq!(app.runs.load(SeqCst), 1);
+    assert_eq!(runs.get(), 1);
 }
 
 /// Query parameters the contract names are significant (`expand`), in any order with
 /// others; one it does not name (`trace`) may differ.
 #[tokio::test]
 async fn named_query_parameters_are_significant() {
-    let (server, app) = server().await;
+    let (server, runs) = server().await;
     let export = |query: &str| {
         send(
-            client()
-                .post(server.url(&format!("/exports{query}")))
-                .header("x-client-id", "client-a")
-                .header("idempotency-key", "k-export")
+            server
+                .post(&format!("/exports{query}"), "k-export")
                 .json(&json!({ "amount": 100 })),
         )
     };
@@ -425,5 +404,5 @@ async fn named_query_parameters_are_significant() {
         .await
         .problem(422, "fingerprint-mismatch");
     export("").await.problem(422, "fingerprint-mismatch");
-    assert_eq!(app.runs.load(SeqCst), 1);
+    assert_eq!(runs.get(), 1);
 }

@@ -7,7 +7,6 @@ mod common;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
@@ -15,9 +14,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Form, Json, Router};
+use common::answer::{Answer, send};
+use common::counter::Counter;
 use common::faults::{Call, FaultyStore};
-use common::{Answer, TestServer, client, send};
+use common::server::{CLIENT, TestServer};
 use idem::{Idem, MemoryStore, SqliteStore, identity};
+use reqwest::Method;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -42,7 +44,7 @@ struct Opts {
 
 #[derive(Clone, Default)]
 struct App {
-    runs: Arc<AtomicUsize>,
+    runs: Counter,
     db: Option<SqliteStore>,
 }
 
@@ -105,11 +107,11 @@ async fn slow(Query(q): Query<HashMap<String, u64>>, Json(_a): Json<Amount>) -> 
     deadline = ("3s", per_attempt = "3s"), max_attempts = 4, retryable = [503],
     concurrency = conflict, status_lookup = b6_status, recovery = manual("rb"))]
 async fn b6(State(app): State<App>, tx: idem::SqliteTx, Json(a): Json<Amount>) -> Response {
-    let run = app.runs.fetch_add(1, SeqCst);
-    if run == 0 {
+    let run = app.runs.bump();
+    if run == 1 {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     }
-    if run == 1 {
+    if run == 2 {
         tokio::time::sleep(Duration::from_millis(2000)).await;
     }
     sqlx::query("INSERT INTO orders (amount) VALUES (?)")
@@ -179,29 +181,12 @@ async fn sqlite_tx() -> (TestServer, App, tempfile::TempDir) {
         sqlx::query(ddl).execute(store.pool()).await.unwrap();
     }
     let app = App {
-        runs: Arc::default(),
+        runs: Counter::default(),
         db: Some(store.clone()),
     };
     let idem = Idem::transactional(store, identity::header("x-client-id"))
         .with_heartbeat(Duration::from_millis(300));
     (serve(idem, app.clone()).await, app, dir)
-}
-
-fn req(
-    server: &TestServer,
-    method: &str,
-    path: &str,
-    key: Option<&str>,
-) -> reqwest::RequestBuilder {
-    let r = match method {
-        "GET" => client().get(server.url(path)),
-        _ => client().post(server.url(path)),
-    }
-    .header("x-client-id", "client-a");
-    match key {
-        Some(k) => r.header("idempotency-key", k),
-        None => r,
-    }
 }
 
 /// A body key is never unquoted: the status lookup finds `"abc"` (quotes included) as
@@ -210,11 +195,13 @@ fn req(
 async fn a_body_key_is_looked_up_as_written() {
     let server = memory().await;
     let made = send(
-        req(&server, "POST", "/b1", None).json(&json!({ "reference": "\"abc\"", "amount": 1 })),
+        server
+            .request(Method::POST, "/b1", CLIENT, None)
+            .json(&json!({ "reference": "\"abc\"", "amount": 1 })),
     )
     .await;
     assert_eq!(made.status, 201);
-    let report = send(req(&server, "GET", "/b1/operations/%22abc%22", None)).await;
+    let report = send(server.get("/b1/operations/%22abc%22")).await;
     assert_eq!(
         report.status,
         200,
@@ -230,14 +217,13 @@ async fn the_accepted_location_of_a_key_that_starts_with_a_quote_finds_it() {
     let server = Arc::new(memory().await);
     let key = r#""\"abc\"""#;
     let s = server.clone();
-    let first = tokio::spawn(async move {
-        send(req(&s, "POST", "/b2", Some(key)).json(&json!({ "amount": 1 }))).await
-    });
+    let first =
+        tokio::spawn(async move { send(s.post("/b2", key).json(&json!({ "amount": 1 }))).await });
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let dup = send(req(&server, "POST", "/b2", Some(key)).json(&json!({ "amount": 1 }))).await;
+    let dup = send(server.post("/b2", key).json(&json!({ "amount": 1 }))).await;
     assert_eq!(dup.status, 202);
     let location = dup.header("location").unwrap().to_owned();
-    let report = send(req(&server, "GET", &location, None)).await;
+    let report = send(server.get(&location)).await;
     first.await.unwrap();
     assert_eq!(
         report.status,
@@ -252,9 +238,9 @@ async fn the_accepted_location_of_a_key_that_starts_with_a_quote_finds_it() {
 #[tokio::test]
 async fn a_form_on_get_is_fingerprinted_by_its_query() {
     let server = memory().await;
-    let first = send(req(&server, "GET", "/b3?q=books", Some("k"))).await;
+    let first = send(server.request(Method::GET, "/b3?q=books", CLIENT, Some("k"))).await;
     assert_eq!(first.status, 201);
-    let other = send(req(&server, "GET", "/b3?q=cars", Some("k"))).await;
+    let other = send(server.request(Method::GET, "/b3?q=cars", CLIENT, Some("k"))).await;
     assert_eq!(
         other.status,
         422,
@@ -270,8 +256,12 @@ async fn a_form_on_get_is_fingerprinted_by_its_query() {
 #[tokio::test]
 async fn a_renamed_query_field_is_a_configuration_error() {
     let server = memory().await;
-    let first =
-        send(req(&server, "POST", "/b4?limit=1", Some("k")).json(&json!({ "amount": 1 }))).await;
+    let first = send(
+        server
+            .post("/b4?limit=1", "k")
+            .json(&json!({ "amount": 1 })),
+    )
+    .await;
     let problem = first.problem(500, "not-configured");
     assert!(
         problem["detail"].as_str().unwrap().contains("`max_items`"),
@@ -286,8 +276,12 @@ async fn a_tiny_heartbeat_still_keeps_a_live_attempt() {
     let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"))
         .with_heartbeat(Duration::from_millis(1));
     let server = serve(idem, App::default()).await;
-    let answer =
-        send(req(&server, "POST", "/slow?ms=100", Some("k")).json(&json!({ "amount": 1 }))).await;
+    let answer = send(
+        server
+            .post("/slow?ms=100", "k")
+            .json(&json!({ "amount": 1 })),
+    )
+    .await;
     assert_eq!(
         answer.status,
         201,
@@ -305,13 +299,13 @@ async fn a_transactional_retry_past_the_ttl_keeps_its_record() {
     let server = Arc::new(server);
     let t0 = std::time::Instant::now();
     let post = |s: Arc<TestServer>| async move {
-        send(req(&s, "POST", "/b6", Some("k")).json(&json!({ "amount": 1 }))).await
+        send(s.post("/b6", "k").json(&json!({ "amount": 1 }))).await
     };
     assert_eq!(post(server.clone()).await.status, 503); // released
     tokio::time::sleep(Duration::from_millis(1800).saturating_sub(t0.elapsed())).await;
     let retry = tokio::spawn(post(server.clone())); // runs until ~3.8 s, past the 3 s TTL
     tokio::time::sleep(Duration::from_millis(3300).saturating_sub(t0.elapsed())).await;
-    let report = send(req(&server, "GET", "/b6/operations/k", None)).await;
+    let report = send(server.get("/b6/operations/k")).await;
     let dup = post(server.clone()).await;
     assert_eq!(retry.await.unwrap().status, 201);
     let orders: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM orders")
@@ -333,7 +327,7 @@ async fn a_transactional_retry_past_the_ttl_keeps_its_record() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permanent_refusal_after_sqlite_ended_the_transaction_is_recorded() {
     let (server, _app, _dir) = sqlite_tx().await;
-    let answer = send(req(&server, "POST", "/b7", Some("k")).json(&json!({ "amount": 1 }))).await;
+    let answer = send(server.post("/b7", "k").json(&json!({ "amount": 1 }))).await;
     assert_eq!(
         answer.status,
         409,
@@ -352,7 +346,7 @@ async fn renewals_that_heal_after_the_lease_lapsed_keep_the_answer() {
     let server = Arc::new(serve(idem, App::default()).await);
     let s = server.clone();
     let first: tokio::task::JoinHandle<Answer> = tokio::spawn(async move {
-        send(req(&s, "POST", "/slow?ms=1500", Some("k")).json(&json!({ "amount": 1 }))).await
+        send(s.post("/slow?ms=1500", "k").json(&json!({ "amount": 1 }))).await
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     store.fail(Call::Renew);

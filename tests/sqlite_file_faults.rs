@@ -1,7 +1,8 @@
 //! The SQLite file breaks while the service serves, without the transactional mode (the
 //! business write on the pool, the record on the store): the file moved away, made
 //! immutable (read-only even for root), or its folder moved away, each then repaired,
-//! under a stream of requests with fresh keys over real sockets (DESIGN §4.1).
+//! under a stream of requests with fresh keys over real sockets (the README's answers:
+//! "the SQLite file is moved, removed or replaced, or turns read-only").
 //!
 //! Whatever the fault: no 5xx is ever stored as a final result, no answer claims an
 //! operation parked that was not, every answer is the handler's success or one of idem's
@@ -21,7 +22,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use common::{Answer, TestServer, client, send};
+use common::answer::{Answer, send};
+use common::server::TestServer;
 use idem::{Idem, Resolution, SqliteStore, UnknownOperation, identity};
 use serde::Deserialize;
 use serde_json::json;
@@ -138,22 +140,7 @@ async fn start(path: &Path) -> (TestServer, SqliteStore) {
 }
 
 async fn post_order(server: &TestServer, key: &str) -> Answer {
-    send(
-        client()
-            .post(server.url("/orders"))
-            .header("x-client-id", "client-a")
-            .header("idempotency-key", key)
-            .json(&json!({ "amount": 100 })),
-    )
-    .await
-}
-
-fn slug(answer: &Answer) -> String {
-    serde_json::from_slice::<serde_json::Value>(&answer.body)
-        .ok()
-        .and_then(|b| b["type"].as_str().map(str::to_owned))
-        .and_then(|t| t.rsplit(':').next().map(str::to_owned))
-        .unwrap_or_default()
+    send(server.post("/orders", key).json(&json!({ "amount": 100 }))).await
 }
 
 /// A fault of the file, and its repair.
@@ -255,7 +242,7 @@ async fn survive(name: &str, dir: &Path, path: &Path, fault: &dyn Fault) {
     for (_, _, answer) in &answers {
         let what = match answer.status {
             201 => "201".to_owned(),
-            status => format!("{status} {}", slug(answer)),
+            status => format!("{status} {}", answer.slug()),
         };
         *tally.entry(what).or_default() += 1;
     }
@@ -270,7 +257,7 @@ async fn survive(name: &str, dir: &Path, path: &Path, fault: &dyn Fault) {
                 }
             }
             _ => {
-                let slug = slug(answer);
+                let slug = answer.slug();
                 assert!(
                     ALLOWED.contains(&slug.as_str()),
                     "{name}: {key} was answered {} {:?}: not an answer for an unfinished operation",
@@ -302,7 +289,7 @@ async fn survive(name: &str, dir: &Path, path: &Path, fault: &dyn Fault) {
                 break;
             }
             assert!(
-                ALLOWED.contains(&slug(&retry).as_str()),
+                ALLOWED.contains(&retry.slug().as_str()),
                 "{name}: the retry of {key} got {:?}",
                 String::from_utf8_lossy(&retry.body)
             );

@@ -1,4 +1,4 @@
-//! The transactional mode (DESIGN §5.1) over real sockets, against a real SQLite file and
+//! The transactional mode (`idem::transaction`, docs/transaction.md) over real sockets, against a real SQLite file and
 //! a real PostgreSQL server: the business write and the key's final state commit in one
 //! transaction, or not at all.
 //!
@@ -9,10 +9,11 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
-use common::{Answer, TestServer, client, send};
+use common::answer::{Answer, send};
+use common::counter::Counter;
+use common::server::{TestServer, client};
 use serde_json::{Value, json};
 
 /// What the handler does after its write.
@@ -22,19 +23,12 @@ fn order(mode: &str) -> Value {
 
 /// Sends `POST /orders` with `key` and `mode`.
 async fn post(server: &TestServer, key: &str, mode: &str) -> Answer {
-    send(
-        client()
-            .post(server.url("/orders"))
-            .header("x-client-id", "client-a")
-            .header("idempotency-key", key)
-            .json(&order(mode)),
-    )
-    .await
+    send(server.post("/orders", key).json(&order(mode))).await
 }
 
 #[derive(Clone, Default)]
 struct Hooks {
-    runs: Arc<AtomicUsize>,
+    runs: Counter,
     /// Signalled by `wait-for-takeover` once its write is done.
     written: Arc<tokio::sync::Notify>,
     /// Awaited by `wait-for-takeover` before it answers.
@@ -96,7 +90,7 @@ macro_rules! suite {
                 tx: $tx,
                 Json(order): Json<CreateOrder>,
             ) -> Response {
-                app.hooks.runs.fetch_add(1, SeqCst);
+                app.hooks.runs.bump();
                 {
                     let mut conn = tx.conn().await.expect("the attempt's transaction");
                     sqlx::query($insert)
@@ -211,7 +205,7 @@ macro_rules! suite {
                 }
 
                 pub(super) fn runs(&self) -> usize {
-                    self.app.hooks.runs.load(SeqCst)
+                    self.app.hooks.runs.get()
                 }
             }
 
@@ -426,12 +420,9 @@ async fn a_takeover_by_another_instance_refuses_the_commit() {
         return;
     };
     let hooks = f.app.hooks.clone();
-    let server = f.server.url("/orders");
     let request = tokio::spawn(send(
-        client()
-            .post(server)
-            .header("x-client-id", "client-a")
-            .header("idempotency-key", "k-taken")
+        f.server
+            .post("/orders", "k-taken")
             .json(&order("wait-for-takeover")),
     ));
     hooks.written.notified().await;
@@ -519,6 +510,7 @@ mod manual_recovery {
     use axum::routing::{get, post};
     use axum::{Json, Router};
 
+    use super::common::process;
     use super::{TestServer, post as post_order};
 
     static RUNS: AtomicUsize = AtomicUsize::new(0);
@@ -590,37 +582,23 @@ mod manual_recovery {
     fn a_dead_transactional_attempt_is_not_parked_but_run_again() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("orders.db");
-        let runtime = || {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap()
-        };
-        let doomed = runtime();
+        let doomed = process::runtime();
         let started = doomed.block_on(async {
             let (server, _store) = start(&path).await;
-            let url = server.url("/orders");
+            let request = server
+                .post("/orders", "k-dead")
+                .json(&serde_json::json!({ "amount": 100, "mode": "hang" }));
             tokio::spawn(async move {
-                let _ = super::client()
-                    .post(url)
-                    .header("x-client-id", "client-a")
-                    .header("idempotency-key", "k-dead")
-                    .json(&serde_json::json!({ "amount": 100, "mode": "hang" }))
-                    .send()
-                    .await;
+                let _ = request.send().await;
             });
-            let waited = Instant::now();
-            while RUNS.load(SeqCst) == 0 && waited.elapsed() < Duration::from_secs(5) {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            process::wait_until(|| RUNS.load(SeqCst) > 0).await;
             assert_eq!(RUNS.load(SeqCst), 1, "the attempt is in flight");
             std::mem::forget(server); // the process dies: no graceful shutdown
             Instant::now()
         });
         doomed.shutdown_background();
 
-        runtime().block_on(async {
+        process::runtime().block_on(async {
             let (server, store) = start(&path).await;
             tokio::time::sleep(Duration::from_millis(1100).saturating_sub(started.elapsed())).await;
             let retry = post_order(&server, "k-dead", "ok").await;

@@ -15,7 +15,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use common::{Answer, TestServer, client, send};
+use common::answer::{Answer, send};
+use common::server::TestServer;
 use idem::store::{RecordKey, RecordState, Store, unix_now};
 use idem::{Idem, PostgresStore, Resolution, SqliteStore, UnknownOperation, identity};
 use serde::Deserialize;
@@ -125,21 +126,11 @@ async fn lite() -> (TestServer, SqliteStore, tempfile::TempDir) {
 
 async fn post_order(server: &TestServer, key: &str, mode: &str) -> Answer {
     send(
-        client()
-            .post(server.url("/orders"))
-            .header("x-client-id", "client-a")
-            .header("idempotency-key", key)
+        server
+            .post("/orders", key)
             .json(&json!({ "amount": 100, "mode": mode })),
     )
     .await
-}
-
-fn slug(answer: &Answer) -> String {
-    serde_json::from_slice::<serde_json::Value>(&answer.body)
-        .ok()
-        .and_then(|b| b["type"].as_str().map(str::to_owned))
-        .and_then(|t| t.rsplit(':').next().map(str::to_owned))
-        .unwrap_or_default()
 }
 
 /// "A record without its effect cannot happen": when SQLite ends the attempt's
@@ -217,7 +208,7 @@ async fn sqlite_a_timed_out_attempt_inside_a_statement() {
             break;
         }
         assert_ne!(
-            slug(&retry),
+            retry.slug(),
             "operation-outcome-unknown",
             "parked: {retry:?}"
         );
@@ -261,7 +252,7 @@ async fn sqlite_waiting_for_the_writer_parks_nothing() {
             if r.status == 201 {
                 break;
             }
-            if slug(&r) == "operation-outcome-unknown" {
+            if r.slug() == "operation-outcome-unknown" {
                 parked.push(key);
                 break;
             }
@@ -305,7 +296,7 @@ async fn sqlite_hang_ups_while_waiting_for_the_writer_park_nothing() {
     for i in 0..12 {
         let key = format!("k-h-{i}");
         let r = post_order(&server, &key, "ok").await;
-        if slug(&r) == "operation-outcome-unknown" {
+        if r.slug() == "operation-outcome-unknown" {
             parked.push(key);
         }
     }

@@ -1,8 +1,10 @@
 //! The published side of an idem contract, and the `idem` command.
 //!
-//! - [`extension`]: what a contract adds to an OpenAPI operation: the `x-idempotency`
-//!   extension (the contract's serde form, described by [`idem_contract::schema`]), the
-//!   key header parameter, and the 400/409/422/429/503 problem answers.
+//! - [`extension`]: what a contract adds to an OpenAPI document: on its operation, the
+//!   `x-idempotency` extension ([`idem_contract::extension::Extension`], described by
+//!   [`idem_contract::schema`]: the nine properties, without the names of the server's
+//!   functions), the key header parameter and the 400/401/409/413/422/429/503 problem
+//!   answers; on its status lookup's operation, the lookup's answers.
 //! - [`openapi`]: OpenAPI 3.0 and 3.1 documents in JSON or YAML, loaded with every key in
 //!   its order, merged into, and saved in their own format.
 //! - [`docs`]: consumer docs in Markdown and HTML.

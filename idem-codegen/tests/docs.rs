@@ -66,9 +66,17 @@ fn required_headers_come_from_the_document() {
 fn the_worked_request_carries_every_required_header() {
     let md = render(DocFormat::Markdown, contract(|_| {}), info(&orders_doc()));
     assert!(
-        md.contains("Operation `createOrder`, declared on the handler `create_order`."),
+        md.contains("Operation `createOrder`. The same contract"),
         "{md}"
     );
+    // The page names the operation as the API does, never by the server's functions.
+    for code_name in [
+        "create_order",
+        "order_operation_status",
+        "reconcile_create_order",
+    ] {
+        assert!(!md.contains(code_name), "the page names `{code_name}`");
+    }
     assert!(
         md.contains("1. Attempt 1: make a new key for this intent, keep it, and send the request. Besides the key, the operation requires the headers `X-Client-Id`, `X-Channel` and `X-Api-Version` on every attempt; put your own value where the example shows `<…>`."),
         "{md}"
@@ -105,16 +113,15 @@ fn the_key_header_is_not_listed_twice() {
 }
 
 #[test]
-fn without_the_document_the_handler_names_the_operation() {
+fn without_the_document_the_target_names_the_operation() {
     let md = render(
         DocFormat::Markdown,
         contract(|_| {}),
         OperationInfo::from_target(&"POST /orders".parse().unwrap()),
     );
-    assert!(
-        md.contains("Declared on the handler `create_order`."),
-        "{md}"
-    );
+    assert!(md.contains("## POST /orders"), "{md}");
+    assert!(md.contains("<a id=\"op-post-orders\"></a>"), "{md}");
+    assert!(!md.contains("create_order"), "{md}");
     assert!(!md.contains("Besides the key"), "{md}");
     let md = render(
         DocFormat::Markdown,
@@ -122,15 +129,20 @@ fn without_the_document_the_handler_names_the_operation() {
         OperationInfo::from_target(&"createOrder".parse().unwrap()),
     );
     assert!(
-        md.contains("## createOrder")
-            && md.contains("Operation `createOrder`, declared on the handler `create_order`."),
+        md.contains("## createOrder") && md.contains("Operation `createOrder`. The same contract"),
         "{md}"
     );
 }
 
-/// The rows of the answers table whose first cell starts with `answer`.
+/// The rows of the answers table (not the status lookup's) whose first cell starts with
+/// `answer`.
 fn rows<'a>(md: &'a str, answer: &str) -> Vec<&'a str> {
-    md.lines()
+    let table = md
+        .split("### What the status lookup answers")
+        .next()
+        .unwrap_or(md);
+    table
+        .lines()
         .filter(|l| l.starts_with(&format!("| {answer}")))
         .collect()
 }
@@ -191,7 +203,7 @@ fn a_status_left_out_of_the_retry_list_stops() {
             "{row}"
         );
     }
-    let responses = idem_codegen::extension::responses(&no_503);
+    let responses = idem_codegen::extension::responses(&no_503, None);
     let description = |status: &str| {
         responses
             .iter()

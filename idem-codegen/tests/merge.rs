@@ -9,7 +9,7 @@ use idem_codegen::contracts::{self, Sourced};
 use idem_codegen::openapi::{self, Document};
 use serde_json::json;
 
-use common::{fixture, idem, stderr};
+use common::{assert_schema_valid, fixture, idem, schema_errors, stderr};
 
 fn charge_contract(target: &str) -> Vec<Sourced> {
     let text = std::fs::read_to_string(fixture("stripe.contracts.json")).unwrap();
@@ -50,7 +50,8 @@ fn the_operations_own_parts_win_and_gaps_are_filled() {
     assert_eq!(params.len(), 1);
     assert_eq!(params[0]["description"], "Our own words.");
     assert_eq!(params[0]["required"], true);
-    assert_eq!(params[0]["schema"]["maxLength"], 255);
+    // Bare, or quoted as an RFC 8941 string with escapes.
+    assert_eq!(params[0]["schema"]["maxLength"], 512);
     // An existing 409 keeps its description and content, and gains what it lacked.
     let conflict = &op["responses"]["409"];
     assert_eq!(conflict["description"], "Our own conflict.");
@@ -63,7 +64,13 @@ fn the_operations_own_parts_win_and_gaps_are_filled() {
         json!({ "$ref": "#/components/responses/ServerError" })
     );
     let statuses: Vec<&String> = op["responses"].as_object().unwrap().keys().collect();
-    assert_eq!(statuses, ["201", "400", "409", "422", "429", "503", "5XX"]);
+    // 500 is in the contract's retry list: the operation itself may answer it.
+    assert_eq!(
+        statuses,
+        [
+            "201", "400", "401", "409", "413", "422", "429", "500", "503", "5XX"
+        ]
+    );
     // The document keeps its format: JSON, four spaces, its key order.
     let text = doc.render();
     assert!(
@@ -470,9 +477,322 @@ fn docs_writes_both_files() {
         md.contains("## POST /pets") && md.contains("HTTP/1.1 200 OK"),
         "{md}"
     );
+    let html = std::fs::read_to_string(out.join("operations.html")).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    // Without `--title`, the document's `info.title` names the page.
     assert!(
-        std::fs::read_to_string(out.join("operations.html"))
-            .unwrap()
-            .starts_with("<!DOCTYPE html>")
+        md.starts_with("# Swagger Petstore: retrying safely\n"),
+        "{md}"
     );
+    assert!(html.contains("<title>Swagger Petstore: retrying safely</title>"));
+}
+
+/// `idem merge --identity-header` publishes the header; `idem docs` on the merged
+/// document reads it from there, and `--title` still wins.
+#[test]
+fn the_identity_header_goes_from_merge_to_docs() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("orders.yaml");
+    std::fs::copy(fixture("orders/openapi.yaml"), &spec).unwrap();
+    let api = fixture("orders/api.rs");
+    let args = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = vec![
+            "--src".into(),
+            api.to_str().unwrap().into(),
+            "--target".into(),
+            "create_order=createOrder".into(),
+        ];
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let merge: Vec<String> = [
+        "merge",
+        "--spec",
+        spec.to_str().unwrap(),
+        "--identity-header",
+        "X-Caller",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(args(&[]))
+    .collect();
+    let run = idem(
+        &merge.iter().map(String::as_str).collect::<Vec<_>>(),
+        dir.path(),
+    );
+    assert!(run.status.success(), "{}", stderr(&run));
+    let merged = Document::load(&spec).unwrap();
+    let op = &merged.root["paths"]["/orders"]["post"];
+    assert_eq!(op["x-idempotency"]["client_identity"]["name"], "X-Caller");
+    assert!(
+        op["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "X-Caller" && p["required"] == true)
+    );
+    common::validate(&spec);
+
+    let out = dir.path().join("docs");
+    let docs: Vec<String> = [
+        "docs",
+        "--spec",
+        spec.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--format",
+        "markdown",
+        "--title",
+        "Orders for partners",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(args(&[]))
+    .collect();
+    let run = idem(
+        &docs.iter().map(String::as_str).collect::<Vec<_>>(),
+        dir.path(),
+    );
+    assert!(run.status.success(), "{}", stderr(&run));
+    let md = std::fs::read_to_string(out.join("operations.md")).unwrap();
+    assert!(md.starts_with("# Orders for partners\n"), "{md}");
+    assert!(
+        md.contains("The server knows which client you are from the `X-Caller` header"),
+        "{md}"
+    );
+    assert!(md.contains("X-Caller: <your X-Caller>"), "{md}");
+
+    let bad = idem(
+        &[
+            "merge",
+            "--spec",
+            spec.to_str().unwrap(),
+            "--identity-header",
+            "X Caller",
+            "--src",
+            api.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("is not a header name"),
+        "{}",
+        stderr(&bad)
+    );
+}
+
+/// The orders example's own document, merged with its contract and its identity header
+/// (`X-Client-Id`, declared there through a `$ref`), is valid OpenAPI 3.1.
+#[test]
+fn the_orders_example_merges_into_a_valid_document() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/orders");
+    let found = contracts::from_sources(&[example.join("src/api.rs")]).unwrap();
+    let mut doc = Document::load(&example.join("openapi.yaml")).unwrap();
+    let options = openapi::MergeOptions::new().with_client_identity(
+        idem_codegen::extension::parse_identity_header("X-Client-Id").unwrap(),
+    );
+    let merged = openapi::merge_with(&mut doc, &found, &options).unwrap();
+    assert!(merged.warnings.is_empty(), "{:?}", merged.warnings);
+    assert_eq!(merged.lookups[0].label(), "GET /orders/operations/{key}");
+    let lookup = &doc.root["paths"]["/orders/operations/{key}"]["get"]["responses"];
+    // The example's placeholder schemas give way to what the server answers.
+    assert_eq!(
+        lookup["200"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/IdemOperationStatus"
+    );
+    assert_eq!(
+        lookup["404"]["content"]["application/problem+json"]["schema"]["$ref"],
+        "#/components/schemas/IdemProblem"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("openapi.yaml");
+    doc.save(&path).unwrap();
+    common::validate(&path);
+}
+
+/// With the client identity header named, the contracted operation and its status lookup
+/// (a `get` of the document under another parameter name) publish it, and the lookup gets
+/// its answers: a 200 schema in place of the document's bare description, 400, 401, 404
+/// and 503. Nothing names the server's functions, and a second merge changes nothing.
+#[test]
+fn the_status_lookup_and_the_client_identity_are_published() {
+    let mut doc = orders_doc();
+    let options = openapi::MergeOptions::new().with_client_identity(
+        idem_codegen::extension::parse_identity_header("X-Client-Id").unwrap(),
+    );
+    let merged = openapi::merge_with(&mut doc, &orders_contract(|_| {}), &options).unwrap();
+    assert_eq!(merged.lookups.len(), 1);
+    assert_eq!(merged.lookups[0].label(), "GET /orders/operations/{id}");
+    let op = &doc.root["paths"]["/orders"]["post"];
+    let ext = &op["x-idempotency"];
+    assert_eq!(ext["operation"], "createOrder");
+    assert_eq!(
+        ext["client_identity"],
+        json!({ "in": "header", "name": "X-Client-Id" })
+    );
+    assert_eq!(
+        ext["status_lookup"],
+        json!({ "path": "/orders/operations/{key}" })
+    );
+    assert_eq!(ext["recovery"], json!({ "kind": "reconcile" }));
+    let text = doc.render();
+    for code_name in [
+        "create_order",
+        "order_operation_status",
+        "reconcile_create_order",
+    ] {
+        assert!(
+            !text.contains(code_name),
+            "the document names `{code_name}`"
+        );
+    }
+    // The document declares `X-Client-Id` through a `$ref`: it is not declared twice.
+    let names = |op: &serde_json::Value| -> Vec<String> {
+        op["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                p.get("name")
+                    .or(p.get("$ref"))
+                    .and_then(|v| v.as_str())
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(
+        names(op),
+        [
+            "#/components/parameters/ClientId",
+            "X-Trace",
+            "Content-Type",
+            "X-Channel",
+            "Idempotency-Key"
+        ]
+    );
+    assert!(
+        op["responses"]["401"]["description"]
+            .as_str()
+            .unwrap()
+            .contains("the `X-Client-Id` header is missing")
+    );
+    assert!(
+        op["responses"]["413"]["content"]["application/problem+json"]["examples"]["body-too-large"]
+            .is_object()
+    );
+    // 504 is in the contract's retry list: the operation itself (or a gateway) answers it.
+    assert!(
+        op["responses"]["504"]["description"]
+            .as_str()
+            .unwrap()
+            .contains("504 is retryable under this operation's contract")
+    );
+
+    let lookup = &doc.root["paths"]["/orders/operations/{id}"]["get"];
+    let statuses: Vec<&String> = lookup["responses"].as_object().unwrap().keys().collect();
+    assert_eq!(statuses, ["200", "400", "401", "404", "503"]);
+    let ok = &lookup["responses"]["200"];
+    assert_eq!(
+        ok["description"], "The operation's state.",
+        "its own words stay"
+    );
+    assert_eq!(
+        ok["content"]["application/json"]["schema"],
+        json!({ "$ref": "#/components/schemas/IdemOperationStatus" })
+    );
+    let status = &doc.root["components"]["schemas"]["IdemOperationStatus"];
+    assert!(
+        status["properties"]["state"]["enum"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("released"))
+    );
+    assert!(lookup["responses"]["404"]["content"]["application/problem+json"]["examples"]["operation-not-found"].is_object());
+    assert!(lookup["responses"]["503"]["headers"]["Retry-After"].is_object());
+    assert!(lookup["responses"]["400"]["content"]["application/problem+json"]["examples"]["key-missing"].is_null());
+    assert_eq!(names(lookup), ["#/components/parameters/ClientId", "id"]);
+
+    let once = doc.render();
+    openapi::merge_with(&mut doc, &orders_contract(|_| {}), &options).unwrap();
+    assert_eq!(doc.render(), once, "a second merge changes nothing");
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("orders.yaml");
+    doc.save(&path).unwrap();
+    common::validate(&path);
+}
+
+/// The extension is an instance of the schema `idem schema` prints; the old form, which
+/// named the server's functions, is not.
+#[test]
+fn the_extension_fits_its_published_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = idem(&["schema"], dir.path());
+    assert!(run.status.success(), "{}", stderr(&run));
+    let schema: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    let mut doc = orders_doc();
+    openapi::merge(&mut doc, &orders_contract(|_| {})).unwrap();
+    let ext = doc.root["paths"]["/orders"]["post"]["x-idempotency"].clone();
+    assert_schema_valid(&schema, &ext);
+    let mut old = ext.clone();
+    old["status_lookup"]["handler"] = "order_operation_status".into();
+    old["recovery"]["function"] = "reconcile_create_order".into();
+    if let Some(errors) = schema_errors(&schema, &old) {
+        assert!(
+            errors.contains("handler") && errors.contains("function"),
+            "the schema takes the server's function names: {errors:?}"
+        );
+    }
+}
+
+/// The key header's schema accepts exactly the values the server reads as a key: bare,
+/// or quoted as an RFC 8941 string.
+#[test]
+fn the_key_schema_accepts_what_the_server_accepts() {
+    use idem_contract::{KeyFormat, KeyScope};
+    let long = "a".repeat(255);
+    let values = [
+        "abc".to_owned(),
+        "\"abc\"".to_owned(),
+        "\"a\\\"b\"".to_owned(),
+        "\"a\\\\b\"".to_owned(),
+        "a\"b".to_owned(),
+        long.clone(),
+        format!("\"{long}\""),
+        format!("{long}a"),
+        "\"abc".to_owned(),
+        "\"a b\"".to_owned(),
+        "\"\"".to_owned(),
+        "\"abc\";v=1".to_owned(),
+        "a b".to_owned(),
+        "\"a\\x\"".to_owned(),
+        "0191f6a4-6c1e-7c3a-9d5e-1b2c3d4e5f60".to_owned(),
+        "\"0191f6a4-6c1e-7c3a-9d5e-1b2c3d4e5f60\"".to_owned(),
+        "0191f6a4-6c1e-7c3a-9d5e-1b2c3d4e5f6".to_owned(),
+    ];
+    for format in [KeyFormat::Any, KeyFormat::Uuid] {
+        let scope = KeyScope {
+            format,
+            ..KeyScope::CLIENT
+        };
+        let mut contract = orders_contract(|_| {}).remove(0).contract;
+        contract.key_scope = scope.clone();
+        let param = idem_codegen::extension::key_parameter(&contract).unwrap();
+        let mut schema = param["schema"].clone();
+        schema["$schema"] = "https://json-schema.org/draft/2020-12/schema".into();
+        for value in &values {
+            let accepted = scope.header_key(value.as_bytes()).is_ok();
+            let Some(errors) = schema_errors(&schema, &json!(value)) else {
+                return;
+            };
+            assert_eq!(
+                errors.is_empty(),
+                accepted,
+                "{format:?} `{value}`: the server {} it, the schema says {errors:?}",
+                if accepted { "accepts" } else { "refuses" }
+            );
+        }
+    }
 }

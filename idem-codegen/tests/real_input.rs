@@ -143,9 +143,16 @@ fn merge_and_check(
     (merged, out, dir)
 }
 
-/// The additions on one operation are complete.
+/// The additions on one operation are complete, and publish no name of the server's
+/// code.
 fn assert_additions(op: &Value, header: Option<&str>) {
     let ext = &op["x-idempotency"];
+    assert!(ext["status_lookup"].get("handler").is_none(), "{ext}");
+    assert!(ext["recovery"].get("function").is_none(), "{ext}");
+    match op.get("operationId") {
+        Some(id) => assert_eq!(&ext["operation"], id),
+        None => assert!(ext["operation"].is_string()),
+    }
     for key in [
         "key_scope",
         "fingerprint",
@@ -167,9 +174,11 @@ fn assert_additions(op: &Value, header: Option<&str>) {
             .expect("the key parameter");
         assert_eq!(key["in"], "header");
         assert_eq!(key["required"], true);
-        assert!(key["schema"]["maxLength"].as_u64().unwrap() <= 255);
+        // 255 characters, or quoted as an RFC 8941 string with its escapes.
+        assert!(key["schema"]["maxLength"].as_u64().unwrap() <= 2 + 2 * 255);
+        assert!(key["schema"]["pattern"].is_string());
     }
-    for status in ["400", "409", "422", "429", "503"] {
+    for status in ["400", "401", "409", "413", "422", "429", "503"] {
         let r = &op["responses"][status];
         assert!(r["description"].is_string(), "{status} has a description");
         assert!(
@@ -217,10 +226,23 @@ fn stripe_six_operations() {
         assert!(op["responses"]["200"]["headers"]["Idempotent-Replayed"].is_object());
         assert!(op["responses"]["default"]["content"]["application/json"].is_object());
     }
-    assert_eq!(
-        merged.root["paths"]["/v1/customers"]["post"]["parameters"][0]["schema"]["format"],
-        "uuid"
+    // A UUID key, bare or quoted.
+    let uuid_key = &merged.root["paths"]["/v1/customers"]["post"]["parameters"][0]["schema"];
+    assert_eq!(uuid_key["maxLength"], 38);
+    assert!(
+        uuid_key["pattern"]
+            .as_str()
+            .is_some_and(|p| p.contains("[0-9A-Fa-f]{12}")),
+        "{uuid_key}"
     );
+    // Each extension is an instance of the published JSON Schema.
+    let schema: Value = serde_json::from_slice(&idem(&["schema"], _dir.path()).stdout).unwrap();
+    for path in ["/v1/charges", "/v1/customers", "/v1/payment_intents"] {
+        common::assert_schema_valid(
+            &schema,
+            &merged.root["paths"][path]["post"]["x-idempotency"],
+        );
+    }
     assert!(merged.root["paths"]["/v1/payment_intents"]["post"]["responses"]["202"]["headers"]["Location"].is_object());
     // A typed OpenAPI 3.0 model reads the result.
     let text = std::fs::read_to_string(&out).unwrap();

@@ -23,8 +23,10 @@ pub const MAX_ATTEMPTS_CEILING: u32 = 10;
 ///
 /// The macro turns `#[idem::contract(..)]` into a `const` of this type next to the handler
 /// (`create_order::CONTRACT`); the `idem` command reads the same attribute from source
-/// files, or contracts serialised with serde. The serialised form is also the OpenAPI
-/// extension `x-idempotency`, described by [`crate::schema`].
+/// files, or contracts serialised with serde (the contracts file of `idem export`). It is
+/// published as the OpenAPI extension `x-idempotency` in the form of
+/// [`crate::extension::Extension`], which leaves out the names of the handler, the
+/// status lookup and the reconcile function.
 ///
 /// A value of this type is not necessarily valid: [`crate::check()`](fn@crate::check) reports every rule it
 /// breaks.

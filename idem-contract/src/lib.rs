@@ -37,6 +37,7 @@ mod concurrency;
 mod contract;
 mod deadline;
 mod duration;
+pub mod extension;
 pub mod file;
 mod fingerprint;
 pub mod key;
@@ -62,9 +63,10 @@ pub use recovery::Recovery;
 pub use status::{Retryable, StatusCode, TransportFailure};
 
 /// The JSON Schema (draft 2020-12) of the OpenAPI extension `x-idempotency`, which is the
-/// serialised form of [`Contract`].
+/// serialised form of [`extension::Extension`]: a contract as its consumers read it, without
+/// the names of the server's functions.
 pub fn schema() -> schemars::Schema {
-    let mut schema = schemars::schema_for!(Contract);
+    let mut schema = schemars::schema_for!(extension::Extension);
     schema.insert("title".into(), "x-idempotency".into());
     schema
 }

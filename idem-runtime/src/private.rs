@@ -21,7 +21,7 @@ pub use crate::reconcile::{Reconcile, ReconcileWith, Recoverer};
 /// `status_lookup = ..`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a status lookup handler",
-    label = "not a status lookup handler",
+    label = "named in `status_lookup = ..`: not a status lookup handler",
     note = "a status lookup handler is an async function of axum extractors that returns a response, such as `async fn order_status(lookup: idem::Lookup<create_order::Operation>, Path(key): Path<String>) -> idem::OperationStatus`"
 )]
 pub trait StatusLookupHandler<Args> {}
@@ -59,6 +59,28 @@ status_lookup_handler!(
 status_lookup_handler!(
     A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12, A13, A14, A15, A16
 );
+
+/// An extractor of the request body whose fields idem reads: `axum::Json<T>` and
+/// `axum::Form<T>`, under any name (`use axum::Json as J;`). The macro names the body type
+/// `<J<CreateOrder> as RequestBody>::Body` when the handler's last argument is not written
+/// `Json<T>` or `Form<T>`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a request body whose fields idem can read",
+    label = "the last argument, read for `fingerprint` fields or a `body = ..` key",
+    note = "fingerprint fields and a key in the body are members of a JSON or form body: make the handler's last argument `axum::Json<T>` or `axum::Form<T>` (under any name), or write `fingerprint = body`"
+)]
+pub trait RequestBody {
+    /// The type the body is read into.
+    type Body;
+}
+
+impl<T> RequestBody for axum::Json<T> {
+    type Body = T;
+}
+
+impl<T> RequestBody for axum::Form<T> {
+    type Body = T;
+}
 
 /// Compiles only when `handler` is a [`StatusLookupHandler`]; does nothing.
 pub fn assert_status_lookup<H, Args>(handler: H)

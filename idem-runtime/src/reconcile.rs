@@ -84,7 +84,7 @@ impl std::fmt::Debug for UnknownOperation {
 /// `async fn(state: T, op: UnknownOperation) -> Resolution`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a reconcile function for the state `{T}`",
-    label = "not a reconcile function",
+    label = "named in `recovery = ..`: not a reconcile function",
     note = "a reconcile function is `async fn(state: T, op: idem::UnknownOperation) -> idem::Resolution`, where `T` is the handler's `State<T>` type"
 )]
 pub trait ReconcileWith<T>: Send + 'static {
@@ -106,7 +106,7 @@ where
 /// A reconcile function without state: `async fn(op: UnknownOperation) -> Resolution`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a reconcile function",
-    label = "not a reconcile function",
+    label = "named in `recovery = ..`: not a reconcile function",
     note = "a reconcile function is `async fn(op: idem::UnknownOperation) -> idem::Resolution`, or `async fn(state: T, op: idem::UnknownOperation) -> idem::Resolution` for a handler with `State<T>`"
 )]
 pub trait Reconcile: Send + 'static {

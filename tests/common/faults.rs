@@ -1,5 +1,5 @@
 //! A store that fails on demand, call by call, and counts every call: the fault injection
-//! of the hostile tests.
+//! of the tests (a store that is down, a step of an attempt that fails).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

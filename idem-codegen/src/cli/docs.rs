@@ -22,11 +22,19 @@ pub(super) fn run(args: DocsArgs) -> Result<(), Errors> {
             },
             None => OperationInfo::from_target(&c.target),
         };
+        let info = match &args.identity_header {
+            Some(identity) => info.with_identity(identity.clone()),
+            None => info,
+        };
         operations.push((c.contract, info));
     }
     if !errors.is_empty() {
         return Err(Errors(errors));
     }
+    let title = args
+        .title
+        .clone()
+        .unwrap_or_else(|| docs::default_title(doc.as_ref()));
     let formats: &[DocFormat] = match args.format {
         FormatArg::Markdown => &[DocFormat::Markdown],
         FormatArg::Html => &[DocFormat::Html],
@@ -34,7 +42,7 @@ pub(super) fn run(args: DocsArgs) -> Result<(), Errors> {
     };
     let rendered = formats
         .iter()
-        .map(|f| docs::render(*f, &args.title, &operations).map(|text| (*f, text)))
+        .map(|f| docs::render(*f, &title, &operations).map(|text| (*f, text)))
         .collect::<Result<Vec<_>, _>>()?;
     std::fs::create_dir_all(&args.out)
         .map_err(|e| Error::in_file(&args.out, format!("cannot create the folder: {e}")))?;

@@ -23,7 +23,11 @@ pub(super) fn run(args: MergeArgs) -> Result<(), Errors> {
             return Err(Errors(errors));
         }
     };
-    let merged = openapi::merge(&mut doc, &contracts)?;
+    let mut options = openapi::MergeOptions::new();
+    if let Some(identity) = &args.identity_header {
+        options = options.with_client_identity(identity.clone());
+    }
+    let merged = openapi::merge_with(&mut doc, &contracts, &options)?;
     if let Some(schema_out) = &args.schema_out {
         crate::io::write_atomic(schema_out, super::source::schema_text().as_bytes())?;
     }

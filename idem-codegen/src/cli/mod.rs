@@ -43,8 +43,9 @@ pub enum Command {
     /// Merge contracts into an OpenAPI 3.0 or 3.1 document (JSON or YAML).
     ///
     /// Each contracted operation gets the `x-idempotency` extension (all nine
-    /// properties), the key header parameter, and the 400, 409, 422, 429 and 503 problem
-    /// answers with `Retry-After`; the document's other parts stay as they were, key
+    /// properties), the key header parameter, and the 400, 401, 409, 413, 422, 429 and 503
+    /// problem answers with `Retry-After`, and its status lookup (a `get` of the document)
+    /// gets its answers; the document's other parts stay as they were, key
     /// order included. A contract describes the operation whose `operationId` is its
     /// handler's name unless `--target` or the contracts file says otherwise. Nothing
     /// is written unless every contract finds its operation.
@@ -138,6 +139,10 @@ pub struct MergeArgs {
     /// Also write the JSON Schema of `x-idempotency` to this file.
     #[arg(long, value_name = "FILE")]
     pub schema_out: Option<PathBuf>,
+    /// The request header that says who the client is (`identity::header(..)` on the
+    /// server), published in `x-idempotency` and as a required header of each operation.
+    #[arg(long, value_name = "NAME", value_parser = crate::extension::parse_identity_header)]
+    pub identity_header: Option<idem_contract::extension::ClientIdentity>,
     /// The contracts.
     #[command(flatten)]
     pub inputs: Inputs,
@@ -163,13 +168,14 @@ pub struct DocsArgs {
     /// Which docs to write.
     #[arg(long, value_enum, default_value = "both")]
     pub format: FormatArg,
-    /// The page title.
-    #[arg(
-        long,
-        value_name = "TITLE",
-        default_value = "Retrying these operations safely"
-    )]
-    pub title: String,
+    /// The page title [default: the `--spec` document's `info.title` and ": retrying
+    /// safely", or "Retrying these operations safely"].
+    #[arg(long, value_name = "TITLE")]
+    pub title: Option<String>,
+    /// The request header that says who the client is (`identity::header(..)` on the
+    /// server); by default the one a merged `--spec` publishes, if any.
+    #[arg(long, value_name = "NAME", value_parser = crate::extension::parse_identity_header)]
+    pub identity_header: Option<idem_contract::extension::ClientIdentity>,
     /// An OpenAPI document to take each operation's method, path, summary and success
     /// status from.
     #[arg(long, value_name = "FILE")]

@@ -2,7 +2,10 @@
 
 use idem_contract::{Concurrency, Contract, Fingerprint, Retryable, StatusCode};
 
-use super::content::{Answer, HeaderExample, OperationInfo, Step, header_or_field, lookup_path};
+use super::content::{
+    Answer, HeaderExample, OperationInfo, Step, header_or_field, identity_header, identity_words,
+    lookup_path,
+};
 use super::rich::Rich;
 use crate::extension::EXAMPLE_KEY;
 use crate::problem::{self, ProblemType};
@@ -12,7 +15,7 @@ fn status_words(code: u16) -> String {
     words::status(StatusCode(code))
 }
 
-pub(super) fn answers(c: &Contract) -> Vec<Answer> {
+pub(super) fn answers(c: &Contract, info: &OperationInfo) -> Vec<Answer> {
     let retryable_status = |s: u16| c.retryable.contains(&Retryable::Status(StatusCode(s)));
     let mut out = vec![
         Answer {
@@ -46,7 +49,7 @@ pub(super) fn answers(c: &Contract) -> Vec<Answer> {
         });
     }
     // Every problem type of the catalogue gets a row: these here, the 503s after 429,
-    // and the status lookup's and the set-up's at the end.
+    // and the set-up's at the end; the status lookup's 404 is in its own table.
     let later = |p: &ProblemType| {
         p.status() == 503 || matches!(p.slug(), "operation-not-found" | "not-configured")
     };
@@ -54,7 +57,11 @@ pub(super) fn answers(c: &Contract) -> Vec<Answer> {
         if p.slug() == "operation-in-progress" && matches!(c.concurrency, Concurrency::Accepted) {
             continue;
         }
-        out.push(problem_answer(p, None));
+        let mut answer = problem_answer(p, None);
+        if *p == ProblemType::ClientIdentityMissing {
+            answer.action = identity_action(info);
+        }
+        out.push(answer);
     }
     out.push(Answer {
         answer: Rich::new("").code(status_words(429)),
@@ -124,19 +131,105 @@ pub(super) fn answers(c: &Contract) -> Vec<Answer> {
             )
         }),
     });
-    for slug in ["operation-not-found", "not-configured"] {
-        if let Some(p) = ProblemType::ALL.iter().find(|p| p.slug() == slug) {
-            out.push(problem_answer(p, None));
-        }
-    }
+    out.push(problem_answer(&ProblemType::NotConfigured, None));
+    out
+}
+
+/// What to do after `client-identity-missing`.
+fn identity_action(info: &OperationInfo) -> Rich {
+    Rich::new("Send the request again with ")
+        .then(identity_words(info))
+        .text(", the same on every attempt.")
+}
+
+/// What each answer of the status lookup means. Its advice follows the new-key rule
+/// ([`super::properties::new_key`]).
+pub(super) fn lookup_answers(c: &Contract, info: &OperationInfo) -> Vec<Answer> {
+    let ok = || Rich::new("").code(status_words(200));
+    let state = |s: &str| Some(Rich::new("`state`: ").code(s));
+    let ttl = words::duration(c.ttl);
+    let mut out = vec![
+        Answer {
+            answer: ok(),
+            problem_type: state("completed"),
+            meaning: Rich::new(
+                "The operation happened. `response` holds its stored answer: its `status`, its `headers` (such as `location`, where the result is) and its `body` when it is JSON.",
+            ),
+            action: Rich::new(
+                "Use it as the answer to your request. A retry with the same key gets the same answer, replayed.",
+            ),
+        },
+        Answer {
+            answer: ok(),
+            problem_type: state("processing"),
+            meaning: Rich::new(
+                "An attempt is running, or stopped before its outcome was recorded and its time is not up yet; `retry_after` says how many seconds are left. The first lookup or retry after that has the server settle it.",
+            ),
+            action: Rich::new(
+                "Ask again after `retry_after` seconds, or retry with the same key; never start it again with a new key.",
+            ),
+        },
+        Answer {
+            answer: ok(),
+            problem_type: state("released"),
+            meaning: Rich::new(
+                "The last attempt took no effect (it answered a retryable status, or everything it wrote was rolled back); `new_key_safe` is `true`.",
+            ),
+            action: Rich::new(
+                "Send the request again with the same key: the operation runs again.",
+            ),
+        },
+        Answer {
+            answer: ok(),
+            problem_type: state("unknown"),
+            meaning: Rich::new(
+                "An attempt stopped between its effect and the record of its outcome, and the server could not tell whether it took effect; `reason` says why or names the runbook. An operator resolves it.",
+            ),
+            action: Rich::new(
+                "Do not start it again with a new key; contact the API's provider with the `operation_id`, or ask again later.",
+            ),
+        },
+    ];
+    let not_found = ProblemType::OperationNotFound;
+    out.push(Answer {
+        answer: Rich::new("").code(status_words(not_found.status())),
+        problem_type: Some(Rich::default().code(not_found.type_uri())),
+        meaning: Rich::new(&format!(
+            "No operation has this key for you: no attempt with it reached the server, or its lifetime ({ttl}) has passed. `new_key_safe` is `true`."
+        )),
+        action: Rich::new("Within the key's lifetime nothing happened under it: send the request again with the same key."),
+    });
+    let malformed = ProblemType::KeyMalformed;
+    out.push(Answer {
+        answer: Rich::new("").code(status_words(malformed.status())),
+        problem_type: Some(Rich::default().code(malformed.type_uri())),
+        meaning: Rich::new(
+            "The key in the path is not one this operation accepts, so no operation can have it.",
+        ),
+        action: Rich::new("Ask with the key exactly as your requests sent it, percent-encoded."),
+    });
+    let identity = ProblemType::ClientIdentityMissing;
+    out.push(Answer {
+        answer: Rich::new("").code(status_words(identity.status())),
+        problem_type: Some(Rich::default().code(identity.type_uri())),
+        meaning: Rich::new("The server could not tell which client is asking. Operations are kept per client: another client's lookup never sees yours."),
+        action: match identity_header(info) {
+            Some(name) => Rich::new("Ask again with the ").code(name).text(" header your requests carried."),
+            None => Rich::new("Ask again with the credentials your requests carried."),
+        },
+    });
+    let store = ProblemType::StoreUnavailable;
+    out.push(Answer {
+        answer: Rich::new("").code(status_words(store.status())),
+        problem_type: Some(Rich::default().code(store.type_uri())),
+        meaning: Rich::new("The server cannot reach the store that remembers keys, so it cannot tell the state now."),
+        action: Rich::new("Ask again after `Retry-After`."),
+    });
     out
 }
 
 fn problem_answer(p: &ProblemType, retryable: Option<bool>) -> Answer {
-    let mut answer = Rich::default().code(status_words(p.status()));
-    if p.slug() == "operation-not-found" {
-        answer = answer.text(" from the status lookup");
-    }
+    let answer = Rich::default().code(status_words(p.status()));
     let action = match retryable {
         Some(false) => format!(
             "{}; 503 is not in this operation's retry list, so stop after it and ask the status lookup",
@@ -160,13 +253,13 @@ fn sentence(s: &str) -> String {
     }
 }
 
-/// The request line, headers and body of an attempt.
-fn request(c: &Contract, info: &OperationInfo) -> String {
+/// The request line, headers and body of an attempt on the operation `name`.
+fn request(c: &Contract, info: &OperationInfo, name: &str) -> String {
     let method = info.method.as_deref().unwrap_or("POST");
     let path = info
         .path
         .clone()
-        .unwrap_or_else(|| format!("<the URL of {}>", c.operation));
+        .unwrap_or_else(|| format!("<the URL of {name}>"));
     let (in_header, key) = header_or_field(c);
     let mut members: Vec<String> = Vec::new();
     if !in_header {
@@ -191,13 +284,29 @@ fn request(c: &Contract, info: &OperationInfo) -> String {
     text
 }
 
-/// The headers the operation requires besides the key.
-fn other_headers<'a>(c: &Contract, info: &'a OperationInfo) -> Vec<&'a HeaderExample> {
+/// The headers the operation requires besides the key: the document's, and the client
+/// identity header when the document does not list it.
+fn other_headers(c: &Contract, info: &OperationInfo) -> Vec<HeaderExample> {
     let key = c.key_scope.header();
-    info.headers
+    let mut out: Vec<HeaderExample> = info
+        .headers
         .iter()
         .filter(|h| key.is_none_or(|k| !h.name.eq_ignore_ascii_case(k)))
-        .collect()
+        .cloned()
+        .collect();
+    if let Some(name) = info.identity.as_ref().and_then(|i| i.header_name())
+        && !out.iter().any(|h| h.name.eq_ignore_ascii_case(name))
+    {
+        out.insert(
+            0,
+            HeaderExample {
+                name: name.to_owned(),
+                value: format!("<your {name}>"),
+                placeholder: true,
+            },
+        );
+    }
+    out
 }
 
 /// `"a": v` or `"a": { "b": v }` for a dotted path.
@@ -214,7 +323,7 @@ fn nested(path: &str, value: &str) -> String {
     out
 }
 
-pub(super) fn example(c: &Contract, info: &OperationInfo) -> Vec<Step> {
+pub(super) fn example(c: &Contract, info: &OperationInfo, name: &str) -> Vec<Step> {
     let success = info
         .success
         .clone()
@@ -222,7 +331,7 @@ pub(super) fn example(c: &Contract, info: &OperationInfo) -> Vec<Step> {
     let replay = format!(
         "HTTP/1.1 {success}\nIdempotent-Replayed: true\nOperation-Id: 0191f6a4-7a2b-7c3d-8e4f-5a6b7c8d9e0f\n\n(the answer of attempt 1, byte for byte)"
     );
-    let req = request(c, info);
+    let req = request(c, info, name);
     let mut first =
         Rich::new("Attempt 1: make a new key for this intent, keep it, and send the request.");
     let headers = other_headers(c, info);

@@ -4,14 +4,16 @@
 
 use serde::Serialize;
 
-use idem_contract::{Contract, KeyFormat, KeySource};
+use idem_contract::extension::ClientIdentity;
+use idem_contract::{Contract, KeySource, Target};
 
 use serde_json::Value;
 
+use super::diagram::Diagram;
 use super::rich::Rich;
+use crate::extension::EXTENSION;
 use crate::openapi::{Document, Operation, Route, refs};
 use crate::words;
-use idem_contract::Target;
 
 /// What the docs know about an operation besides its contract, from the OpenAPI document
 /// or the target.
@@ -35,6 +37,9 @@ pub struct OperationInfo {
     /// client sends besides the idempotency key. `Accept`, `Content-Type` and
     /// `Authorization` are left out, as OpenAPI ignores them as parameters.
     pub headers: Vec<HeaderExample>,
+    /// How the server tells clients apart, when the publisher says: from the operation's
+    /// `x-idempotency` in a merged document, or `idem docs --identity-header`.
+    pub identity: Option<ClientIdentity>,
 }
 
 /// A required header of an operation and a value to show in the worked example.
@@ -51,7 +56,8 @@ pub struct HeaderExample {
 
 impl OperationInfo {
     /// Method, route, `operationId`, summary, first success status and required headers
-    /// of `op` in `doc`.
+    /// of `op` in `doc`, and the client identity its `x-idempotency` publishes, if the
+    /// document is merged.
     pub fn from_document(doc: &Document, op: &Operation) -> OperationInfo {
         let object = op.get(&doc.root);
         let success = object
@@ -77,7 +83,17 @@ impl OperationInfo {
             label: matches!(op.route, Route::Webhook(_)).then(|| op.label()),
             operation_id: op.operation_id.clone(),
             headers: required_headers(doc, op),
+            identity: object
+                .and_then(|o| o.get(EXTENSION))
+                .and_then(|e| e.get("client_identity"))
+                .and_then(|i| serde_json::from_value(i.clone()).ok()),
         }
+    }
+
+    /// The same, with `identity` as the client identity.
+    pub fn with_identity(mut self, identity: ClientIdentity) -> OperationInfo {
+        self.identity = Some(identity);
+        self
     }
 
     /// What a target alone says: the method and path of `POST /orders`.
@@ -188,14 +204,11 @@ fn example_value(root: &Value, p: &Value) -> Option<String> {
 /// One operation's section.
 #[derive(Clone, Debug, Serialize)]
 pub struct Section {
-    /// The operation's name: its `operationId` when known, else the name of the handler
-    /// that declares the contract.
+    /// The operation's name: its `operationId` when known, else its method and path.
     pub name: String,
-    /// The handler that declares the contract.
-    pub handler: String,
     /// Whether `name` is an `operationId`.
     pub named_by_id: bool,
-    /// An HTML id and Markdown anchor.
+    /// An HTML id and Markdown anchor, unique on the page.
     pub anchor: String,
     /// `POST /orders`, or the name when the route is unknown.
     pub heading: String,
@@ -205,10 +218,18 @@ pub struct Section {
     pub properties: Vec<PropertyText>,
     /// How to retry, in order.
     pub retry: Vec<Rich>,
+    /// When a new key is safe: the one rule, stated once.
+    pub new_key: Rich,
     /// What each answer means.
     pub answers: Vec<Answer>,
+    /// The status lookup's route (`GET /orders/operations/{key}`), if published.
+    pub lookup: Option<String>,
+    /// What each answer of the status lookup means.
+    pub lookup_answers: Vec<Answer>,
     /// The worked request sequence.
     pub example: Vec<Step>,
+    /// The lost answer as a sequence diagram, for the HTML page.
+    pub diagram: Diagram,
 }
 
 /// One property in plain words.
@@ -245,42 +266,55 @@ pub struct Step {
     pub http: Option<String>,
 }
 
-/// The docs section of `contract`.
+/// The docs section of `contract`, on the operation `info` describes.
+///
+/// The section names the operation as the API does (its `operationId`, or its method
+/// and path), never by the server's function names; only when nothing else is known
+/// does it fall back on the contract's operation name.
 pub fn section(contract: &Contract, info: &OperationInfo) -> Section {
-    let handler = contract.operation.to_string();
-    let name = info.operation_id.clone().unwrap_or_else(|| handler.clone());
     let heading = match (&info.label, &info.method, &info.path) {
-        (Some(label), _, _) => label.clone(),
-        (None, Some(m), Some(p)) => format!("{m} {p}"),
-        _ => name.clone(),
+        (Some(label), _, _) => Some(label.clone()),
+        (None, Some(m), Some(p)) => Some(format!("{m} {p}")),
+        _ => None,
     };
+    let name = info
+        .operation_id
+        .clone()
+        .or_else(|| heading.clone())
+        .unwrap_or_else(|| contract.operation.to_string());
+    let heading = heading.unwrap_or_else(|| name.clone());
     Section {
-        anchor: anchor(&handler),
+        anchor: anchor(&name),
         named_by_id: info.operation_id.is_some(),
-        handler,
-        heading,
         summary: info.summary.clone(),
-        properties: super::properties::properties(contract),
+        properties: super::properties::properties(contract, info),
         retry: super::properties::retry(contract),
-        answers: super::answers::answers(contract),
-        example: super::answers::example(contract, info),
+        new_key: super::properties::new_key(contract),
+        answers: super::answers::answers(contract, info),
+        lookup: lookup_path(contract).map(|p| format!("GET {p}")),
+        lookup_answers: super::answers::lookup_answers(contract, info),
+        example: super::answers::example(contract, info, &name),
+        diagram: super::diagram::lost_answer(contract, info, &name),
+        heading,
         name,
     }
 }
 
-/// Lowercase letters, digits and `-`.
+/// `op-` and the name in lowercase letters, digits and single `-`s.
 fn anchor(name: &str) -> String {
-    let mut out: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
+    let mut out = String::from("op");
+    let mut gap = true;
+    for c in name.chars() {
+        if c.is_ascii_alphanumeric() {
+            if gap {
+                out.push('-');
+                gap = false;
             }
-        })
-        .collect();
-    out.insert_str(0, "op-");
+            out.push(c.to_ascii_lowercase());
+        } else {
+            gap = true;
+        }
+    }
     out
 }
 
@@ -292,14 +326,21 @@ pub(super) fn header_or_field(contract: &Contract) -> (bool, String) {
 }
 
 pub(super) fn key_shape(contract: &Contract) -> &'static str {
-    match contract.key_scope.format {
-        KeyFormat::Any => {
-            "1 to 255 visible ASCII characters (a UUID is a good choice), sent bare (`abc`) or as an RFC 8941 string (`\"abc\"`): both name the same key"
-        }
-        KeyFormat::Uuid => {
-            "a UUID in its hyphenated form, such as `0191f6a4-6c1e-7c3a-9d5e-1b2c3d4e5f60`, sent bare or as an RFC 8941 string (`\"…\"`): both name the same key"
-        }
+    crate::extension::key_shape(contract.key_scope.format)
+}
+
+/// How the client identity is sent, as rich text: `the `X-Client-Id` header`, or
+/// `your credentials` when the publisher did not name a header.
+pub(super) fn identity_words(info: &OperationInfo) -> Rich {
+    match identity_header(info) {
+        Some(name) => Rich::new("the ").code(name).text(" header"),
+        None => Rich::new("your credentials"),
     }
+}
+
+/// The client identity header, if the publisher named one.
+pub(super) fn identity_header(info: &OperationInfo) -> Option<&str> {
+    info.identity.as_ref().and_then(ClientIdentity::header_name)
 }
 
 pub(super) fn lookup_path(contract: &Contract) -> Option<String> {

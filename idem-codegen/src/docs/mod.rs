@@ -10,6 +10,7 @@
 
 mod answers;
 mod content;
+mod diagram;
 mod properties;
 mod rich;
 
@@ -20,6 +21,7 @@ use serde::Serialize;
 use idem_contract::Contract;
 
 pub use content::{Answer, HeaderExample, OperationInfo, PropertyText, Section, Step};
+pub use diagram::{Arrow, Diagram, Lane, Note, Text};
 pub use rich::{Rich, Span};
 
 use crate::problem::ProblemType;
@@ -104,12 +106,23 @@ pub fn render(
     title: &str,
     operations: &[(Contract, OperationInfo)],
 ) -> Result<String, crate::Error> {
+    let mut sections: Vec<Section> = operations
+        .iter()
+        .map(|(c, info)| content::section(c, info))
+        .collect();
+    // Two operations may make the same anchor (`POST /a-b` and `POST /a_b`): number the
+    // later ones.
+    for i in 1..sections.len() {
+        let mut n = 2;
+        let base = sections[i].anchor.clone();
+        while sections[..i].iter().any(|s| s.anchor == sections[i].anchor) {
+            sections[i].anchor = format!("{base}-{n}");
+            n += 1;
+        }
+    }
     let page = Page {
         title,
-        operations: operations
-            .iter()
-            .map(|(c, info)| content::section(c, info))
-            .collect(),
+        operations: sections,
         problems: ProblemType::ALL
             .iter()
             .map(|p| ProblemRow {
@@ -128,6 +141,21 @@ pub fn render(
     template
         .render(Value::from(Serde(&page)))
         .map_err(template_error)
+}
+
+/// The page title of the docs of a document whose `info.title` is `title`:
+/// `Orders: retrying safely`; without a title, `Retrying these operations safely`.
+pub fn default_title(doc: Option<&crate::openapi::Document>) -> String {
+    let title = doc
+        .and_then(|d| d.root.get("info"))
+        .and_then(|i| i.get("title"))
+        .and_then(serde_json::Value::as_str)
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    match title {
+        Some(t) => format!("{t}: retrying safely"),
+        None => "Retrying these operations safely".to_owned(),
+    }
 }
 
 fn template_error(e: minijinja::Error) -> crate::Error {

@@ -4,11 +4,14 @@ use idem_contract::{
     Concurrency, Contract, Fingerprint, Property, Recovery, Retryable, TransportFailure,
 };
 
-use super::content::{PropertyText, header_or_field, key_shape, lookup_path, retryable_words};
+use super::content::{
+    OperationInfo, PropertyText, header_or_field, identity_header, key_shape, lookup_path,
+    retryable_words,
+};
 use super::rich::Rich;
 use crate::words;
 
-pub(super) fn properties(c: &Contract) -> Vec<PropertyText> {
+pub(super) fn properties(c: &Contract, info: &OperationInfo) -> Vec<PropertyText> {
     let (in_header, key) = header_or_field(c);
     let key_scope = if in_header {
         Rich::new("Send an idempotency key in the ").code(&key).text(" header: ")
@@ -16,7 +19,11 @@ pub(super) fn properties(c: &Contract) -> Vec<PropertyText> {
         Rich::new("Put the idempotency key in the body member ").code(&key).text(": ")
     }
     .text(key_shape(c))
-    .text(". Create it once per business intent, before the first attempt. Keys are kept per client and per operation: another client's identical key never sees your result.");
+    .text(". Create it once per business intent, before the first attempt. Keys are kept per client and per operation: another client's identical key never sees your result. ")
+    .then(match identity_header(info) {
+        Some(name) => Rich::new("The server knows which client you are from the ").code(name).text(" header: send the same value on every attempt and to the status lookup; a request without a valid one is answered `401` (`client-identity-missing`) and nothing runs."),
+        None => Rich::new("The server knows which client you are from your credentials: send the same ones on every attempt and to the status lookup; a request it cannot tell apart is answered `401` (`client-identity-missing`) and nothing runs."),
+    });
     let fingerprint = match &c.fingerprint {
         Fingerprint::Body => Rich::new(
             "The whole body is significant: a retry sends the same JSON content (member order, whitespace and number spelling do not matter). The same key with a different body, or on another resource's path (the path parameters are significant too), is refused with 422 and nothing runs.",
@@ -99,7 +106,7 @@ pub(super) fn properties(c: &Contract) -> Vec<PropertyText> {
     let lookup = match lookup_path(c) {
         Some(path) => Rich::new("")
             .code(format!("GET {path}"))
-            .text(" (your key in place of `{key}`) tells the state and outcome of the operation with that key. Ask it when the attempts or the deadline run out without a final answer."),
+            .text(" (your key in place of `{key}`, percent-encoded) tells the state of the operation with that key (`processing`, `completed`, `released` or `unknown`) and, once it is completed, its stored answer. Ask it when the attempts or the deadline run out without a final answer; its answers are listed below."),
         None => Rich::new("The service has a status lookup for this operation, but its contract does not publish the route: ask the API's provider for it."),
     };
     let recovery = match &c.recovery {
@@ -204,8 +211,17 @@ pub(super) fn retry(c: &Contract) -> Vec<Rich> {
         )),
     ];
     steps.push(match lookup_path(c) {
-        Some(path) => Rich::new("If the outcome is still unknown then, ask the status lookup ").code(format!("GET {path}")).text(" with the same key. Start the operation again with a new key only once the lookup says it did not happen."),
-        None => Rich::new("If the outcome is still unknown then, ask the status lookup with the same key. Start the operation again with a new key only once the lookup says it did not happen."),
+        Some(path) => Rich::new("If the outcome is still unknown then, ask the status lookup ").code(format!("GET {path}")).text(" with the same key, and act on its answer (below)."),
+        None => Rich::new("If the outcome is still unknown then, ask the status lookup with the same key, and act on its answer (below)."),
     });
     steps
+}
+
+/// When a new key is safe: the one rule, tied to `new_key_safe`, that every answer's
+/// advice follows.
+pub(super) fn new_key(c: &Contract) -> Rich {
+    Rich::new(&format!(
+        "A new key is for a new business intent only. For the same intent, keep the key while the server remembers it ({}): a retry with it never runs the operation twice, whatever happened before. The problem answers and the status lookup say in `new_key_safe` whether anything can have taken effect under the key. `true` (a request refused before it ran, the lookup's `404`, the state `released`): nothing did, so the intent may be sent again, with the same key. `false`: it may have taken effect, or still may: keep the key, retry with it or ask the status lookup, and never start the operation again with a new key.",
+        words::duration(c.ttl)
+    ))
 }

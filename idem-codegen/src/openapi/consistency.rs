@@ -22,7 +22,7 @@ use crate::error::Warning;
 
 use super::Document;
 use super::refs;
-use super::target::{Operation, Route, did_you_mean, operations};
+use super::target::{Operation, Route, did_you_mean, operations, template};
 
 /// Recursion limit through `allOf`/`anyOf`/`oneOf` and `$ref`s: deeper is a cycle.
 const MAX_DEPTH: usize = 32;
@@ -258,24 +258,6 @@ fn collect<'a>(
         }
     }
     Some(())
-}
-
-/// `/a/{x}/b` with every parameter unnamed: `/a/{}/b`.
-fn template(path: &str) -> String {
-    let mut out = String::with_capacity(path.len());
-    let mut in_param = false;
-    for c in path.chars() {
-        match c {
-            '{' => {
-                in_param = true;
-                out.push_str("{}");
-            }
-            '}' if in_param => in_param = false,
-            _ if in_param => {}
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 /// What is wrong with the status lookup `path` in `doc`, if anything can be told.

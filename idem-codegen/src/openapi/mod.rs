@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use crate::error::{Error, position_of};
 
-pub use merge::{Merged, merge, unmatched};
+pub use merge::{MergeOptions, Merged, merge, merge_with, unmatched};
 pub use target::{Operation, Route, find_operation, operations};
 
 /// The format a document is written in; a merged document is saved in the same one.

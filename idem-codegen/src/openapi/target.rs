@@ -221,6 +221,34 @@ fn methods(ops: &[&Operation]) -> String {
         .join(", ")
 }
 
+/// `/a/{x}/b` with every parameter unnamed: `/a/{}/b`.
+pub(super) fn template(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut in_param = false;
+    for c in path.chars() {
+        match c {
+            '{' => {
+                in_param = true;
+                out.push_str("{}");
+            }
+            '}' if in_param => in_param = false,
+            _ if in_param => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The `get` operation of `all` that serves the status lookup `path`, whatever its
+/// template parameters are named (`/orders/operations/{key}` is
+/// `/orders/operations/{id}`).
+pub(super) fn lookup_operation(all: &[Operation], path: &str) -> Option<Operation> {
+    let wanted = template(path);
+    all.iter()
+        .find(|o| o.method == "get" && matches!(&o.route, Route::Path(p) if template(p) == wanted))
+        .cloned()
+}
+
 /// ` (did you mean `x`?)` for the closest candidate, or nothing.
 pub(super) fn did_you_mean(word: &str, candidates: &[&str]) -> String {
     let lower = word.to_ascii_lowercase();

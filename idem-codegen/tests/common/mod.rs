@@ -113,3 +113,40 @@ pub fn read_with_pyyaml(path: &Path) -> Option<serde_json::Value> {
     );
     Some(serde_json::from_slice(&out.stdout).unwrap())
 }
+
+/// What the Python `jsonschema` package (a dependency of the OpenAPI validator) finds
+/// wrong with `instance` under the JSON Schema (draft 2020-12) `schema`: `Some("")` when
+/// nothing, `None` when it is not installed (as [`validator_available`] decides).
+pub fn schema_errors(schema: &serde_json::Value, instance: &serde_json::Value) -> Option<String> {
+    if !validator_available() {
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, i) = (
+        dir.path().join("schema.json"),
+        dir.path().join("instance.json"),
+    );
+    std::fs::write(&s, schema.to_string()).unwrap();
+    std::fs::write(&i, instance.to_string()).unwrap();
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import json, sys, jsonschema\nschema = json.load(open(sys.argv[1]))\njsonschema.Draft202012Validator.check_schema(schema)\nerrors = [e.message for e in jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).iter_errors(json.load(open(sys.argv[2])))]\nprint('\\n'.join(errors))",
+        ])
+        .arg(&s)
+        .arg(&i)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "jsonschema failed: {}", stderr(&out));
+    Some(stdout(&out).trim().to_owned())
+}
+
+/// Checks that `instance` is valid under `schema` ([`schema_errors`]).
+pub fn assert_schema_valid(schema: &serde_json::Value, instance: &serde_json::Value) {
+    if let Some(errors) = schema_errors(schema, instance) {
+        assert!(
+            errors.is_empty(),
+            "{instance} is not valid under the schema:\n{errors}"
+        );
+    }
+}

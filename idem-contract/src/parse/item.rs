@@ -19,6 +19,57 @@ pub struct Handler {
     /// `T` of the first argument typed `Query<T>`: the type that significant query
     /// parameters are checked against.
     pub query: Option<Type>,
+    /// When no argument is written `Json<T>` or `Form<T>`: the last argument, when it may be
+    /// one of them under another name (`use axum::Json as J;` and `J<CreateOrder>`). The
+    /// compiler then finds the body type through the extractor (the macro's
+    /// `RequestBody` trait) and says so when the extractor is not a body.
+    pub body_extractor: Option<Type>,
+}
+
+/// Extractors that are never the request body, by the names axum and idem give them.
+const NOT_A_BODY: &[&str] = &[
+    "State",
+    "Path",
+    "Query",
+    "Extension",
+    "Lookup",
+    "Tx",
+    "SqliteTx",
+    "PgTx",
+    "Attempt",
+    "HeaderMap",
+    "Method",
+    "Uri",
+    "Version",
+    "OriginalUri",
+    "MatchedPath",
+    "RawQuery",
+    "RawPathParams",
+    "ConnectInfo",
+    "Option",
+    "Result",
+];
+
+/// The last argument of a handler that has no argument named `Json<T>` or `Form<T>`, when
+/// it is a path type with one generic argument that is not a known non-body extractor.
+fn body_extractor<'a>(types: impl DoubleEndedIterator<Item = &'a Type>) -> Option<Type> {
+    let mut types = types;
+    let ty = types.rfind(|ty| {
+        !matches!(ty, Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "Attempt"))
+    })?;
+    let Type::Path(path) = ty else { return None };
+    let last = path.path.segments.last()?;
+    if NOT_A_BODY.iter().any(|name| last.ident == name) {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    matches!(
+        args.args.iter().collect::<Vec<_>>().as_slice(),
+        [GenericArgument::Type(_)]
+    )
+    .then(|| ty.clone())
 }
 
 /// The single generic argument of a type whose last path segment is `name`:
@@ -80,7 +131,7 @@ pub(super) fn handler(cx: &mut Ctxt, item: &Item) -> Option<Handler> {
     let mut body = None;
     let mut state = None;
     let mut query = None;
-    for ty in types {
+    for ty in types.clone() {
         if query.is_none() {
             query = wrapped(ty, "Query").cloned();
         }
@@ -91,11 +142,17 @@ pub(super) fn handler(cx: &mut Ctxt, item: &Item) -> Option<Handler> {
             state = wrapped(ty, "State").cloned();
         }
     }
+    let body_extractor = if body.is_none() {
+        body_extractor(types)
+    } else {
+        None
+    };
     ok.then_some(Handler {
         ident,
         body,
         state,
         query,
+        body_extractor,
     })
 }
 

@@ -418,13 +418,13 @@ fn check_body_needed(cx: &mut Ctxt, slots: &mut Slots, parsed: &Parsed) {
             format!("`query = [..]` names significant query parameters, but `{name}` takes no `Query<T>` argument (written with that name): add one, so that the compiler checks the names against `T`"),
         );
     }
-    if handler.body.is_some() {
+    if handler.body.is_some() || handler.body_extractor.is_some() {
         return;
     }
     if let Some((Fingerprint::Fields(_), tokens)) = slot(&mut slots.fingerprint).get() {
         cx.error_spanned(
             tokens,
-            format!("fingerprint fields are members of the request body, but `{name}` takes no `Json<T>` or `Form<T>` argument (written with those names): add one, or write `fingerprint = body`"),
+            format!("fingerprint fields are members of the request body, but `{name}` takes no `Json<T>` or `Form<T>` argument: add one as its last argument, or write `fingerprint = body`"),
         );
     }
     if let Some((scope, tokens)) = slot(&mut slots.key_scope).get()
@@ -432,7 +432,7 @@ fn check_body_needed(cx: &mut Ctxt, slots: &mut Slots, parsed: &Parsed) {
     {
         cx.error_spanned(
             tokens,
-            format!("`body = ..` reads the key from the request body, but `{name}` takes no `Json<T>` or `Form<T>` argument (written with those names): add one, or read the key from a header"),
+            format!("`body = ..` reads the key from the request body, but `{name}` takes no `Json<T>` or `Form<T>` argument: add one as its last argument, or read the key from a header"),
         );
     }
 }

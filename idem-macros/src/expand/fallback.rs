@@ -1,6 +1,7 @@
-//! The expansion of a contract with errors: the errors, the item as the user wrote it,
-//! and (for a function) a companion module of the right shape, so that the user sees only
-//! the real problems and no cascade of follow-on errors (thiserror's `fallback.rs`).
+//! The expansion of a contract with errors: the errors, the item as the user wrote it
+//! (for a function, inside a stand-in handler of the same name that axum accepts), and a
+//! companion module of the right shape, so that the user sees only the real problems and
+//! no cascade of follow-on errors (thiserror's `fallback.rs`).
 
 use proc_macro2::TokenStream;
 use quote::quote;
@@ -17,13 +18,17 @@ pub(super) fn expand(
 ) -> TokenStream {
     let errors = parsed.errors.iter().map(syn::Error::to_compile_error);
     let p = &paths.private;
-    let companion = match item {
-        Some(syn::Item::Fn(func)) => {
+    let (item, companion) = match item {
+        // A method (`self`) is refused by the parser; it stays as written.
+        Some(syn::Item::Fn(func))
+            if !matches!(func.sig.inputs.first(), Some(syn::FnArg::Receiver(_))) =>
+        {
             let ident = &func.sig.ident;
             let module =
                 handler::companion(paths, func, quote!(#p::PLACEHOLDER_CONTRACT), None, None);
             let checks = checks::expand(paths, parsed);
-            quote! {
+            let handler = handler::stand_in(paths, func);
+            let companion = quote! {
                 #module
                 impl<__IdemS> #p::Recover<__IdemS> for #ident::Operation
                 where
@@ -34,13 +39,14 @@ pub(super) fn expand(
                     }
                 }
                 #checks
-            }
+            };
+            (handler, companion)
         }
-        _ => TokenStream::new(),
+        _ => (raw, TokenStream::new()),
     };
     quote! {
         #(#errors)*
-        #raw
+        #item
         #companion
     }
 }

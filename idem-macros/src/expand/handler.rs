@@ -9,7 +9,7 @@ use syn::{FnArg, ItemFn};
 use idem_contract::Contract;
 use idem_contract::parse::{Handler, Parsed};
 
-use super::{Paths, model};
+use super::{Paths, checks, model};
 
 /// The whole expansion of a valid contract on `func`.
 pub(super) fn expand(
@@ -23,7 +23,7 @@ pub(super) fn expand(
         paths,
         &func,
         model::contract(paths, contract),
-        handler.body.as_ref(),
+        checks::body_type(paths, parsed).as_ref(),
         handler.query.as_ref(),
     );
     let recover = recover_impl(paths, parsed.recovery.as_ref(), handler, &func);
@@ -59,7 +59,9 @@ pub(super) fn companion(
         }
     });
     let body_fields = body.map(|body| {
-        quote! {
+        // At the body type: a body that is not one (see `checks::body_type`) is reported
+        // there, as the same diagnostic as the field checks', so once.
+        quote_spanned! {body.span()=>
             fn body_fields() -> ::core::option::Option<&'static [&'static str]> {
                 #p::serde_fields::<#body>()
             }
@@ -212,6 +214,48 @@ fn rewrite(paths: &Paths, contract: &Contract, func: ItemFn) -> TokenStream {
             #[allow(unused_variables)]
             let #current = #p::Guard::current(&#guard);
             #p::Guard::run(#guard, #inner_ident(#(#call_args),*)).await
+        }
+    }
+}
+
+/// The handler of a contract with errors: the same name, visibility and extractors, less
+/// the `idem::Attempt` that the macro would pass in, so that `post(handler)` still
+/// type-checks and the compile shows only the contract's own errors (an `Attempt` is not
+/// an axum extractor). The function as written is kept inside, uncalled, so that its own
+/// errors are still reported. Its body is never run: the compile fails.
+pub(super) fn stand_in(paths: &Paths, func: &ItemFn) -> TokenStream {
+    let p = &paths.private;
+    let ItemFn {
+        attrs, vis, sig, ..
+    } = func;
+    let ident = &sig.ident;
+    let inner_ident = format_ident!("__idem_handler", span = Span::mixed_site());
+    let mut inner = func.clone();
+    inner.sig.ident = inner_ident;
+    inner.vis = syn::Visibility::Inherited;
+    inner.attrs.retain(|a| a.path().is_ident("allow"));
+    let inputs = sig
+        .inputs
+        .iter()
+        .filter_map(|input| match input {
+            FnArg::Typed(pat) => Some(pat),
+            FnArg::Receiver(_) => None,
+        })
+        .filter(|arg| !is_attempt(&arg.ty))
+        .enumerate()
+        .map(|(i, arg)| {
+            let name = format_ident!("__idem_arg{}", i, span = Span::mixed_site());
+            let ty = &arg.ty;
+            quote!(#name: #ty)
+        });
+    let generics = &sig.generics;
+    let where_clause = &sig.generics.where_clause;
+    quote! {
+        #(#attrs)*
+        #vis async fn #ident #generics (#(#inputs),*) -> #p::Response #where_clause {
+            #[allow(dead_code, clippy::too_many_arguments)]
+            #inner
+            ::core::unreachable!("the contract of this handler has errors; it does not compile")
         }
     }
 }

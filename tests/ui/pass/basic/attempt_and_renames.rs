@@ -39,7 +39,10 @@ async fn create_order(
     Json(order): Json<CreateOrder>,
 ) -> (StatusCode, String) {
     let _ = (order.customer_id, order.amount_minor);
-    (StatusCode::CREATED, format!("{} {} {}", attempt.client, attempt.key, attempt.number))
+    (
+        StatusCode::CREATED,
+        format!("{} {} {}", attempt.client, attempt.key, attempt.number),
+    )
 }
 
 /// The `Attempt` last, after the body.

@@ -88,9 +88,19 @@ fn main() {
         .route("/processes", post(start_process))
         .route("/payments", post(payments::pay));
     assert_eq!(apply::CONTRACT.key_scope.header(), None);
-    assert_eq!(start_process::CONTRACT.key_scope.header(), Some("X-Request-Key"));
-    assert_eq!(payments::pay::CONTRACT.status_lookup.handler, "self::payment_status");
-    for contract in [&apply::CONTRACT, &start_process::CONTRACT, &payments::pay::CONTRACT] {
+    assert_eq!(
+        start_process::CONTRACT.key_scope.header(),
+        Some("X-Request-Key")
+    );
+    assert_eq!(
+        payments::pay::CONTRACT.status_lookup.handler,
+        "self::payment_status"
+    );
+    for contract in [
+        &apply::CONTRACT,
+        &start_process::CONTRACT,
+        &payments::pay::CONTRACT,
+    ] {
         assert!(idem::check(contract).is_empty(), "{contract:?}");
     }
 }

@@ -78,14 +78,31 @@ async fn create_order(
     Json(body): Json<CreateOrder>,
 ) -> Result<(StatusCode, [(header::HeaderName, String); 1], Json<Order>), ApiError> {
     let mut orders = state.orders.lock().map_err(|_| ApiError)?;
-    let order = Order { id: orders.len() as u64 + 1, customer_id: body.customer_id };
-    let _ = (&body.currency, body.amount_minor, body.items.iter().map(|i| (&i.sku, i.qty)).count());
+    let order = Order {
+        id: orders.len() as u64 + 1,
+        customer_id: body.customer_id,
+    };
+    let _ = (
+        &body.currency,
+        body.amount_minor,
+        body.items
+            .iter()
+            .map(|i| (&i.sku, i.qty))
+            .collect::<Vec<_>>(),
+    );
     orders.push(order.clone());
-    Ok((StatusCode::CREATED, [(header::LOCATION, format!("/orders/{}", order.id))], Json(order)))
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, format!("/orders/{}", order.id))],
+        Json(order),
+    ))
 }
 
 fn main() {
-    let idem = idem::Idem::new(idem::store::MemoryStore::new(), idem::identity::header("x-client-id"));
+    let idem = idem::Idem::new(
+        idem::store::MemoryStore::new(),
+        idem::identity::header("x-client-id"),
+    );
     let _app: Router = Router::new()
         .route("/orders", post(create_order))
         .route("/orders/operations/{key}", get(order_operation_status))
@@ -98,6 +115,9 @@ fn main() {
     assert_eq!(contract.max_attempts, 4);
     assert!(contract.is_retryable_status(503));
     assert!(!contract.is_retryable_status(422));
-    assert_eq!(contract.status_lookup.path.as_deref(), Some("/orders/operations/{key}"));
+    assert_eq!(
+        contract.status_lookup.path.as_deref(),
+        Some("/orders/operations/{key}")
+    );
     assert!(idem::check(contract).is_empty());
 }

@@ -29,7 +29,10 @@ async fn export_status() -> StatusCode {
     status_lookup = export_status,
     recovery = manual("https://runbooks.example.com/exports"),
 )]
-async fn create_export(Query(options): Query<ExportOptions>, Json(export): Json<CreateExport>) -> StatusCode {
+async fn create_export(
+    Query(options): Query<ExportOptions>,
+    Json(export): Json<CreateExport>,
+) -> StatusCode {
     let _ = (options.expand, options.format, export.amount);
     StatusCode::CREATED
 }
