@@ -516,3 +516,43 @@ fn missing_inputs_are_named() {
         stderr(&run)
     );
 }
+
+/// `--identity-header` takes an HTTP header name (RFC 9110 §5.1): empty, spaced, with a
+/// colon, non-ASCII or a control character is a usage error that names the value, and
+/// nothing is written.
+#[test]
+fn a_malformed_identity_header_is_a_usage_error() {
+    let case = Case::new();
+    for name in [
+        "",
+        "   ",
+        "x client",
+        "x-client:",
+        "x-clïent",
+        "x\u{7f}client",
+    ] {
+        for command in ["merge", "docs"] {
+            let run = idem(
+                &[
+                    command,
+                    "--spec",
+                    "a.yaml",
+                    "--src",
+                    "src",
+                    "--out",
+                    "out",
+                    "--identity-header",
+                    name,
+                ],
+                case.dir.path(),
+            );
+            assert_eq!(run.status.code(), Some(2), "{name:?}: {}", stderr(&run));
+            assert!(
+                stderr(&run).contains("is not a header name"),
+                "{name:?}: {}",
+                stderr(&run)
+            );
+            assert!(!case.dir.path().join("out").exists(), "{name:?}");
+        }
+    }
+}

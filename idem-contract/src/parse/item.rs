@@ -26,6 +26,20 @@ pub struct Handler {
     pub body_extractor: Option<Type>,
 }
 
+/// Whether `ty` is `idem::Attempt` (written `Attempt`, `idem::Attempt` or through a
+/// renamed crate): the argument the macro passes in rather than axum extracts.
+pub fn is_attempt(ty: &Type) -> bool {
+    let Type::Path(path) = ty else {
+        return false;
+    };
+    path.qself.is_none()
+        && path
+            .path
+            .segments
+            .last()
+            .is_some_and(|last| last.ident == "Attempt" && last.arguments.is_none())
+}
+
 /// Extractors that are never the request body, by the names axum and idem give them.
 const NOT_A_BODY: &[&str] = &[
     "State",
@@ -54,9 +68,7 @@ const NOT_A_BODY: &[&str] = &[
 /// it is a path type with one generic argument that is not a known non-body extractor.
 fn body_extractor<'a>(types: impl DoubleEndedIterator<Item = &'a Type>) -> Option<Type> {
     let mut types = types;
-    let ty = types.rfind(|ty| {
-        !matches!(ty, Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "Attempt"))
-    })?;
+    let ty = types.rfind(|ty| !is_attempt(ty))?;
     let Type::Path(path) = ty else { return None };
     let last = path.path.segments.last()?;
     if NOT_A_BODY.iter().any(|name| last.ident == name) {

@@ -29,7 +29,7 @@ use quote::ToTokens;
 use syn::parse::{ParseStream, Parser};
 use syn::{Ident, Token};
 
-pub use item::Handler;
+pub use item::{Handler, is_attempt};
 use slot::Slot;
 
 use crate::{Contract, Fingerprint, KeySource, Location, Property, check};

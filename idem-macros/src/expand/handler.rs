@@ -7,7 +7,7 @@ use syn::spanned::Spanned;
 use syn::{FnArg, ItemFn};
 
 use idem_contract::Contract;
-use idem_contract::parse::{Handler, Parsed};
+use idem_contract::parse::{Handler, Parsed, is_attempt};
 
 use super::{Paths, checks, model};
 
@@ -258,18 +258,4 @@ pub(super) fn stand_in(paths: &Paths, func: &ItemFn) -> TokenStream {
             ::core::unreachable!("the contract of this handler has errors; it does not compile")
         }
     }
-}
-
-/// Whether `ty` is `idem::Attempt` (written `Attempt`, `idem::Attempt` or through a renamed
-/// crate): the argument the macro passes in rather than extracts.
-fn is_attempt(ty: &syn::Type) -> bool {
-    let syn::Type::Path(path) = ty else {
-        return false;
-    };
-    path.qself.is_none()
-        && path
-            .path
-            .segments
-            .last()
-            .is_some_and(|last| last.ident == "Attempt" && last.arguments.is_none())
 }
