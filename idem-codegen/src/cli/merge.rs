@@ -1,15 +1,30 @@
 //! `idem merge`.
 
-use crate::error::Errors;
-use crate::openapi::{self, Document};
+use crate::error::{Error, Errors};
+use crate::openapi::{self, Document, NewDocument};
 
-use super::{MergeArgs, gather};
+use super::{MergeArgs, OpenApiArg, gather};
 
 pub(super) fn run(args: MergeArgs) -> Result<(), Errors> {
     // Read every input first, so that the document's problems and the contracts'
     // problems are reported in one run.
-    let doc = Document::load(&args.spec);
     let contracts = gather(&args.inputs);
+    // clap requires `--out` without `--spec`.
+    let Some(out) = args.out.as_deref().or(args.spec.as_deref()) else {
+        return Err(Errors(vec![Error::new("give --spec, --out or both")]));
+    };
+    let doc = match (&args.spec, &contracts) {
+        (Some(spec), _) => Document::load(spec),
+        (None, Ok(contracts)) => {
+            let mut new = NewDocument::new(&args.title, &args.api_version);
+            if args.openapi == OpenApiArg::V3_0 {
+                new = new.openapi_3_0();
+            }
+            Ok(new.build(out, contracts)?)
+        }
+        // Without a document to read, the contracts' errors are all there is to say.
+        (None, Err(e)) => return Err(e.clone()),
+    };
     let (mut doc, contracts) = match (doc, contracts) {
         (Ok(doc), Ok(contracts)) => (doc, contracts),
         (doc, contracts) => {
@@ -31,7 +46,6 @@ pub(super) fn run(args: MergeArgs) -> Result<(), Errors> {
     if let Some(schema_out) = &args.schema_out {
         crate::io::write_atomic(schema_out, super::source::schema_text().as_bytes())?;
     }
-    let out = args.out.as_deref().unwrap_or(&args.spec);
     doc.save(out)?;
     let written = if out == std::path::Path::new("-") {
         "standard output".to_owned()

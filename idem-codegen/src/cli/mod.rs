@@ -40,7 +40,8 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Merge contracts into an OpenAPI 3.0 or 3.1 document (JSON or YAML).
+    /// Merge contracts into an OpenAPI 3.0 or 3.1 document (JSON or YAML), or write a
+    /// new one.
     ///
     /// Each contracted operation gets the `x-idempotency` extension (all nine
     /// properties), the key header parameter, and the 400, 401, 409, 413, 422, 429 and 503
@@ -50,12 +51,16 @@ pub enum Command {
     /// handler's name unless `--target` or the contracts file says otherwise. Nothing
     /// is written unless every contract finds its operation.
     ///
+    /// Without `--spec`, a new OpenAPI document is written to `--out`, for a service
+    /// that has none yet: each contract needs a route then (`--target NAME="POST
+    /// /orders"`, or the contracts file's `target`), and gets an operation there.
+    ///
     /// Once merged, each contract is compared with its operation, and what does not fit
     /// is printed as a warning (the merge is written all the same): a fingerprint field
     /// or key field that the JSON request body schema lacks, a status lookup path that
     /// is not a `get` operation of the document.
     #[command(
-        after_help = "Examples:\n  idem merge --spec openapi.yaml --src src/\n  idem merge --spec openapi.json --contracts contracts.json --out openapi.merged.json\n  idem merge --spec openapi.yaml --src src/ --target create_order=\"POST /orders\" --schema-out x-idempotency.schema.json\n  idem merge --spec webhooks.yaml --src src/ --target on_new_pet='POST webhook newPet'"
+        after_help = "Examples:\n  idem merge --spec openapi.yaml --src src/\n  idem merge --spec openapi.json --contracts contracts.json --out openapi.merged.json\n  idem merge --spec openapi.yaml --src src/ --target create_order=\"POST /orders\" --schema-out x-idempotency.schema.json\n  idem merge --spec webhooks.yaml --src src/ --target on_new_pet='POST webhook newPet'\n  idem merge --src src/ --target create_order=\"POST /orders\" --out openapi.yaml --title Orders"
     )]
     Merge(MergeArgs),
     /// Render consumer docs: Markdown and/or one self-contained HTML file.
@@ -129,13 +134,35 @@ pub struct Inputs {
 /// `idem merge`.
 #[derive(Debug, Args)]
 pub struct MergeArgs {
-    /// The OpenAPI document to merge into.
+    /// The OpenAPI document to merge into. Without it, a new OpenAPI document is
+    /// written to `--out`: one operation per contract at the route its `--target` names,
+    /// and a `get` operation at each status lookup path.
     #[arg(long, value_name = "FILE")]
-    pub spec: PathBuf,
-    /// Where to write the merged document, in the input's format; `-` for standard
-    /// output. By default the document is updated in place.
-    #[arg(long, value_name = "FILE")]
+    pub spec: Option<PathBuf>,
+    /// Where to write the merged document, in the input's format (a new document: YAML
+    /// for `.yaml` and `.yml`, JSON otherwise); `-` for standard output. By default the
+    /// `--spec` document is updated in place.
+    #[arg(long, value_name = "FILE", required_unless_present = "spec")]
     pub out: Option<PathBuf>,
+    /// The `info.title` of a new document (without `--spec`).
+    #[arg(
+        long,
+        value_name = "TITLE",
+        default_value = "API",
+        conflicts_with = "spec"
+    )]
+    pub title: String,
+    /// The `info.version` of a new document (without `--spec`): the API's version.
+    #[arg(
+        long,
+        value_name = "VERSION",
+        default_value = "0.1.0",
+        conflicts_with = "spec"
+    )]
+    pub api_version: String,
+    /// The OpenAPI version of a new document (without `--spec`).
+    #[arg(long, value_enum, default_value = "3.1", conflicts_with = "spec")]
+    pub openapi: OpenApiArg,
     /// Also write the JSON Schema of `x-idempotency` to this file.
     #[arg(long, value_name = "FILE")]
     pub schema_out: Option<PathBuf>,
@@ -146,6 +173,17 @@ pub struct MergeArgs {
     /// The contracts.
     #[command(flatten)]
     pub inputs: Inputs,
+}
+
+/// The OpenAPI versions `idem merge` writes a new document in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OpenApiArg {
+    /// OpenAPI 3.0.3.
+    #[value(name = "3.0")]
+    V3_0,
+    /// OpenAPI 3.1.0.
+    #[value(name = "3.1")]
+    V3_1,
 }
 
 /// The formats of `idem docs`.

@@ -10,6 +10,7 @@
 mod consistency;
 mod guard;
 mod merge;
+mod new;
 pub(crate) mod refs;
 mod target;
 pub(crate) mod tree;
@@ -22,6 +23,7 @@ use serde_json::Value;
 use crate::error::{Error, position_of};
 
 pub use merge::{MergeOptions, Merged, merge, merge_with, unmatched};
+pub use new::NewDocument;
 pub use target::{Operation, Route, find_operation, operations};
 
 /// The format a document is written in; a merged document is saved in the same one.

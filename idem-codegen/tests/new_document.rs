@@ -1,0 +1,255 @@
+//! `idem merge` without `--spec`: a new, valid OpenAPI document for a service that has
+//! none, validated by the independent validator (openapi-spec-validator).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use idem_codegen::contracts::{self, Sourced};
+use idem_codegen::openapi::{self, Document, NewDocument};
+
+use common::{idem, stderr};
+
+fn orders_source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/orders/src/api.rs")
+}
+
+/// A contracts file entry: the orders example's contract at `target`, after `edit`.
+fn contract_at(target: &str, edit: impl FnOnce(&mut Value)) -> Vec<Sourced> {
+    let scanned = contracts::from_sources(&[orders_source()]).unwrap();
+    let mut contract = serde_json::to_value(&scanned[0].contract).unwrap();
+    edit(&mut contract);
+    let file = json!({ "version": 1, "contracts": [{ "target": target, "contract": contract }] });
+    contracts::parse_file(Path::new("c.json"), &file.to_string()).unwrap()
+}
+
+fn read(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap();
+    Document::parse(path, &text).unwrap().root
+}
+
+#[test]
+fn merge_without_a_spec_writes_a_valid_document_in_each_format_and_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = orders_source();
+    for (file, openapi) in [
+        ("openapi.yaml", "3.1"),
+        ("openapi.json", "3.1"),
+        ("openapi30.yml", "3.0"),
+    ] {
+        let out = idem(
+            &[
+                "merge",
+                "--src",
+                src.to_str().unwrap(),
+                "--target",
+                "create_order=POST /orders",
+                "--out",
+                file,
+                "--title",
+                "Orders",
+                "--api-version",
+                "2.1.0",
+                "--openapi",
+                openapi,
+                "--identity-header",
+                "X-Client-Id",
+            ],
+            dir.path(),
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        // Every field the contract reads is in the body schema: no warnings.
+        assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+        let path = dir.path().join(file);
+        common::validate(&path);
+        let root = read(&path);
+        let expected = if openapi == "3.0" { "3.0.3" } else { "3.1.0" };
+        assert_eq!(root["openapi"], expected, "{file}");
+        assert_eq!(root["info"], json!({"title": "Orders", "version": "2.1.0"}));
+        let op = &root["paths"]["/orders"]["post"];
+        assert_eq!(op["operationId"], "create_order");
+        assert_eq!(op["x-idempotency"]["operation"], "create_order");
+        assert_eq!(
+            op["x-idempotency"]["client_identity"]["name"],
+            "X-Client-Id"
+        );
+        let body = &op["requestBody"]["content"]["application/json"]["schema"]["properties"];
+        for field in ["customer_id", "currency", "amount_minor", "items"] {
+            assert!(body[field].is_object(), "{file}: {field} in {body}");
+        }
+        for status in ["2XX", "400", "401", "409", "413", "422", "429", "503"] {
+            assert!(op["responses"][status].is_object(), "{file}: {status}");
+        }
+        let lookup = &root["paths"]["/orders/operations/{key}"]["get"];
+        assert_eq!(lookup["parameters"][0]["name"], "key");
+        assert_eq!(lookup["parameters"][0]["in"], "path");
+        assert_eq!(
+            lookup["responses"]["200"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/IdemOperationStatus"
+        );
+    }
+    // The YAML file is YAML, the JSON file JSON.
+    let yaml = std::fs::read_to_string(dir.path().join("openapi.yaml")).unwrap();
+    assert!(yaml.starts_with("openapi: "), "{yaml}");
+    let json = std::fs::read_to_string(dir.path().join("openapi.json")).unwrap();
+    assert!(json.starts_with("{\n  \"openapi\""), "{json}");
+}
+
+#[test]
+fn a_new_document_can_be_merged_into_again_and_docs_read_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = orders_source();
+    let src = src.to_str().unwrap();
+    let new = [
+        "merge",
+        "--src",
+        src,
+        "--target",
+        "create_order=POST /orders",
+        "--out",
+        "openapi.yaml",
+    ];
+    assert!(idem(&new, dir.path()).status.success());
+    let first = std::fs::read(dir.path().join("openapi.yaml")).unwrap();
+    // Once written, it is an ordinary document: merging the same contracts into it
+    // (by operationId now) changes nothing.
+    let again = idem(
+        &["merge", "--spec", "openapi.yaml", "--src", src],
+        dir.path(),
+    );
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(
+        std::fs::read(dir.path().join("openapi.yaml")).unwrap(),
+        first
+    );
+    let docs = idem(
+        &[
+            "docs",
+            "--src",
+            src,
+            "--spec",
+            "openapi.yaml",
+            "--out",
+            "site",
+        ],
+        dir.path(),
+    );
+    assert!(docs.status.success(), "{}", stderr(&docs));
+    let page = std::fs::read_to_string(dir.path().join("site/operations.md")).unwrap();
+    assert!(page.contains("POST /orders"), "{page}");
+}
+
+#[test]
+fn a_contract_without_a_route_is_refused_with_how_to_name_it_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = orders_source();
+    let out = idem(
+        &[
+            "merge",
+            "--src",
+            src.to_str().unwrap(),
+            "--out",
+            "openapi.yaml",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let message = stderr(&out);
+    assert!(message.contains("api.rs:"), "{message}");
+    assert!(
+        message.contains("`create_order` has no method and path")
+            && message.contains("--target create_order=\"POST /orders\""),
+        "{message}"
+    );
+    assert!(!dir.path().join("openapi.yaml").exists());
+}
+
+#[test]
+fn new_document_options_are_usage_errors_beside_a_spec_and_out_is_required_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = orders_source();
+    let src = src.to_str().unwrap();
+    for args in [
+        vec!["merge", "--src", src, "--spec", "a.yaml", "--title", "X"],
+        vec![
+            "merge",
+            "--src",
+            src,
+            "--spec",
+            "a.yaml",
+            "--openapi",
+            "3.0",
+        ],
+        vec!["merge", "--src", src],
+        vec!["merge", "--src", src, "--out", "o.json", "--openapi", "2.0"],
+    ] {
+        let out = idem(&args, dir.path());
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+    }
+    let missing = idem(&["merge", "--src", src], dir.path());
+    assert!(
+        stderr(&missing).contains("--out <FILE>"),
+        "{}",
+        stderr(&missing)
+    );
+}
+
+#[test]
+fn path_parameters_nested_fields_and_a_body_key_are_declared() {
+    let found = contract_at("POST /customers/{customer_id}/sources", |c| {
+        c["fingerprint"] = json!({"fields": ["customer.id", "customer.tier", "amount"]});
+        c["key_scope"]["source"] = json!({"in": "body", "field": "request.reference"});
+        c["status_lookup"]["path"] = json!("/customers/{customer_id}/sources/operations/{key}");
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("openapi.json");
+    let mut doc = NewDocument::new("Sources", "1")
+        .build(&path, &found)
+        .unwrap();
+    let merged = openapi::merge(&mut doc, &found).unwrap();
+    assert!(merged.warnings.is_empty(), "{:?}", merged.warnings);
+    doc.save(&path).unwrap();
+    common::validate(&path);
+    let op = &doc.root["paths"]["/customers/{customer_id}/sources"]["post"];
+    assert_eq!(
+        op["parameters"][0],
+        json!({"name": "customer_id", "in": "path", "required": true, "schema": {"type": "string"}})
+    );
+    let schema = &op["requestBody"]["content"]["application/json"]["schema"];
+    assert!(schema["properties"]["customer"]["properties"]["tier"].is_object());
+    assert!(schema["properties"]["request"]["properties"]["reference"].is_object());
+    let lookup = &doc.root["paths"]["/customers/{customer_id}/sources/operations/{key}"]["get"];
+    let names: Vec<&Value> = lookup["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| &p["name"])
+        .collect();
+    assert_eq!(names, [&json!("customer_id"), &json!("key")]);
+}
+
+#[test]
+fn a_webhook_needs_openapi_3_1() {
+    let found = contract_at("POST webhook orderPlaced", |_| {});
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hooks.yaml");
+    let errors = NewDocument::new("Hooks", "1")
+        .openapi_3_0()
+        .build(&path, &found)
+        .unwrap_err();
+    assert!(
+        errors.0[0]
+            .to_string()
+            .contains("webhooks need OpenAPI 3.1"),
+        "{errors:?}"
+    );
+    let mut doc = NewDocument::new("Hooks", "1").build(&path, &found).unwrap();
+    openapi::merge(&mut doc, &found).unwrap();
+    assert!(doc.root["webhooks"]["orderPlaced"]["post"]["x-idempotency"].is_object());
+    // A webhook's status lookup is served by whoever receives it: no `paths` entry.
+    assert_eq!(doc.root["paths"], json!({}));
+    doc.save(&path).unwrap();
+    common::validate(&path);
+}
