@@ -76,7 +76,7 @@ pub mod model {
         Recovery, Retryable, StatusCode, StatusLookup, Target, TransportFailure, Violation, check,
         schema,
     };
-    pub use idem_contract::{Location, key, lookup, status};
+    pub use idem_contract::{Location, extension, key, lookup, status};
 }
 
 pub use idem_contract::{Contract, check};

@@ -11,6 +11,8 @@
 //! - [`scan`] and [`contracts`]: contracts read from Rust source with the macro's own
 //!   parser, or from a contracts file.
 //! - [`cli`]: the `idem` command.
+//! - `utoipa` (feature `utoipa`): contracts merged into a utoipa `OpenApi` value, in the
+//!   service that serves it.
 //!
 //! ```
 //! use std::path::Path;
@@ -47,6 +49,8 @@ pub mod io;
 pub mod openapi;
 pub mod problem;
 pub mod scan;
+#[cfg(feature = "utoipa")]
+pub mod utoipa;
 pub mod words;
 
 pub use error::{Error, Errors, Position, Warning};

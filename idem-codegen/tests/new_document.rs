@@ -25,6 +25,15 @@ fn contract_at(target: &str, edit: impl FnOnce(&mut Value)) -> Vec<Sourced> {
     contracts::parse_file(Path::new("c.json"), &file.to_string()).unwrap()
 }
 
+/// `idem docs` from the sources `src` and `openapi.yaml` in `dir`, into `dir/out`.
+fn render_docs(dir: &Path, src: &str, out: &str) {
+    let docs = idem(
+        &["docs", "--src", src, "--spec", "openapi.yaml", "--out", out],
+        dir,
+    );
+    assert!(docs.status.success(), "{}", stderr(&docs));
+}
+
 fn read(path: &Path) -> Value {
     let text = std::fs::read_to_string(path).unwrap();
     Document::parse(path, &text).unwrap().root
@@ -124,19 +133,7 @@ fn a_new_document_can_be_merged_into_again_and_docs_read_it() {
         std::fs::read(dir.path().join("openapi.yaml")).unwrap(),
         first
     );
-    let docs = idem(
-        &[
-            "docs",
-            "--src",
-            src,
-            "--spec",
-            "openapi.yaml",
-            "--out",
-            "site",
-        ],
-        dir.path(),
-    );
-    assert!(docs.status.success(), "{}", stderr(&docs));
+    render_docs(dir.path(), src, "site");
     let page = std::fs::read_to_string(dir.path().join("site/operations.md")).unwrap();
     assert!(page.contains("POST /orders"), "{page}");
 }
@@ -252,4 +249,43 @@ fn a_webhook_needs_openapi_3_1() {
     assert_eq!(doc.root["paths"], json!({}));
     doc.save(&path).unwrap();
     common::validate(&path);
+}
+
+/// The README's "your own service": its two publishing commands, on its crate.
+#[test]
+fn the_readmes_own_service_publishes_from_scratch() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/transfers/src");
+    let src = src.to_str().unwrap();
+    let merge = idem(
+        &[
+            "merge",
+            "--src",
+            src,
+            "--target",
+            "create_transfer=POST /transfers",
+            "--identity-header",
+            "x-client-id",
+            "--out",
+            "openapi.yaml",
+            "--title",
+            "Transfers",
+        ],
+        dir.path(),
+    );
+    assert!(merge.status.success(), "{}", stderr(&merge));
+    assert!(!stderr(&merge).contains("warning"), "{}", stderr(&merge));
+    common::validate(&dir.path().join("openapi.yaml"));
+    render_docs(dir.path(), src, "docs");
+    let html = std::fs::read_to_string(dir.path().join("docs/operations.html")).unwrap();
+    assert!(
+        html.contains("Transfers"),
+        "the title comes from info.title"
+    );
+    let markdown = std::fs::read_to_string(dir.path().join("docs/operations.md")).unwrap();
+    assert!(markdown.contains("## POST /transfers"), "{markdown}");
+    assert!(
+        markdown.contains("x-client-id"),
+        "the identity header is documented"
+    );
 }

@@ -1,4 +1,4 @@
-//! Merging into real OpenAPI documents written by others (DESIGN §7, issue 2 §4): Stripe's
+//! Merging into real OpenAPI documents written by others: Stripe's
 //! API (OpenAPI 3.0, 4 MB of YAML), the OpenAPI Initiative's expanded pet store (3.0) and
 //! its webhook example (3.1). Each merge runs the `idem` binary, and its result must parse
 //! with a typed model of its version (openapiv3 for 3.0, oas3 for 3.1), keep every

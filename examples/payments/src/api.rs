@@ -1,5 +1,6 @@
 //! The HTTP API: `POST /payments` under its idempotency contract, `GET /payments/{id}`,
-//! and the contract's status lookup `GET /payments/operations/{key}`.
+//! the contract's status lookup `GET /payments/operations/{key}`, and the OpenAPI
+//! document `GET /openapi.json`, built by utoipa with the contract merged in.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -47,7 +48,7 @@ pub struct Demo {
 }
 
 /// The body of `POST /payments`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreatePayment {
     /// The card or account to charge, such as `card_visa_4242`: 1 to 64 visible ASCII
@@ -175,6 +176,17 @@ fn created(payment: Payment) -> Response {
 /// `POST /payments`: captures a payment, at most once per idempotency key.
 ///
 /// The payment is written in `tx`; idem commits it with the key's final state.
+// utoipa's attribute comes first, so that it reads the function as written.
+#[utoipa::path(
+    post,
+    path = "/payments",
+    summary = "Capture a payment",
+    request_body = CreatePayment,
+    responses(
+        (status = 201, description = "The payment was captured", body = Payment,
+            headers(("Location" = String, description = "The payment's URL"))),
+    )
+)]
 #[idem::contract(
     key_scope     = client,
     fingerprint   = [source, currency, amount_minor],
@@ -225,6 +237,16 @@ pub async fn create_payment(
 }
 
 /// `GET /payments/{id}`: one of the client's payments.
+#[utoipa::path(
+    get,
+    path = "/payments/{id}",
+    summary = "Read a payment",
+    params(("id" = String, Path, description = "The payment's id")),
+    responses(
+        (status = 200, description = "The payment", body = Payment),
+        (status = 404, description = "No such payment for this client"),
+    )
+)]
 pub async fn get_payment(
     State(app): State<App>,
     headers: HeaderMap,
@@ -242,6 +264,14 @@ pub async fn get_payment(
 
 /// `GET /payments/operations/{key}`: the state of the client's `create_payment`
 /// operation under `key`.
+#[utoipa::path(
+    get,
+    path = "/payments/operations/{key}",
+    summary = "The state of a payment operation, by its idempotency key",
+    params(("key" = String, Path, description = "The idempotency key")),
+    // idem's merge describes the answers.
+    responses()
+)]
 pub async fn payment_operation_status(
     lookup: idem::Lookup<create_payment::Operation>,
     Path(key): Path<String>,
@@ -261,11 +291,49 @@ pub async fn reconcile_create_payment(app: App, op: idem::UnknownOperation) -> i
     }
 }
 
-/// The routes, with idem's layer; the caller supplies the state.
-pub fn router(idem: &idem::Idem) -> Router<App> {
+/// The OpenAPI document utoipa builds from the attributes above.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "Payments",
+        description = "Captures payments at most once per idempotency key."
+    ),
+    paths(create_payment, get_payment, payment_operation_status)
+)]
+pub struct ApiDoc;
+
+/// The OpenAPI document this service serves at `/openapi.json`: utoipa's, with the
+/// contract of `POST /payments` merged in (`x-idempotency`, the key and client
+/// headers, idem's answers and the status lookup's).
+///
+/// # Errors
+///
+/// When the contract and the document disagree (no operation `create_payment`); the
+/// tests make sure they do not.
+pub fn openapi() -> Result<serde_json::Value, idem::codegen::Errors> {
+    use utoipa::OpenApi;
+    let options = idem::codegen::openapi::MergeOptions::new().with_client_identity(
+        idem::model::extension::ClientIdentity::header(CLIENT_ID_HEADER),
+    );
+    let merged =
+        idem::codegen::utoipa::merge(&ApiDoc::openapi(), [&create_payment::CONTRACT], &options)?;
+    for warning in &merged.warnings {
+        tracing::warn!(%warning, "payments: the contract does not fit the document");
+    }
+    Ok(merged.document)
+}
+
+/// The routes, with idem's layer; the caller supplies the state. `document` is what
+/// `GET /openapi.json` answers ([`openapi`]).
+pub fn router(idem: &idem::Idem, document: serde_json::Value) -> Router<App> {
+    let document = Arc::new(document);
     Router::new()
         .route("/payments", post(create_payment))
         .route("/payments/{id}", get(get_payment))
         .route("/payments/operations/{key}", get(payment_operation_status))
         .layer(idem.layer())
+        .route(
+            "/openapi.json",
+            get(move || async move { Json(document.as_ref().clone()) }),
+        )
 }

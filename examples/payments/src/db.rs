@@ -39,7 +39,7 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
 }
 
 /// A payment, as the service answers it.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct Payment {
     /// The payment's id, such as `pay_0192…`.
     pub id: String,

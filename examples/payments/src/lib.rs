@@ -5,7 +5,8 @@
 //! PostgreSQL transaction ([`idem::PgTx`]), so any number of instances can serve it from
 //! one database and a crash never leaves a payment without its record, or a record
 //! without its payment. `GET /payments/{id}` reads one; `GET /payments/operations/{key}`
-//! is the contract's status lookup.
+//! is the contract's status lookup; `GET /openapi.json` is the OpenAPI document utoipa
+//! builds, with the contract merged in ([`api::openapi`]).
 //!
 //! Run it with `DATABASE_URL=postgres://… cargo run -p payments`; `--help` lists the
 //! options.
@@ -64,7 +65,7 @@ impl Service {
                 outage: config.outage.into(),
             }),
         };
-        let router = api::router(&idem).with_state(app.clone());
+        let router = api::router(&idem, api::openapi()?).with_state(app.clone());
         Ok(Service { router, idem, app })
     }
 }

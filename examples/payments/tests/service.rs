@@ -175,6 +175,19 @@ async fn a_payment_is_captured_once_and_replayed_after_a_restart() {
     assert_eq!(invalid.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(invalid.json()["errors"].as_array().map(Vec::len), Some(3));
     assert_eq!(payments_in(&url).await, 1);
+    // The document it serves carries the contract it enforces.
+    let document: Value = client()
+        .get(format!("{}/openapi.json", service.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        document["paths"]["/payments"]["post"]["x-idempotency"],
+        payments::api::openapi().unwrap()["paths"]["/payments"]["post"]["x-idempotency"]
+    );
 }
 
 /// Written, then declined with 503: the row rolls back with the transaction, the key is

@@ -1,5 +1,5 @@
 //! The attempt: run the handler under its lease, then record its answer, release the
-//! key, or hand the operation to recovery (DESIGN §4.1).
+//! key, or hand the operation to recovery.
 //!
 //! | the handler | without a transaction | in the transactional mode |
 //! |---|---|---|

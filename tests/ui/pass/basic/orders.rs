@@ -1,4 +1,4 @@
-//! The contract of DESIGN §2 on a handler with state, headers and a JSON body, routed
+//! The contract of the README on a handler with state, headers and a JSON body, routed
 //! with its status lookup; the companion items are reachable from the handler's path.
 use std::sync::Arc;
 
