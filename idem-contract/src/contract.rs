@@ -67,6 +67,35 @@ pub struct Contract {
 }
 
 impl Contract {
+    /// A complete, valid contract ([`crate::check()`](fn@crate::check) finds nothing) that
+    /// stands in where a real one is missing: in the macro's expansion of an attribute
+    /// with errors (the compile fails anyway, so it is never enforced), and in the parser,
+    /// for the properties that are missing or were refused, so that the rules of the
+    /// others still run.
+    pub const PLACEHOLDER: Contract = Contract {
+        operation: Cow::Borrowed("__idem_placeholder"),
+        key_scope: KeyScope::CLIENT,
+        fingerprint: Fingerprint::Body,
+        fingerprint_query: Cow::Borrowed(&[]),
+        ttl: Duration::from_millis(86_400_000),
+        deadline: Deadline {
+            total: Duration::from_millis(30_000),
+            per_attempt: None,
+        },
+        max_attempts: 1,
+        retryable: Cow::Borrowed(&[]),
+        concurrency: Concurrency::Conflict {
+            retry_after: crate::DEFAULT_CONFLICT_RETRY_AFTER,
+        },
+        status_lookup: StatusLookup {
+            handler: Cow::Borrowed("__idem_placeholder"),
+            path: None,
+        },
+        recovery: Recovery::Manual {
+            runbook: Cow::Borrowed("__idem_placeholder"),
+        },
+    };
+
     /// Whether the handler's answer `status` releases the key so that a retry runs again:
     /// the status is declared in `retryable`.
     pub fn is_retryable_status(&self, status: u16) -> bool {
@@ -79,5 +108,15 @@ impl Contract {
     /// per-attempt timeout, or else the deadline.
     pub const fn lease(&self) -> Duration {
         self.deadline.attempt_timeout()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_placeholder_is_valid() {
+        assert_eq!(crate::check(&Contract::PLACEHOLDER), []);
     }
 }

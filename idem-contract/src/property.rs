@@ -104,6 +104,38 @@ impl Property {
         }
     }
 
+    /// The options written inside this property's value, each with what to write:
+    /// `(option, example)`. For the error when one is written as a property of its own.
+    pub const fn options(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Property::KeyScope => &[
+                ("header", "key_scope = client(header = \"Idempotency-Key\")"),
+                ("format", "key_scope = client(format = uuid)"),
+            ],
+            Property::Deadline => &[("per_attempt", "deadline = (\"30s\", per_attempt = \"5s\")")],
+            Property::Concurrency => &[(
+                "retry_after",
+                "concurrency = conflict(retry_after = \"2s\")",
+            )],
+            Property::StatusLookup => &[(
+                "path",
+                "status_lookup = operation_status(path = \"/operations/{key}\")",
+            )],
+            Property::Recovery => &[(
+                "runbook",
+                "recovery = manual(\"https://runbooks.example.com/orders\")",
+            )],
+            Property::Fingerprint | Property::Ttl | Property::MaxAttempts | Property::Retryable => {
+                &[]
+            }
+        }
+    }
+
+    /// The position of the property in [`Property::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
     /// The property whose attribute key is `key`, if any.
     pub fn from_key(key: &str) -> Option<Property> {
         Property::ALL.into_iter().find(|p| p.key() == key)
@@ -130,5 +162,12 @@ mod tests {
         keys.dedup();
         assert_eq!(keys.len(), 9);
         assert_eq!(Property::from_key("retryble"), None);
+    }
+
+    #[test]
+    fn index_is_the_position_in_all() {
+        for (index, p) in Property::ALL.into_iter().enumerate() {
+            assert_eq!(p.index(), index);
+        }
     }
 }

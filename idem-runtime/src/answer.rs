@@ -320,7 +320,7 @@ mod tests {
 
     #[test]
     fn lookup_paths_encode_the_key_as_one_segment() {
-        let mut contract = crate::__private::PLACEHOLDER_CONTRACT;
+        let mut contract = Contract::PLACEHOLDER;
         contract.status_lookup.path = Some(Cow::Borrowed("/orders/operations/{key}"));
         assert_eq!(
             lookup_location(&contract, "a/b?c#d%e f~g.h-i_j").as_deref(),

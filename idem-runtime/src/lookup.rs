@@ -29,7 +29,7 @@ use crate::{Idem, OperationId};
 /// use idem_runtime::{Lookup, OperationStatus};
 /// # use idem_runtime::{Contracted, Recover, Recoverer};
 /// # pub struct CreateOrder;
-/// # impl Contracted for CreateOrder { const CONTRACT: &'static idem_contract::Contract = &idem_runtime::__private::PLACEHOLDER_CONTRACT; }
+/// # impl Contracted for CreateOrder { const CONTRACT: &'static idem_contract::Contract = &idem_contract::Contract::PLACEHOLDER; }
 /// # impl<S> Recover<S> for CreateOrder { fn recoverer(_: &S) -> Recoverer { Recoverer::manual() } }
 ///
 /// // GET /orders/operations/{key}

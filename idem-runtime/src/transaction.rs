@@ -23,7 +23,7 @@
 //! # }
 //! # use idem_runtime::{Contracted, Recover, Recoverer, enforce::Enforced};
 //! # pub struct CreateOrderOp;
-//! # impl Contracted for CreateOrderOp { const CONTRACT: &'static idem_contract::Contract = &idem_runtime::__private::PLACEHOLDER_CONTRACT; }
+//! # impl Contracted for CreateOrderOp { const CONTRACT: &'static idem_contract::Contract = &idem_contract::Contract::PLACEHOLDER; }
 //! # impl<S> Recover<S> for CreateOrderOp { fn recoverer(_: &S) -> Recoverer { Recoverer::manual() } }
 //! // With the macro: `#[idem::contract(..)] async fn create_order(tx: idem::SqliteTx, Json(order): Json<CreateOrder>)`.
 //! async fn create_order(

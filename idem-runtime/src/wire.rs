@@ -150,12 +150,11 @@ fn wire_name<'m>(name: &str, members: &[&'m str]) -> Option<&'m str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::__private::PLACEHOLDER_CONTRACT;
 
     fn contract(fields: &'static [FieldPath]) -> Contract {
         Contract {
             fingerprint: Fingerprint::Fields(Cow::Borrowed(fields)),
-            ..PLACEHOLDER_CONTRACT
+            ..Contract::PLACEHOLDER
         }
     }
 

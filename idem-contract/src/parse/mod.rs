@@ -30,7 +30,8 @@ use syn::parse::{ParseStream, Parser};
 use syn::{Ident, Token};
 
 pub use item::{Handler, is_attempt};
-use slot::Slot;
+use slot::Slots;
+use value::Value;
 
 use crate::{Contract, Fingerprint, KeySource, Location, Property, check};
 
@@ -92,24 +93,6 @@ impl Ctxt {
     }
 }
 
-/// One slot per property.
-#[derive(Default)]
-struct Slots {
-    key_scope: Option<Slot<crate::KeyScope>>,
-    fingerprint: Option<Slot<Fingerprint>>,
-    ttl: Option<Slot<crate::Duration>>,
-    deadline: Option<Slot<crate::Deadline>>,
-    max_attempts: Option<Slot<u32>>,
-    retryable: Option<Slot<Vec<crate::Retryable>>>,
-    concurrency: Option<Slot<crate::Concurrency>>,
-    status_lookup: Option<Slot<crate::StatusLookup>>,
-    recovery: Option<Slot<crate::Recovery>>,
-}
-
-fn slot<T>(s: &mut Option<Slot<T>>) -> &mut Slot<T> {
-    s.get_or_insert(Slot::Empty)
-}
-
 /// Reads the arguments of `#[idem::contract(..)]` on `item`.
 ///
 /// `args` are the tokens inside the parentheses; `attr_span` is where the attribute is
@@ -129,7 +112,7 @@ pub fn parse(args: TokenStream, attr_span: Span, item: Option<&syn::Item>) -> Pa
         errors: Vec::new(),
     };
     let mut slots = Slots::default();
-    let mut value_tokens: Extras = Extras::default();
+    let mut extras = Extras::default();
     let mut suggested = Vec::new();
 
     let entries = match split(args) {
@@ -143,11 +126,12 @@ pub fn parse(args: TokenStream, attr_span: Span, item: Option<&syn::Item>) -> Pa
     for (key, value) in entries {
         let name = syn::ext::IdentExt::unraw(&key).to_string();
         let Some(property) = Property::from_key(&name) else {
-            if let Some((owner, write)) = OPTIONS
-                .iter()
-                .find(|(option, _, _)| *option == name)
-                .map(|(_, o, w)| (o, w))
-            {
+            if let Some((owner, write)) = Property::ALL.into_iter().find_map(|p| {
+                p.options()
+                    .iter()
+                    .find(|(option, _)| *option == name)
+                    .map(|(_, write)| (p, write))
+            }) {
                 cx.error_spanned(
                     &key,
                     format!("`{name}` is an option of `{owner}`, not a property: write `{write}`"),
@@ -176,86 +160,24 @@ pub fn parse(args: TokenStream, attr_span: Span, item: Option<&syn::Item>) -> Pa
                 &key,
                 format!("`{property}` has no value: write `{}`", property.example()),
             );
-            slot_for(&mut slots, property, &mut cx, key, None);
+            slots[property].set(&mut cx, property, key, None);
             continue;
         }
-        let tokens = value.clone();
-        match property {
-            Property::KeyScope => {
-                let v = value::key_scope(&mut cx, &value).map(|(scope, field)| {
-                    parsed.key_field = field;
-                    scope
-                });
-                slot(&mut slots.key_scope).set(&mut cx, property, key, v.map(|v| (v, tokens)));
-            }
-            Property::Fingerprint => {
-                let v = value::fingerprint(&mut cx, &value).map(|(f, fields, query)| {
-                    parsed.fingerprint_fields = fields;
-                    parsed.fingerprint_query = query;
-                    f
-                });
-                slot(&mut slots.fingerprint).set(&mut cx, property, key, v.map(|v| (v, tokens)));
-            }
-            Property::Ttl => {
-                let v = value::ttl(&mut cx, &value);
-                slot(&mut slots.ttl).set(&mut cx, property, key, v.map(|v| (v, tokens)));
-            }
-            Property::Deadline => {
-                let v = value::deadline(&mut cx, &value).map(|(d, per_attempt)| {
-                    value_tokens.per_attempt = per_attempt;
-                    d
-                });
-                slot(&mut slots.deadline).set(&mut cx, property, key, v.map(|v| (v, tokens)));
-            }
-            Property::MaxAttempts => {
-                let v = value::max_attempts(&mut cx, &value);
-                slot(&mut slots.max_attempts).set(&mut cx, property, key, v.map(|v| (v, tokens)));
-            }
-            Property::Retryable => {
-                let v = value::retryable(&mut cx, &value).map(|(list, items)| {
-                    value_tokens.retryable = items;
-                    list
-                });
-                slot(&mut slots.retryable).set(&mut cx, property, key, v.map(|v| (v, tokens)));
-            }
-            Property::Concurrency => {
-                let v = value::concurrency(&mut cx, &value);
-                slot(&mut slots.concurrency).set(&mut cx, property, key, v.map(|v| (v, tokens)));
-            }
-            Property::StatusLookup => {
-                let v = value::status_lookup(&mut cx, &value).map(|(lookup, path)| {
-                    parsed.status_lookup = Some(path);
-                    lookup
-                });
-                slot(&mut slots.status_lookup).set(&mut cx, property, key, v.map(|v| (v, tokens)));
-            }
-            Property::Recovery => {
-                let v = value::recovery(&mut cx, &value).map(|(recovery, path)| {
-                    parsed.recovery = path;
-                    recovery
-                });
-                slot(&mut slots.recovery).set(&mut cx, property, key, v.map(|v| (v, tokens)));
-            }
-        }
+        let v = Value::parse(property, &mut cx, &value, &mut parsed, &mut extras);
+        slots[property].set(&mut cx, property, key, v.map(|v| (v, value)));
     }
 
-    report_missing(&mut cx, &mut slots, attr_span, &suggested);
-    check_body_needed(&mut cx, &mut slots, &parsed);
+    report_missing(&mut cx, &slots, attr_span, &suggested);
+    check_body_needed(&mut cx, &slots, &parsed);
     // The rules run even when some properties are missing or refused: each violation that
     // reads only valid values is reported, so one compile shows every problem.
-    let (mut contract, complete) = build(&mut slots, parsed.handler.as_ref());
-    contract.fingerprint_query = parsed
-        .fingerprint_query
-        .iter()
-        .map(FieldRef::path)
-        .collect::<Vec<_>>()
-        .into();
+    let (contract, complete) = build(&slots, &parsed);
     for violation in check(&contract) {
-        let readable = violation.involves.iter().all(|p| is_set(&mut slots, *p));
+        let readable = violation.involves.iter().all(|p| slots[*p].get().is_some());
         if !readable || (violation.at == Location::Operation && parsed.handler.is_none()) {
             continue;
         }
-        let tokens = locate(&mut slots, &value_tokens, &parsed, violation.at);
+        let tokens = locate(&slots, &extras, &parsed, violation.at);
         cx.errors
             .push(syn::Error::new_spanned(tokens, violation.message));
     }
@@ -265,37 +187,6 @@ pub fn parse(args: TokenStream, attr_span: Span, item: Option<&syn::Item>) -> Pa
     }
     parsed
 }
-
-/// Options that belong inside a property's value, for the error when one is written as a
-/// property of its own: `(option, property, what to write)`.
-const OPTIONS: [(&str, &str, &str); 6] = [
-    (
-        "per_attempt",
-        "deadline",
-        "deadline = (\"30s\", per_attempt = \"5s\")",
-    ),
-    (
-        "retry_after",
-        "concurrency",
-        "concurrency = conflict(retry_after = \"2s\")",
-    ),
-    (
-        "header",
-        "key_scope",
-        "key_scope = client(header = \"Idempotency-Key\")",
-    ),
-    ("format", "key_scope", "key_scope = client(format = uuid)"),
-    (
-        "path",
-        "status_lookup",
-        "status_lookup = operation_status(path = \"/operations/{key}\")",
-    ),
-    (
-        "runbook",
-        "recovery",
-        "recovery = manual(\"https://runbooks.example.com/orders\")",
-    ),
-];
 
 /// Tokens kept for errors that point inside a value.
 #[derive(Default)]
@@ -341,41 +232,13 @@ fn split(args: TokenStream) -> syn::Result<Vec<(Ident, TokenStream)>> {
     parser.parse2(args)
 }
 
-fn slot_for(slots: &mut Slots, property: Property, cx: &mut Ctxt, key: Ident, _: Option<()>) {
-    match property {
-        Property::KeyScope => slot(&mut slots.key_scope).set(cx, property, key, None),
-        Property::Fingerprint => slot(&mut slots.fingerprint).set(cx, property, key, None),
-        Property::Ttl => slot(&mut slots.ttl).set(cx, property, key, None),
-        Property::Deadline => slot(&mut slots.deadline).set(cx, property, key, None),
-        Property::MaxAttempts => slot(&mut slots.max_attempts).set(cx, property, key, None),
-        Property::Retryable => slot(&mut slots.retryable).set(cx, property, key, None),
-        Property::Concurrency => slot(&mut slots.concurrency).set(cx, property, key, None),
-        Property::StatusLookup => slot(&mut slots.status_lookup).set(cx, property, key, None),
-        Property::Recovery => slot(&mut slots.recovery).set(cx, property, key, None),
-    }
-}
-
-fn is_empty(slots: &mut Slots, property: Property) -> bool {
-    match property {
-        Property::KeyScope => slot(&mut slots.key_scope).is_empty(),
-        Property::Fingerprint => slot(&mut slots.fingerprint).is_empty(),
-        Property::Ttl => slot(&mut slots.ttl).is_empty(),
-        Property::Deadline => slot(&mut slots.deadline).is_empty(),
-        Property::MaxAttempts => slot(&mut slots.max_attempts).is_empty(),
-        Property::Retryable => slot(&mut slots.retryable).is_empty(),
-        Property::Concurrency => slot(&mut slots.concurrency).is_empty(),
-        Property::StatusLookup => slot(&mut slots.status_lookup).is_empty(),
-        Property::Recovery => slot(&mut slots.recovery).is_empty(),
-    }
-}
-
 /// One error for all missing properties, at the attribute, each with what it answers. A
 /// property that an unknown key was taken for ("did you mean `retryable`?") is not listed
 /// again: that error already says what to write.
-fn report_missing(cx: &mut Ctxt, slots: &mut Slots, attr_span: Span, suggested: &[&str]) {
+fn report_missing(cx: &mut Ctxt, slots: &Slots, attr_span: Span, suggested: &[&str]) {
     let missing: Vec<Property> = Property::ALL
         .into_iter()
-        .filter(|p| is_empty(slots, *p))
+        .filter(|p| slots[*p].is_empty())
         .collect();
     let listed: Vec<Property> = missing
         .iter()
@@ -405,7 +268,7 @@ fn report_missing(cx: &mut Ctxt, slots: &mut Slots, attr_span: Span, suggested: 
 
 /// Fingerprint fields and a body key are members of the body, so the handler must take
 /// one (`Json<T>` or `Form<T>`): that is the type the compiler checks them against.
-fn check_body_needed(cx: &mut Ctxt, slots: &mut Slots, parsed: &Parsed) {
+fn check_body_needed(cx: &mut Ctxt, slots: &Slots, parsed: &Parsed) {
     let Some(handler) = &parsed.handler else {
         return;
     };
@@ -421,13 +284,15 @@ fn check_body_needed(cx: &mut Ctxt, slots: &mut Slots, parsed: &Parsed) {
     if handler.body.is_some() || handler.body_extractor.is_some() {
         return;
     }
-    if let Some((Fingerprint::Fields(_), tokens)) = slot(&mut slots.fingerprint).get() {
+    if let Some((Value::Fingerprint(Fingerprint::Fields(_)), tokens)) =
+        slots[Property::Fingerprint].get()
+    {
         cx.error_spanned(
             tokens,
             format!("fingerprint fields are members of the request body, but `{name}` takes no `Json<T>` or `Form<T>` argument: add one as its last argument, or write `fingerprint = body`"),
         );
     }
-    if let Some((scope, tokens)) = slot(&mut slots.key_scope).get()
+    if let Some((Value::KeyScope(scope), tokens)) = slots[Property::KeyScope].get()
         && matches!(scope.source, KeySource::Body { .. })
     {
         cx.error_spanned(
@@ -437,119 +302,54 @@ fn check_body_needed(cx: &mut Ctxt, slots: &mut Slots, parsed: &Parsed) {
     }
 }
 
-/// The model, when every property has a valid value.
-fn build(slots: &mut Slots, handler: Option<&Handler>) -> (Contract, bool) {
-    fn value<T: Clone>(slot: &mut Slot<T>, stand_in: T, complete: &mut bool) -> T {
-        match slot.get() {
-            Some((value, _)) => value.clone(),
-            None => {
-                *complete = false;
-                stand_in
-            }
+/// The model, and whether it is complete: every property has a valid value and the
+/// attribute is on a handler. What is missing is taken from [`Contract::PLACEHOLDER`].
+fn build(slots: &Slots, parsed: &Parsed) -> (Contract, bool) {
+    let mut contract = Contract::PLACEHOLDER;
+    let mut complete = true;
+    for property in Property::ALL {
+        match slots[property].get() {
+            Some((value, _)) => value.clone().apply(&mut contract),
+            None => complete = false,
         }
     }
-    let s = STAND_IN;
-    let mut complete = handler.is_some();
-    let operation = handler.map_or(s.operation, |h| {
-        syn::ext::IdentExt::unraw(&h.ident).to_string().into()
-    });
-    let contract = Contract {
-        operation,
-        key_scope: value(slot(&mut slots.key_scope), s.key_scope, &mut complete),
-        fingerprint: value(slot(&mut slots.fingerprint), s.fingerprint, &mut complete),
-        fingerprint_query: s.fingerprint_query,
-        ttl: value(slot(&mut slots.ttl), s.ttl, &mut complete),
-        deadline: value(slot(&mut slots.deadline), s.deadline, &mut complete),
-        max_attempts: value(slot(&mut slots.max_attempts), s.max_attempts, &mut complete),
-        retryable: value(
-            slot(&mut slots.retryable),
-            s.retryable.into_owned(),
-            &mut complete,
-        )
-        .into(),
-        concurrency: value(slot(&mut slots.concurrency), s.concurrency, &mut complete),
-        status_lookup: value(
-            slot(&mut slots.status_lookup),
-            s.status_lookup,
-            &mut complete,
-        ),
-        recovery: value(slot(&mut slots.recovery), s.recovery, &mut complete),
-    };
+    match &parsed.handler {
+        Some(h) => contract.operation = syn::ext::IdentExt::unraw(&h.ident).to_string().into(),
+        None => complete = false,
+    }
+    contract.fingerprint_query = parsed
+        .fingerprint_query
+        .iter()
+        .map(FieldRef::path)
+        .collect::<Vec<_>>()
+        .into();
     (contract, complete)
 }
 
-/// Stand-ins for the properties that are missing or were refused, so that the rules of the
-/// others still run; a violation that reads a stand-in is left out.
-const STAND_IN: Contract = Contract {
-    operation: std::borrow::Cow::Borrowed("operation"),
-    key_scope: crate::KeyScope::CLIENT,
-    fingerprint: Fingerprint::Body,
-    fingerprint_query: std::borrow::Cow::Borrowed(&[]),
-    ttl: crate::Duration::MAX,
-    deadline: crate::Deadline {
-        total: crate::Duration::from_millis(30_000),
-        per_attempt: None,
-    },
-    max_attempts: 1,
-    retryable: std::borrow::Cow::Borrowed(&[]),
-    concurrency: crate::Concurrency::Conflict {
-        retry_after: crate::DEFAULT_CONFLICT_RETRY_AFTER,
-    },
-    status_lookup: crate::StatusLookup {
-        handler: std::borrow::Cow::Borrowed("status"),
-        path: None,
-    },
-    recovery: crate::Recovery::Manual {
-        runbook: std::borrow::Cow::Borrowed("runbook"),
-    },
-};
-
-fn is_set(slots: &mut Slots, property: Property) -> bool {
-    match property {
-        Property::KeyScope => slot(&mut slots.key_scope).get().is_some(),
-        Property::Fingerprint => slot(&mut slots.fingerprint).get().is_some(),
-        Property::Ttl => slot(&mut slots.ttl).get().is_some(),
-        Property::Deadline => slot(&mut slots.deadline).get().is_some(),
-        Property::MaxAttempts => slot(&mut slots.max_attempts).get().is_some(),
-        Property::Retryable => slot(&mut slots.retryable).get().is_some(),
-        Property::Concurrency => slot(&mut slots.concurrency).get().is_some(),
-        Property::StatusLookup => slot(&mut slots.status_lookup).get().is_some(),
-        Property::Recovery => slot(&mut slots.recovery).get().is_some(),
-    }
-}
-
 /// The tokens a violation points at: the narrowest ones known.
-fn locate(slots: &mut Slots, extras: &Extras, parsed: &Parsed, at: Location) -> TokenStream {
-    let property_tokens = |slots: &mut Slots, p: Property| -> TokenStream {
-        match p {
-            Property::KeyScope => slot(&mut slots.key_scope).get().map(|(_, t)| t.clone()),
-            Property::Fingerprint => slot(&mut slots.fingerprint).get().map(|(_, t)| t.clone()),
-            Property::Ttl => slot(&mut slots.ttl).get().map(|(_, t)| t.clone()),
-            Property::Deadline => slot(&mut slots.deadline).get().map(|(_, t)| t.clone()),
-            Property::MaxAttempts => slot(&mut slots.max_attempts).get().map(|(_, t)| t.clone()),
-            Property::Retryable => slot(&mut slots.retryable).get().map(|(_, t)| t.clone()),
-            Property::Concurrency => slot(&mut slots.concurrency).get().map(|(_, t)| t.clone()),
-            Property::StatusLookup => slot(&mut slots.status_lookup).get().map(|(_, t)| t.clone()),
-            Property::Recovery => slot(&mut slots.recovery).get().map(|(_, t)| t.clone()),
-        }
-        .unwrap_or_default()
+fn locate(slots: &Slots, extras: &Extras, parsed: &Parsed, at: Location) -> TokenStream {
+    let property_tokens = |p: Property| -> TokenStream {
+        slots[p]
+            .get()
+            .map(|(_, tokens)| tokens.clone())
+            .unwrap_or_default()
     };
     match at {
-        Location::Property(p) => property_tokens(slots, p),
+        Location::Property(p) => property_tokens(p),
         Location::Retryable(i) => extras
             .retryable
             .get(i)
             .cloned()
-            .unwrap_or_else(|| property_tokens(slots, Property::Retryable)),
+            .unwrap_or_else(|| property_tokens(Property::Retryable)),
         Location::FingerprintField(i) => parsed
             .fingerprint_fields
             .get(i)
             .map(ToTokens::to_token_stream)
-            .unwrap_or_else(|| property_tokens(slots, Property::Fingerprint)),
+            .unwrap_or_else(|| property_tokens(Property::Fingerprint)),
         Location::PerAttempt => extras
             .per_attempt
             .clone()
-            .unwrap_or_else(|| property_tokens(slots, Property::Deadline)),
+            .unwrap_or_else(|| property_tokens(Property::Deadline)),
         Location::Operation => parsed
             .handler
             .as_ref()

@@ -1,10 +1,36 @@
 //! One set-once slot per property (serde's `Attr<T>`): the second occurrence is the error.
 
+use std::ops::{Index, IndexMut};
+
 use proc_macro2::TokenStream;
 use syn::Ident;
 
 use super::Ctxt;
+use super::value::Value;
 use crate::Property;
+
+/// One slot per property, indexed by the property.
+pub(super) struct Slots([Slot<Value>; Property::ALL.len()]);
+
+impl Default for Slots {
+    fn default() -> Slots {
+        Slots(std::array::from_fn(|_| Slot::Empty))
+    }
+}
+
+impl Index<Property> for Slots {
+    type Output = Slot<Value>;
+
+    fn index(&self, property: Property) -> &Slot<Value> {
+        &self.0[property.index()]
+    }
+}
+
+impl IndexMut<Property> for Slots {
+    fn index_mut(&mut self, property: Property) -> &mut Slot<Value> {
+        &mut self.0[property.index()]
+    }
+}
 
 /// The state of one property while the attribute is read.
 pub(super) enum Slot<T> {

@@ -8,15 +8,95 @@ use quote::ToTokens;
 use syn::parse::{ParseStream, Parser};
 use syn::{Ident, LitInt, LitStr, Token, bracketed, parenthesized};
 
-use super::{Ctxt, FieldRef};
+use super::{Ctxt, Extras, FieldRef, Parsed};
 use crate::{
-    Concurrency, DEFAULT_CONFLICT_RETRY_AFTER, Deadline, Duration, DurationError, FieldPath,
-    Fingerprint, KeyFormat, KeyScope, KeySource, Namespace, Property, Recovery, Retryable,
-    StatusCode, StatusLookup, TransportFailure, duration::ACCEPTED_FORMS, key::DEFAULT_KEY_HEADER,
+    Concurrency, Contract, DEFAULT_CONFLICT_RETRY_AFTER, Deadline, Duration, DurationError,
+    FieldPath, Fingerprint, KeyFormat, KeyScope, KeySource, Namespace, Property, Recovery,
+    Retryable, StatusCode, StatusLookup, TransportFailure, duration::ACCEPTED_FORMS,
+    key::DEFAULT_KEY_HEADER,
 };
 
+/// The valid value of one property, of its type in the model.
+#[derive(Clone)]
+pub(super) enum Value {
+    KeyScope(KeyScope),
+    Fingerprint(Fingerprint),
+    Ttl(Duration),
+    Deadline(Deadline),
+    MaxAttempts(u32),
+    Retryable(Vec<Retryable>),
+    Concurrency(Concurrency),
+    StatusLookup(StatusLookup),
+    Recovery(Recovery),
+}
+
+impl Value {
+    /// Reads the value of `property`, the one place that knows how each property parses.
+    /// What a value names for the compiler's checks goes into `parsed`, and the tokens
+    /// that errors point at inside it into `extras`.
+    pub(super) fn parse(
+        property: Property,
+        cx: &mut Ctxt,
+        tokens: &TokenStream,
+        parsed: &mut Parsed,
+        extras: &mut Extras,
+    ) -> Option<Value> {
+        Some(match property {
+            Property::KeyScope => {
+                let (scope, field) = key_scope(cx, tokens)?;
+                parsed.key_field = field;
+                Value::KeyScope(scope)
+            }
+            Property::Fingerprint => {
+                let (fingerprint, fields, query) = fingerprint(cx, tokens)?;
+                parsed.fingerprint_fields = fields;
+                parsed.fingerprint_query = query;
+                Value::Fingerprint(fingerprint)
+            }
+            Property::Ttl => Value::Ttl(ttl(cx, tokens)?),
+            Property::Deadline => {
+                let (deadline, per_attempt) = deadline(cx, tokens)?;
+                extras.per_attempt = per_attempt;
+                Value::Deadline(deadline)
+            }
+            Property::MaxAttempts => Value::MaxAttempts(max_attempts(cx, tokens)?),
+            Property::Retryable => {
+                let (list, items) = retryable(cx, tokens)?;
+                extras.retryable = items;
+                Value::Retryable(list)
+            }
+            Property::Concurrency => Value::Concurrency(concurrency(cx, tokens)?),
+            Property::StatusLookup => {
+                let (lookup, path) = status_lookup(cx, tokens)?;
+                parsed.status_lookup = Some(path);
+                Value::StatusLookup(lookup)
+            }
+            Property::Recovery => {
+                let (recovery, path) = recovery(cx, tokens)?;
+                parsed.recovery = path;
+                Value::Recovery(recovery)
+            }
+        })
+    }
+
+    /// Puts the value into its field of `contract`.
+    pub(super) fn apply(self, contract: &mut Contract) {
+        match self {
+            Value::KeyScope(v) => contract.key_scope = v,
+            Value::Fingerprint(v) => contract.fingerprint = v,
+            Value::Ttl(v) => contract.ttl = v,
+            Value::Deadline(v) => contract.deadline = v,
+            Value::MaxAttempts(v) => contract.max_attempts = v,
+            Value::Retryable(v) => contract.retryable = v.into(),
+            Value::Concurrency(v) => contract.concurrency = v,
+            Value::StatusLookup(v) => contract.status_lookup = v,
+            Value::Recovery(v) => contract.recovery = v,
+        }
+    }
+}
+
 /// Runs `parser` over the whole value; a syntax error is recorded at its own span.
-pub(super) fn run<T>(
+fn run<T>(
     cx: &mut Ctxt,
     value: &TokenStream,
     parser: impl FnOnce(ParseStream) -> syn::Result<T>,
@@ -59,7 +139,7 @@ fn duration_lit(input: ParseStream, what: &str) -> syn::Result<(Duration, LitStr
 }
 
 /// `ttl = "24h"`
-pub(super) fn ttl(cx: &mut Ctxt, value: &TokenStream) -> Option<Duration> {
+fn ttl(cx: &mut Ctxt, value: &TokenStream) -> Option<Duration> {
     run(cx, value, |input| {
         let (d, _) = duration_lit(input, "`ttl`")?;
         expect_end(input, Property::Ttl)?;
@@ -69,10 +149,7 @@ pub(super) fn ttl(cx: &mut Ctxt, value: &TokenStream) -> Option<Duration> {
 
 /// `deadline = "30s"` or `deadline = ("30s", per_attempt = "5s")`; also returns the
 /// tokens of the per-attempt timeout, for errors.
-pub(super) fn deadline(
-    cx: &mut Ctxt,
-    value: &TokenStream,
-) -> Option<(Deadline, Option<TokenStream>)> {
+fn deadline(cx: &mut Ctxt, value: &TokenStream) -> Option<(Deadline, Option<TokenStream>)> {
     run(cx, value, |input| {
         let parsed = if input.peek(syn::token::Paren) {
             let inner;
@@ -119,7 +196,7 @@ pub(super) fn deadline(
 }
 
 /// `max_attempts = 4`
-pub(super) fn max_attempts(cx: &mut Ctxt, value: &TokenStream) -> Option<u32> {
+fn max_attempts(cx: &mut Ctxt, value: &TokenStream) -> Option<u32> {
     run(cx, value, |input| {
         let hint = "`max_attempts` takes a whole number of attempts, the first included, such as `max_attempts = 4`";
         let lit: LitInt = input.parse().map_err(|e| syn::Error::new(e.span(), hint))?;
@@ -132,10 +209,7 @@ pub(super) fn max_attempts(cx: &mut Ctxt, value: &TokenStream) -> Option<u32> {
 }
 
 /// `retryable = [429, 503, timeout]`; also returns the tokens of each entry, for errors.
-pub(super) fn retryable(
-    cx: &mut Ctxt,
-    value: &TokenStream,
-) -> Option<(Vec<Retryable>, Vec<TokenStream>)> {
+fn retryable(cx: &mut Ctxt, value: &TokenStream) -> Option<(Vec<Retryable>, Vec<TokenStream>)> {
     let items = run(cx, value, |input| {
         let hint = "`retryable` is a list of statuses and transport failures, such as `retryable = [429, 503, timeout]`";
         if !input.peek(syn::token::Bracket) {
@@ -210,13 +284,13 @@ fn field_path(input: ParseStream) -> syn::Result<FieldRef> {
 }
 
 /// The fingerprint as written: the body's part, its fields, and the query parameters.
-pub(super) type FingerprintValue = (Fingerprint, Vec<FieldRef>, Vec<FieldRef>);
+type FingerprintValue = (Fingerprint, Vec<FieldRef>, Vec<FieldRef>);
 
 /// `fingerprint = [customer_id, items]`, `fingerprint = body`, or either with the
 /// significant query parameters: `fingerprint = ([amount], query = [expand])`; also
 /// returns the fields' and the parameters' identifiers, for the compiler's check and for
 /// errors.
-pub(super) fn fingerprint(cx: &mut Ctxt, value: &TokenStream) -> Option<FingerprintValue> {
+fn fingerprint(cx: &mut Ctxt, value: &TokenStream) -> Option<FingerprintValue> {
     run(cx, value, |input| {
         if input.peek(syn::token::Paren) {
             let inner;
@@ -288,10 +362,7 @@ fn fingerprint_body(input: ParseStream) -> syn::Result<(Fingerprint, Vec<FieldRe
 
 /// `key_scope = client` or `client(header = "..", body = field, format = uuid)`; also
 /// returns the body field, if the key is in the body.
-pub(super) fn key_scope(
-    cx: &mut Ctxt,
-    value: &TokenStream,
-) -> Option<(KeyScope, Option<FieldRef>)> {
+fn key_scope(cx: &mut Ctxt, value: &TokenStream) -> Option<(KeyScope, Option<FieldRef>)> {
     run(cx, value, |input| {
         let ns: Ident = input.parse().map_err(|e| {
             syn::Error::new(e.span(), "`key_scope` names the key's namespace: write `key_scope = client`, or `client(header = \"Idempotency-Key\")`")
@@ -375,7 +446,7 @@ pub(super) fn key_scope(
 }
 
 /// `concurrency = conflict`, `conflict(retry_after = "2s")`, `accepted` or `wait("2s")`.
-pub(super) fn concurrency(cx: &mut Ctxt, value: &TokenStream) -> Option<Concurrency> {
+fn concurrency(cx: &mut Ctxt, value: &TokenStream) -> Option<Concurrency> {
     run(cx, value, |input| {
         let hint = "`concurrency` is `conflict` (409 with `Retry-After`), `accepted` (202 with a `Location`) or `wait(\"2s\")` (a bounded wait for the first attempt's result)";
         let kind: Ident = input.parse().map_err(|e| syn::Error::new(e.span(), hint))?;
@@ -454,10 +525,7 @@ fn function_path(input: ParseStream, hint: &str) -> syn::Result<syn::Path> {
 
 /// `status_lookup = handler` or `handler(path = "/orders/operations/{key}")`; also returns
 /// the handler's path, for the compiler's check.
-pub(super) fn status_lookup(
-    cx: &mut Ctxt,
-    value: &TokenStream,
-) -> Option<(StatusLookup, syn::Path)> {
+fn status_lookup(cx: &mut Ctxt, value: &TokenStream) -> Option<(StatusLookup, syn::Path)> {
     run(cx, value, |input| {
         let hint = "`status_lookup` names the handler that answers by key, such as `status_lookup = order_operation_status`";
         let handler = function_path(input, hint)?;
@@ -494,10 +562,7 @@ pub(super) fn status_lookup(
 
 /// `recovery = reconcile_fn` or `recovery = manual("runbook")`; also returns the reconcile
 /// function's path, for the compiler's check.
-pub(super) fn recovery(
-    cx: &mut Ctxt,
-    value: &TokenStream,
-) -> Option<(Recovery, Option<syn::Path>)> {
+fn recovery(cx: &mut Ctxt, value: &TokenStream) -> Option<(Recovery, Option<syn::Path>)> {
     run(cx, value, |input| {
         let hint = "`recovery` names a reconcile function, such as `recovery = reconcile_order`, or is `manual(\"runbook URL\")`";
         let fork = input.fork();

@@ -18,6 +18,7 @@ pub(super) fn expand(
 ) -> TokenStream {
     let errors = parsed.errors.iter().map(syn::Error::to_compile_error);
     let p = &paths.private;
+    let m = &paths.model;
     let (item, companion) = match item {
         // A method (`self`) is refused by the parser; it stays as written.
         Some(syn::Item::Fn(func))
@@ -25,7 +26,7 @@ pub(super) fn expand(
         {
             let ident = &func.sig.ident;
             let module =
-                handler::companion(paths, func, quote!(#p::PLACEHOLDER_CONTRACT), None, None);
+                handler::companion(paths, func, quote!(#m::Contract::PLACEHOLDER), None, None);
             let checks = checks::expand(paths, parsed);
             let handler = handler::stand_in(paths, func);
             let companion = quote! {

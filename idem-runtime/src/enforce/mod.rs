@@ -9,7 +9,7 @@
 //! use idem_runtime::enforce::Enforced;
 //! # use idem_runtime::{Contracted, Recover, Recoverer};
 //! # pub struct CreateOrder;
-//! # impl Contracted for CreateOrder { const CONTRACT: &'static idem_contract::Contract = &idem_runtime::__private::PLACEHOLDER_CONTRACT; }
+//! # impl Contracted for CreateOrder { const CONTRACT: &'static idem_contract::Contract = &idem_contract::Contract::PLACEHOLDER; }
 //! # impl<S> Recover<S> for CreateOrder { fn recoverer(_: &S) -> Recoverer { Recoverer::manual() } }
 //!
 //! async fn create_order(enforced: Enforced<Json<serde_json::Value>, CreateOrder>) -> Response {
@@ -343,7 +343,6 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::__private::PLACEHOLDER_CONTRACT;
 
     fn slug(response: &Response) -> String {
         let bytes = response
@@ -375,7 +374,7 @@ mod tests {
 
     #[test]
     fn header_keys() {
-        let contract = &PLACEHOLDER_CONTRACT;
+        let contract = &Contract::PLACEHOLDER;
         let mut headers = HeaderMap::new();
         let missing = key_from_header(&headers, "Idempotency-Key", contract).unwrap_err();
         assert_eq!(slug(&missing), "400 Bad Request");
@@ -391,7 +390,7 @@ mod tests {
     #[test]
     #[allow(clippy::result_large_err)]
     fn body_keys() {
-        let mut contract = PLACEHOLDER_CONTRACT;
+        let mut contract = Contract::PLACEHOLDER;
         contract.key_scope.source = KeySource::Body {
             field: FieldPath::from_static("ref.id"),
         };

@@ -60,15 +60,14 @@ impl Names {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::__private::PLACEHOLDER_CONTRACT;
 
     struct First;
     struct Second;
     impl Contracted for First {
-        const CONTRACT: &'static idem_contract::Contract = &PLACEHOLDER_CONTRACT;
+        const CONTRACT: &'static idem_contract::Contract = &idem_contract::Contract::PLACEHOLDER;
     }
     impl Contracted for Second {
-        const CONTRACT: &'static idem_contract::Contract = &PLACEHOLDER_CONTRACT;
+        const CONTRACT: &'static idem_contract::Contract = &idem_contract::Contract::PLACEHOLDER;
     }
 
     #[test]
