@@ -289,3 +289,50 @@ fn the_readmes_own_service_publishes_from_scratch() {
         "the identity header is documented"
     );
 }
+
+#[test]
+fn a_route_that_is_not_a_path_template_is_refused_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/transfers/src");
+    for (route, problem) in [
+        ("POST /t/{id", "a `{` is not closed"),
+        ("POST /t/id}", "a `}` closes no `{`"),
+        ("POST /t/{}", "each parameter is a name"),
+        ("POST /t/{a}/{a}", "the parameter `a` appears twice"),
+        ("POST /t?x=1", "no query"),
+    ] {
+        let target = format!("create_transfer={route}");
+        let out = idem(
+            &[
+                "merge",
+                "--src",
+                src.to_str().unwrap(),
+                "--target",
+                &target,
+                "--out",
+                "x.json",
+            ],
+            dir.path(),
+        );
+        assert_eq!(out.status.code(), Some(1), "{route}: {}", stderr(&out));
+        let message = stderr(&out);
+        assert!(
+            message.contains("main.rs:")
+                && message.contains("is not an OpenAPI path template")
+                && message.contains(problem),
+            "{route}: {message}"
+        );
+        assert!(!dir.path().join("x.json").exists(), "{route}");
+    }
+    // A contract's status lookup path is checked the same way.
+    let found = contract_at("POST /orders", |c| {
+        c["status_lookup"]["path"] = json!("/orders/{id/operations/{key}");
+    });
+    let errors = NewDocument::new("Orders", "1")
+        .build(Path::new("o.json"), &found)
+        .unwrap_err();
+    assert!(
+        errors.0[0].to_string().contains("status lookup path"),
+        "{errors:?}"
+    );
+}

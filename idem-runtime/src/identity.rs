@@ -34,8 +34,9 @@ use http::request::Parts;
 
 use crate::problem::{Problem, ProblemType};
 
-/// The longest client identity [`header`] accepts, in bytes.
-pub const MAX_IDENTITY_LEN: usize = 255;
+/// The longest client identity [`header`] accepts, in bytes: the limit the published
+/// contract states (`idem_contract::extension::MAX_IDENTITY_LEN`), one constant.
+pub use idem_contract::extension::MAX_IDENTITY_LEN;
 
 /// Says who the client of a request is.
 ///

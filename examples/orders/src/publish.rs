@@ -12,8 +12,9 @@ use idem::codegen::docs::{self, DocFormat, OperationInfo};
 use idem::codegen::openapi::{self, Document, Format};
 use idem::codegen::{Error, Errors};
 use idem::model::Target;
+use idem::model::extension::ClientIdentity;
 
-use crate::api::create_order;
+use crate::api::{CLIENT_ID_HEADER, create_order};
 
 /// The base document, as written by hand.
 pub const BASE_OPENAPI: &str = include_str!("../openapi.yaml");
@@ -41,7 +42,10 @@ fn contracts() -> Vec<Sourced> {
 /// When the base document or a contract is refused (a bug in this example).
 pub fn document() -> Result<Document, Errors> {
     let mut doc = Document::parse(Path::new("openapi.yaml"), BASE_OPENAPI)?;
-    openapi::merge(&mut doc, &contracts())?;
+    // The header the server tells clients apart by (`identity::header` in the service).
+    let options =
+        openapi::MergeOptions::new().with_client_identity(ClientIdentity::header(CLIENT_ID_HEADER));
+    openapi::merge_with(&mut doc, &contracts(), &options)?;
     Ok(doc)
 }
 

@@ -463,6 +463,16 @@ fn the_published_contract_passes_an_independent_validator() {
         html.contains("<h2>POST &#x2f;orders</h2>"),
         "one section for POST /orders"
     );
+    // The client identity the server enforces is published, and documented.
+    let document = std::fs::read_to_string(&spec).unwrap();
+    assert!(
+        document.contains("client_identity:") && document.contains("name: x-client-id"),
+        "{document}"
+    );
+    assert!(
+        html.contains("x-client-id"),
+        "the docs name the identity header"
+    );
 
     let validator = Command::new("python3")
         .args(["-m", "openapi_spec_validator"])

@@ -88,6 +88,19 @@ impl NewDocument {
         for sourced in contracts {
             let name = &sourced.contract.operation;
             let operation = operation(sourced);
+            let lookup = sourced.contract.status_lookup.path.as_deref();
+            let route = match &sourced.target {
+                Target::Path { path, .. } => Some(path.as_str()),
+                _ => None,
+            };
+            for (what, route) in [("route", route), ("status lookup path", lookup)] {
+                if let Some(problem) = route.and_then(template_problem) {
+                    errors.push(sourced.origin.error(format!(
+                        "`{name}`'s {what} `{}` is not an OpenAPI path template: {problem}",
+                        route.unwrap_or_default()
+                    )));
+                }
+            }
             match &sourced.target {
                 Target::Path { method, path } => {
                     insert(&mut paths, path, method, with_path_parameters(path, operation));
@@ -163,6 +176,38 @@ impl NewDocument {
             bom: false,
         })
     }
+}
+
+/// Why `path` is not a path template of `paths` (OpenAPI 3.1 §4.8.8): it must start
+/// with `/`, hold no query or fragment, and name each parameter once, between braces.
+fn template_problem(path: &str) -> Option<String> {
+    if !path.starts_with('/') {
+        return Some("it must start with `/`".into());
+    }
+    if path.contains(['?', '#']) {
+        return Some("a path holds no query (`?`) or fragment (`#`)".into());
+    }
+    let mut names: Vec<&str> = Vec::new();
+    let mut rest = path;
+    while let Some(open) = rest.find(['{', '}']) {
+        if rest[open..].starts_with('}') {
+            return Some("a `}` closes no `{`".into());
+        }
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('}') else {
+            return Some("a `{` is not closed".into());
+        };
+        let name = &after[..close];
+        if name.is_empty() || name.contains('{') {
+            return Some("each parameter is a name between `{` and `}`".into());
+        }
+        if names.contains(&name) {
+            return Some(format!("the parameter `{name}` appears twice"));
+        }
+        names.push(name);
+        rest = &after[close + 1..];
+    }
+    None
 }
 
 /// `map[key][method] = op`.
