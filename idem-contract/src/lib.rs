@@ -40,6 +40,7 @@ mod duration;
 pub mod extension;
 pub mod file;
 mod fingerprint;
+pub mod headers;
 pub mod key;
 pub mod lookup;
 #[cfg(feature = "parse")]

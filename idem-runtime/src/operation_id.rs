@@ -6,9 +6,7 @@ use std::str::FromStr;
 use http::HeaderValue;
 use uuid::Uuid;
 
-/// The response header that carries the operation id on every answer of a contracted
-/// operation.
-pub const OPERATION_ID_HEADER: &str = "operation-id";
+pub use idem_contract::headers::OPERATION_ID_HEADER;
 
 /// The id of one business operation: a UUIDv7 (RFC 9562 §5.7), so ids sort by the time
 /// they were made.

@@ -11,9 +11,7 @@ use crate::OperationId;
 use crate::answer::with_operation_id;
 use crate::store::StoredResponse;
 
-/// The header that marks a replayed result (the IETF draft "The Idempotency-Key HTTP
-/// Header Field" and common practice): `Idempotent-Replayed: true`.
-pub const IDEMPOTENT_REPLAYED_HEADER: &str = "idempotent-replayed";
+pub use idem_contract::headers::IDEMPOTENT_REPLAYED_HEADER;
 
 /// A handler's answer, read so that it can be stored.
 pub(crate) enum Captured {

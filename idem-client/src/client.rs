@@ -1,0 +1,543 @@
+//! The retry loop: one intent, its attempts, and the typed outcome.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use idem_contract::KeySource;
+use idem_contract::headers::{IDEMPOTENT_REPLAYED_HEADER, OPERATION_ID_HEADER};
+
+use crate::backoff::Jitter;
+use crate::budget::RetryBudget;
+use crate::intent::Intent;
+use crate::outcome::{
+    Completed, Failed, LastAttempt, LookupAnswer, OperationStatus, Outcome, Problem, StopReason,
+    Unknown,
+};
+use crate::transport::{Answer, Reqwest, Transport, TransportError};
+
+/// How long the status lookup may take, once the attempts have stopped.
+pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One request of a business operation, sent unchanged on every attempt (the client adds
+/// the key).
+#[derive(Clone, Debug)]
+pub struct Call {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+/// Why a [`Call`] could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The URL is not a valid absolute URI.
+    #[error("invalid URL: {0}")]
+    Url(String),
+    /// The body does not serialise as JSON.
+    #[error("the body does not serialise as JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A header name or value is invalid.
+    #[error("invalid header: {0}")]
+    Header(String),
+}
+
+impl Call {
+    /// A call with `method` to `url` (absolute: `http://127.0.0.1:3000/orders`), no body.
+    ///
+    /// # Errors
+    ///
+    /// `url` is not an absolute URI.
+    pub fn new(method: Method, url: &str) -> Result<Call, CallError> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| CallError::Url(format!("{url}: {e}")))?;
+        if uri.scheme().is_none() || uri.authority().is_none() {
+            return Err(CallError::Url(format!("{url}: not absolute")));
+        }
+        Ok(Call {
+            method,
+            uri,
+            headers: HeaderMap::new(),
+            body: Bytes::new(),
+        })
+    }
+
+    /// A `POST` to `url` with `body` as JSON.
+    ///
+    /// # Errors
+    ///
+    /// `url` is not absolute, or `body` does not serialise.
+    pub fn post_json(url: &str, body: &impl serde::Serialize) -> Result<Call, CallError> {
+        Call::new(Method::POST, url)?.json(body)
+    }
+
+    /// The same call with `body` as JSON (`Content-Type: application/json`).
+    ///
+    /// # Errors
+    ///
+    /// `body` does not serialise.
+    pub fn json(mut self, body: &impl serde::Serialize) -> Result<Call, CallError> {
+        self.body = serde_json::to_vec(body)?.into();
+        self.headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        Ok(self)
+    }
+
+    /// The same call with the header `name: value` (the client identity, credentials).
+    ///
+    /// # Errors
+    ///
+    /// `name` or `value` is not valid in HTTP.
+    pub fn header(mut self, name: &str, value: &str) -> Result<Call, CallError> {
+        let name = HeaderName::try_from(name).map_err(|e| CallError::Header(e.to_string()))?;
+        let value = HeaderValue::try_from(value).map_err(|e| CallError::Header(e.to_string()))?;
+        self.headers.append(name, value);
+        Ok(self)
+    }
+
+    /// The URL.
+    pub fn uri(&self) -> &Uri {
+        &self.uri
+    }
+}
+
+/// A client that sends each business intent under its contract's retry policy.
+///
+/// Exactly one layer retries: this one. The default transport is reqwest with its own
+/// retries off ([`Reqwest::new`]); do not put it behind a retrying middleware
+/// (reqwest-middleware's `RetryTransientMiddleware`), or both would retry.
+pub struct Client<T = Reqwest> {
+    transport: T,
+    budget: RetryBudget,
+    jitter: Arc<Mutex<Jitter>>,
+}
+
+impl Client<Reqwest> {
+    /// A client on reqwest's defaults, with reqwest's own retries off.
+    ///
+    /// # Errors
+    ///
+    /// reqwest cannot build its client.
+    pub fn new() -> Result<Client<Reqwest>, reqwest::Error> {
+        Ok(Client::with_transport(Reqwest::new(
+            reqwest::Client::builder(),
+        )?))
+    }
+}
+
+impl<T: Transport> Client<T> {
+    /// A client on `transport`, with the default [`RetryBudget`] and jitter from entropy.
+    pub fn with_transport(transport: T) -> Client<T> {
+        Client {
+            transport,
+            budget: RetryBudget::default(),
+            jitter: Arc::new(Mutex::new(Jitter::from_entropy())),
+        }
+    }
+
+    /// The same client with another retry budget (shared by every intent it sends).
+    pub fn with_budget(mut self, budget: RetryBudget) -> Client<T> {
+        self.budget = budget;
+        self
+    }
+
+    /// The same client with another jitter source ([`Jitter::seeded`] makes delays
+    /// reproducible).
+    pub fn with_jitter(mut self, jitter: Jitter) -> Client<T> {
+        self.jitter = Arc::new(Mutex::new(jitter));
+        self
+    }
+
+    /// The retry budget.
+    pub fn budget(&self) -> &RetryBudget {
+        &self.budget
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &T {
+        &self.transport
+    }
+
+    /// Sends `call` for `intent` under its policy until a definite answer, and returns
+    /// the outcome:
+    ///
+    /// - each attempt carries the intent's key (a header, or the body member the policy
+    ///   names), and is bounded by the per-attempt timeout and what is left of the
+    ///   deadline; no attempt starts after the deadline, and at most `max_attempts` are
+    ///   sent, the first included;
+    /// - 2xx and 3xx complete it (a replay is flagged); a 4xx the contract does not
+    ///   declare retryable fails it for good (400, 401, 403, 404, 422, ...);
+    /// - a declared retryable status or transport failure, and idem's 409
+    ///   `operation-in-progress` (or 202 of `concurrency = accepted`), are retried after
+    ///   the backoff, never sooner than the server's `Retry-After`; a `Retry-After`
+    ///   longer than what is left of the deadline stops at once;
+    /// - a retry needs the client's retry budget; a spent budget stops the retries;
+    /// - anything else (a 5xx not declared retryable, a timeout not declared, 409
+    ///   `operation-outcome-unknown`) stops: the outcome is not known.
+    ///
+    /// Before an [`Outcome::Unknown`], the contract's status lookup is asked (once, within
+    /// [`LOOKUP_TIMEOUT`]); a completed operation found there is returned as
+    /// [`Outcome::Completed`] with `from_lookup`.
+    pub async fn execute(&self, mut intent: Intent, call: &Call) -> Outcome {
+        let span = tracing::info_span!(
+            "idem.operation",
+            idem.operation = %intent.policy.operation(),
+            idem.operation_id = tracing::field::Empty,
+            idem.outcome = tracing::field::Empty,
+            idem.attempts = tracing::field::Empty,
+        );
+        async move {
+            let outcome = self.run(&mut intent, call).await;
+            let outcome = match outcome {
+                Ok(outcome) => outcome,
+                Err((reason, last)) => self.unknown(intent, call, reason, last).await,
+            };
+            let span = tracing::Span::current();
+            let (name, attempts, operation_id) = match &outcome {
+                Outcome::Completed(c) => ("completed", c.attempts, c.operation_id.clone()),
+                Outcome::Failed(f) => ("failed", f.attempts, f.operation_id.clone()),
+                Outcome::Unknown(u) => ("unknown", u.attempts, u.operation_id.clone()),
+            };
+            span.record("idem.outcome", name);
+            span.record("idem.attempts", attempts);
+            if let Some(id) = operation_id {
+                span.record("idem.operation_id", id.as_str());
+            }
+            outcome
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// The attempts; `Err` when they stop without a definite answer.
+    async fn run(
+        &self,
+        intent: &mut Intent,
+        call: &Call,
+    ) -> Result<Outcome, (StopReason, Option<LastAttempt>)> {
+        let policy = Arc::clone(&intent.policy);
+        let request = keyed(call, intent);
+        let started = *intent.started.get_or_insert_with(Instant::now);
+        let deadline = started + policy.deadline();
+        let mut last: Option<LastAttempt> = None;
+        let mut retry_after: Option<Duration> = None;
+        loop {
+            if intent.attempts >= policy.max_attempts() {
+                return Err((StopReason::AttemptsExhausted, last));
+            }
+            if intent.attempts > 0 {
+                let now = Instant::now();
+                let left = deadline.saturating_duration_since(now);
+                let asked = retry_after.filter(|_| policy.obeys_retry_after());
+                if let Some(asked) = asked
+                    && asked >= left
+                {
+                    return Err((
+                        StopReason::RetryAfterBeyondDeadline { retry_after: asked },
+                        last,
+                    ));
+                }
+                if !self.budget.allows_retry() {
+                    return Err((StopReason::BudgetExhausted, last));
+                }
+                let delay = {
+                    let mut jitter = self.jitter.lock().unwrap_or_else(|e| e.into_inner());
+                    policy
+                        .backoff()
+                        .delay(intent.attempts - 1, asked, &mut jitter)
+                };
+                if delay >= left {
+                    return Err((StopReason::DeadlineReached, last));
+                }
+                tokio::time::sleep(delay).await;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err((StopReason::DeadlineReached, last));
+            }
+            let left = deadline - now;
+            let timeout = policy.per_attempt().map_or(left, |p| p.min(left));
+            let resend = intent.attempts;
+            intent.attempts += 1;
+            let span = tracing::info_span!(
+                "idem.attempt",
+                idem.attempt = intent.attempts,
+                http.request.resend_count = tracing::field::Empty,
+                http.response.status_code = tracing::field::Empty,
+                error.r#type = tracing::field::Empty,
+            );
+            if resend > 0 {
+                span.record("http.request.resend_count", resend);
+            }
+            let sent = tokio::time::timeout(timeout, self.transport.send(request.clone()))
+                .instrument(span.clone())
+                .await
+                .unwrap_or(Err(TransportError::Timeout));
+            retry_after = None;
+            match sent {
+                Err(error) => {
+                    span.record("error.type", failure_name(&error));
+                    let retry = policy.retries_transport(error.failure());
+                    last = Some(LastAttempt::Transport(error));
+                    if !retry {
+                        return Err((StopReason::NotRetryable, last));
+                    }
+                    self.budget.record_failure();
+                }
+                Ok(answer) => {
+                    span.record("http.response.status_code", answer.status.as_u16());
+                    if let Some(id) = header_str(&answer.headers, OPERATION_ID_HEADER) {
+                        intent.operation_id = Some(id.to_owned());
+                    }
+                    match self.classify(intent, &answer) {
+                        Verdict::Done(outcome) => return Ok(*outcome),
+                        Verdict::Retry { failure } => {
+                            retry_after =
+                                header_str(&answer.headers, "retry-after").and_then(|v| {
+                                    crate::retry_after::parse(v.as_bytes(), SystemTime::now())
+                                });
+                            if failure {
+                                self.budget.record_failure();
+                            }
+                            last = Some(LastAttempt::Answer {
+                                status: answer.status,
+                                problem: Problem::parse(&answer.headers, &answer.body),
+                            });
+                        }
+                        Verdict::Stop(reason) => {
+                            last = Some(LastAttempt::Answer {
+                                status: answer.status,
+                                problem: Problem::parse(&answer.headers, &answer.body),
+                            });
+                            return Err((reason, last));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn classify(&self, intent: &Intent, answer: &Answer) -> Verdict {
+        let status = answer.status;
+        let problem = Problem::parse(&answer.headers, &answer.body);
+        let slug = problem.as_ref().and_then(Problem::idem_slug);
+        if status == StatusCode::CONFLICT && slug == Some("operation-in-progress") {
+            return Verdict::Retry { failure: false };
+        }
+        if status == StatusCode::ACCEPTED
+            && matches!(
+                intent.policy.concurrency(),
+                idem_contract::Concurrency::Accepted
+            )
+            && slug.is_none()
+            && header_str(&answer.headers, IDEMPOTENT_REPLAYED_HEADER).is_none()
+            && answer.headers.contains_key(http::header::LOCATION)
+            && answer.headers.contains_key(http::header::RETRY_AFTER)
+        {
+            return Verdict::Retry { failure: false };
+        }
+        if status == StatusCode::CONFLICT && slug == Some("operation-outcome-unknown") {
+            return Verdict::Stop(StopReason::OutcomeUnknownOnServer);
+        }
+        if intent.policy.retries_status(status.as_u16()) {
+            return Verdict::Retry { failure: true };
+        }
+        if status.is_success() || status.is_redirection() || status.is_informational() {
+            self.budget.record_success();
+            let replayed = header_str(&answer.headers, IDEMPOTENT_REPLAYED_HEADER)
+                .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+            return Verdict::Done(Box::new(Outcome::Completed(Completed {
+                key: intent.key.clone(),
+                operation_id: intent.operation_id.clone(),
+                status,
+                headers: answer.headers.clone(),
+                body: answer.body.clone(),
+                replayed,
+                from_lookup: false,
+                attempts: intent.attempts,
+            })));
+        }
+        if status.is_client_error() {
+            // A definite refusal: the server answered, and the request is at fault.
+            self.budget.record_success();
+            return Verdict::Done(Box::new(Outcome::Failed(Failed {
+                key: intent.key.clone(),
+                operation_id: intent.operation_id.clone(),
+                status,
+                problem,
+                body: answer.body.clone(),
+                attempts: intent.attempts,
+            })));
+        }
+        // A 5xx the contract does not declare retryable: the server may have acted.
+        Verdict::Stop(StopReason::NotRetryable)
+    }
+
+    /// The outcome when the attempts stopped without a definite answer: the status
+    /// lookup's, if it has one.
+    async fn unknown(
+        &self,
+        intent: Intent,
+        call: &Call,
+        reason: StopReason,
+        last: Option<LastAttempt>,
+    ) -> Outcome {
+        let lookup = self.lookup(&intent, call).await;
+        if let Some(LookupAnswer::Status(status)) = &lookup
+            && status.state == "completed"
+            && let Some(stored) = &status.response
+            && let Ok(code) = StatusCode::from_u16(stored.status)
+        {
+            let mut headers = HeaderMap::new();
+            for (name, value) in &stored.headers {
+                if let (Ok(name), Some(Ok(value))) = (
+                    HeaderName::try_from(name.as_str()),
+                    value.as_str().map(HeaderValue::try_from),
+                ) {
+                    headers.insert(name, value);
+                }
+            }
+            let body = stored
+                .body
+                .as_ref()
+                .and_then(|b| serde_json::to_vec(b).ok())
+                .unwrap_or_default();
+            return Outcome::Completed(Completed {
+                key: intent.key.clone(),
+                operation_id: Some(status.operation_id.clone()),
+                status: code,
+                headers,
+                body: body.into(),
+                replayed: true,
+                from_lookup: true,
+                attempts: intent.attempts,
+            });
+        }
+        let operation_id = match &lookup {
+            Some(LookupAnswer::Status(status)) => Some(status.operation_id.clone()),
+            _ => intent.operation_id.clone(),
+        };
+        let attempts = intent.attempts;
+        Outcome::Unknown(Box::new(Unknown {
+            intent,
+            operation_id,
+            reason,
+            last,
+            lookup,
+            attempts,
+        }))
+    }
+
+    /// Asks the status lookup about the intent's key, with the call's headers (the client
+    /// identity, credentials) but not its body.
+    async fn lookup(&self, intent: &Intent, call: &Call) -> Option<LookupAnswer> {
+        let path = intent.policy.status_lookup()?;
+        let key = percent_encode(intent.key.as_str());
+        let path = path.replace(idem_contract::lookup::KEY_PLACEHOLDER, &key);
+        let mut parts = call.uri.clone().into_parts();
+        parts.path_and_query = Some(path.parse().ok()?);
+        let uri = Uri::from_parts(parts).ok()?;
+        let mut request = Request::get(uri).body(Bytes::new()).ok()?;
+        for (name, value) in &call.headers {
+            if name != http::header::CONTENT_TYPE && name != http::header::CONTENT_LENGTH {
+                request.headers_mut().append(name, value.clone());
+            }
+        }
+        let span = tracing::info_span!("idem.status_lookup");
+        let answer = tokio::time::timeout(LOOKUP_TIMEOUT, self.transport.send(request))
+            .instrument(span)
+            .await
+            .ok()?
+            .ok()?;
+        Some(match answer.status {
+            StatusCode::OK => match serde_json::from_slice::<OperationStatus>(&answer.body) {
+                Ok(status) => LookupAnswer::Status(Box::new(status)),
+                Err(_) => LookupAnswer::Other(answer.status),
+            },
+            StatusCode::NOT_FOUND => LookupAnswer::NotFound,
+            other => LookupAnswer::Other(other),
+        })
+    }
+}
+
+enum Verdict {
+    Done(Box<Outcome>),
+    Retry { failure: bool },
+    Stop(StopReason),
+}
+
+/// The request every attempt of `intent` sends: `call` with the key.
+fn keyed(call: &Call, intent: &Intent) -> Request<Bytes> {
+    let mut body = call.body.clone();
+    let mut headers = call.headers.clone();
+    match intent.policy.key() {
+        KeySource::Header { name } => {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::try_from(name.as_ref()),
+                HeaderValue::try_from(intent.key.as_str()),
+            ) {
+                headers.insert(name, value);
+            }
+        }
+        KeySource::Body { field } => {
+            if let Ok(mut json) = serde_json::from_slice::<serde_json::Value>(&call.body) {
+                let mut at = &mut json;
+                let segments: Vec<&str> = field.segments().collect();
+                for (i, segment) in segments.iter().enumerate() {
+                    let Some(object) = at.as_object_mut() else {
+                        break;
+                    };
+                    if i + 1 == segments.len() {
+                        object.insert((*segment).to_owned(), intent.key.as_str().into());
+                        break;
+                    }
+                    at = object
+                        .entry((*segment).to_owned())
+                        .or_insert_with(|| serde_json::Value::Object(Default::default()));
+                }
+                if let Ok(bytes) = serde_json::to_vec(&json) {
+                    body = bytes.into();
+                }
+            }
+        }
+    }
+    let mut request = Request::new(body);
+    *request.method_mut() = call.method.clone();
+    *request.uri_mut() = call.uri.clone();
+    *request.headers_mut() = headers;
+    request
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn failure_name(error: &TransportError) -> &'static str {
+    match error {
+        TransportError::Refused(_) => "connection_refused",
+        TransportError::Reset(_) => "connection_reset",
+        TransportError::Timeout => "timeout",
+        TransportError::TooLarge => "body_too_large",
+    }
+}
+
+/// Percent-encodes everything but RFC 3986's unreserved characters.
+fn percent_encode(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
