@@ -212,6 +212,13 @@ impl RetryPolicy {
         }
     }
 
+    /// The same policy, naming the header the server tells clients apart by (a contract
+    /// read from source does not know it; a published document may).
+    pub fn with_client_identity(mut self, identity: ClientIdentity) -> RetryPolicy {
+        self.client_identity = Some(identity);
+        self
+    }
+
     /// The same policy with another backoff (the default is [`Backoff::default`]).
     pub fn with_backoff(mut self, backoff: Backoff) -> RetryPolicy {
         self.backoff = backoff;

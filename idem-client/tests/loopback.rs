@@ -1,0 +1,366 @@
+//! The client against real servers on 127.0.0.1, through reqwest: an idem service behind
+//! a proxy that loses answers, an upstream that always answers 429, and connections cut
+//! after the request was read.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::extract::Path;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use idem_client::{
+    Backoff, Call, Client, Intent, LastAttempt, Outcome, RetryPolicy, StopReason, TransportError,
+};
+use idem_contract::{Retryable, StatusCode as Status, TransportFailure};
+
+/// How many times the handler ran.
+static EFFECTS: AtomicUsize = AtomicUsize::new(0);
+
+#[derive(Deserialize)]
+struct Transfer {
+    amount_minor: u64,
+}
+
+async fn transfer_status(
+    lookup: idem::Lookup<create_transfer::Operation>,
+    Path(key): Path<String>,
+) -> idem::OperationStatus {
+    lookup.status(&key).await
+}
+
+#[idem::contract(
+    key_scope = client,
+    fingerprint = [amount_minor],
+    ttl = "1h",
+    deadline = ("10s", per_attempt = "2s"),
+    max_attempts = 3,
+    retryable = [503, timeout, connection_reset],
+    concurrency = conflict,
+    status_lookup = transfer_status(path = "/transfers/operations/{key}"),
+    recovery = manual("https://runbooks.example.com/transfers"),
+)]
+async fn create_transfer(Json(body): Json<Transfer>) -> (StatusCode, Json<Value>) {
+    EFFECTS.fetch_add(1, Ordering::SeqCst);
+    (
+        StatusCode::CREATED,
+        Json(json!({"amount_minor": body.amount_minor})),
+    )
+}
+
+/// Serves `app` on a free port of 127.0.0.1; returns its address.
+async fn serve(app: Router) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("127.0.0.1:{}", addr.port())
+}
+
+async fn idem_service() -> String {
+    let idem = idem::Idem::new(
+        idem::MemoryStore::new(),
+        idem::identity::header("x-client-id"),
+    );
+    serve(
+        Router::new()
+            .route("/transfers", post(create_transfer))
+            .route("/transfers/operations/{key}", get(transfer_status))
+            .layer(idem.layer()),
+    )
+    .await
+}
+
+/// Reads one HTTP/1.1 message (headers, then `Content-Length` bytes), at most 1 MiB.
+async fn read_message(stream: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + length {
+                return Some(buf);
+            }
+        }
+        if buf.len() > 1 << 20 {
+            return None;
+        }
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// A proxy to `upstream` that forwards every request, and drops the answer of each
+/// `POST` for which `drop(n)` is true (`n` counts them from 0): the server has done
+/// its work, the client never hears of it.
+async fn lossy_proxy(upstream: String, drop: fn(usize) -> bool) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let posts = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            let posts = Arc::clone(&posts);
+            tokio::spawn(async move {
+                let Some(request) = read_message(&mut client).await else {
+                    return;
+                };
+                let mut server = TcpStream::connect(&upstream).await.unwrap();
+                server.write_all(&request).await.unwrap();
+                let Some(answer) = read_message(&mut server).await else {
+                    return;
+                };
+                if request.starts_with(b"POST") && drop(posts.fetch_add(1, Ordering::SeqCst)) {
+                    return; // closed without a word
+                }
+                let _ = client.write_all(&answer).await;
+            });
+        }
+    });
+    format!("http://127.0.0.1:{}", addr.port())
+}
+
+fn transfer_call(base: &str) -> Call {
+    Call::post_json(&format!("{base}/transfers"), &json!({"amount_minor": 500}))
+        .unwrap()
+        .header("x-client-id", "acme")
+        .unwrap()
+}
+
+fn fast(policy: RetryPolicy) -> RetryPolicy {
+    policy.with_backoff(Backoff::new(
+        Duration::from_millis(5),
+        Duration::from_millis(20),
+    ))
+}
+
+#[tokio::test]
+async fn a_lost_answer_after_the_commit_is_replayed_and_the_effect_happens_once() {
+    let base = lossy_proxy(idem_service().await, |n| n == 0).await;
+    let before = EFFECTS.load(Ordering::SeqCst);
+    let policy = fast(RetryPolicy::from_contract(&create_transfer::CONTRACT));
+    let client = Client::new().unwrap();
+    let outcome = client
+        .execute(Intent::new(policy), &transfer_call(&base))
+        .await;
+    let Outcome::Completed(done) = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(done.attempts, 2);
+    assert!(done.replayed, "the second attempt got the stored answer");
+    assert!(!done.from_lookup);
+    assert_eq!(done.status, 201);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&done.body).unwrap()["amount_minor"],
+        500
+    );
+    assert!(done.operation_id.is_some());
+    assert_eq!(EFFECTS.load(Ordering::SeqCst) - before, 1, "one effect");
+}
+
+#[tokio::test]
+async fn when_every_answer_is_lost_the_status_lookup_gives_the_outcome() {
+    let base = lossy_proxy(idem_service().await, |_| true).await;
+    let policy = fast(RetryPolicy::from_contract(&create_transfer::CONTRACT));
+    let outcome = Client::new()
+        .unwrap()
+        .execute(Intent::new(policy), &transfer_call(&base))
+        .await;
+    let Outcome::Completed(done) = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(done.from_lookup && done.replayed);
+    assert_eq!(done.attempts, 3, "max_attempts, every answer lost");
+    assert_eq!(done.status, 201);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&done.body).unwrap()["amount_minor"],
+        500
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_that_always_answers_429_gets_exactly_max_attempts_requests() {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&hits);
+    let addr = serve(Router::new().route(
+        "/charges",
+        post(move || {
+            let counter = Arc::clone(&counter);
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [("retry-after", "0")],
+                    "slow down",
+                )
+            }
+        }),
+    ))
+    .await;
+    let policy = fast(
+        RetryPolicy::builder("create_charge")
+            .max_attempts(4)
+            .deadline(Duration::from_secs(10))
+            .retryable([Retryable::Status(Status(429))])
+            .build()
+            .unwrap(),
+    );
+    let call = Call::post_json(&format!("http://{addr}/charges"), &json!({})).unwrap();
+    let client = Client::new()
+        .unwrap()
+        .with_budget(idem_client::RetryBudget::unlimited());
+    let outcome = client.execute(Intent::new(policy), &call).await;
+    let Outcome::Unknown(unknown) = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(unknown.reason, StopReason::AttemptsExhausted);
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        4,
+        "4 requests, not 4 × reqwest's own retries"
+    );
+}
+
+/// A server that reads each request and, for the first `cut` connections, closes the
+/// connection instead of answering; then answers 201.
+async fn cutting_server(cut: usize) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut n = 0;
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let first = n < cut;
+            n += 1;
+            tokio::spawn(async move {
+                if read_message(&mut stream).await.is_none() || first {
+                    return;
+                }
+                let _ = stream
+                    .write_all(
+                        b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+                    )
+                    .await;
+            });
+        }
+    });
+    format!("http://127.0.0.1:{}", addr.port())
+}
+
+fn cut_policy(retryable: &[Retryable]) -> RetryPolicy {
+    fast(
+        RetryPolicy::builder("create_charge")
+            .max_attempts(3)
+            .deadline(Duration::from_secs(10))
+            .per_attempt(Duration::from_secs(2))
+            .retryable(retryable.iter().copied())
+            .build()
+            .unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn a_connection_cut_after_the_request_is_retried_only_when_declared() {
+    let base = cutting_server(1).await;
+    let call = Call::post_json(&format!("{base}/charges"), &json!({})).unwrap();
+    let reset = [Retryable::Transport(TransportFailure::ConnectionReset)];
+    let outcome = Client::new()
+        .unwrap()
+        .execute(Intent::new(cut_policy(&reset)), &call)
+        .await;
+    assert!(
+        matches!(outcome, Outcome::Completed(ref c) if c.attempts == 2),
+        "{outcome:?}"
+    );
+
+    let base = cutting_server(1).await;
+    let call = Call::post_json(&format!("{base}/charges"), &json!({})).unwrap();
+    let outcome = Client::new()
+        .unwrap()
+        .execute(
+            Intent::new(cut_policy(&[Retryable::Status(Status(503))])),
+            &call,
+        )
+        .await;
+    let Outcome::Unknown(unknown) = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(unknown.reason, StopReason::NotRetryable);
+    assert!(
+        matches!(
+            unknown.last,
+            Some(LastAttempt::Transport(TransportError::Reset(_)))
+        ),
+        "{:?}",
+        unknown.last
+    );
+}
+
+#[tokio::test]
+async fn a_refused_connection_and_a_slow_server_are_told_apart() {
+    // A port nothing listens on: nothing was sent.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let call = Call::post_json(&format!("http://127.0.0.1:{port}/charges"), &json!({})).unwrap();
+    let outcome = Client::new()
+        .unwrap()
+        .execute(Intent::new(cut_policy(&[])), &call)
+        .await;
+    let Outcome::Unknown(unknown) = outcome else {
+        panic!("{outcome:?}");
+    };
+    let Some(LastAttempt::Transport(error)) = &unknown.last else {
+        panic!("{:?}", unknown.last);
+    };
+    assert!(error.nothing_sent(), "{error:?}");
+
+    // A server slower than the per-attempt timeout.
+    let addr = serve(Router::new().route(
+        "/charges",
+        post(|| async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            StatusCode::CREATED
+        }),
+    ))
+    .await;
+    let policy = fast(
+        RetryPolicy::builder("create_charge")
+            .max_attempts(2)
+            .deadline(Duration::from_secs(10))
+            .per_attempt(Duration::from_millis(200))
+            .retryable([Retryable::Transport(TransportFailure::Timeout)])
+            .build()
+            .unwrap(),
+    );
+    let call = Call::post_json(&format!("http://{addr}/charges"), &json!({})).unwrap();
+    let started = std::time::Instant::now();
+    let outcome = Client::new()
+        .unwrap()
+        .execute(Intent::new(policy), &call)
+        .await;
+    let Outcome::Unknown(unknown) = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(unknown.attempts, 2);
+    assert!(matches!(
+        unknown.last,
+        Some(LastAttempt::Transport(TransportError::Timeout))
+    ));
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "bounded by the per-attempt timeout"
+    );
+}
