@@ -447,9 +447,12 @@ async fn a_replay_is_flagged_and_the_key_can_go_in_the_body() {
     );
 }
 
-/// The spans a test saw: name and fields, as text.
+/// A span's fields, by name, as text.
+type FieldList = Vec<(String, String)>;
+
+/// The spans a test saw: name and fields.
 #[derive(Clone, Default)]
-struct Spans(Arc<Mutex<Vec<(String, Vec<(String, String)>)>>>);
+struct Spans(Arc<Mutex<Vec<(String, FieldList)>>>);
 
 struct Fields<'a>(&'a mut Vec<(String, String)>);
 
@@ -521,7 +524,7 @@ async fn spans_tell_the_operation_from_its_attempts_and_hold_no_secrets() {
     let outcome = client(&script).execute(Intent::new(policy()), &call).await;
     assert!(matches!(outcome, Outcome::Completed(_)));
     let spans = spans.0.lock().unwrap().clone();
-    let named = |name: &str| -> Vec<Vec<(String, String)>> {
+    let named = |name: &str| -> Vec<FieldList> {
         spans
             .iter()
             .filter(|(n, _)| n.starts_with(&format!("{name}#")))
