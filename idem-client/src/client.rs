@@ -10,6 +10,7 @@ use tracing::Instrument;
 
 use idem_contract::KeySource;
 use idem_contract::headers::{IDEMPOTENT_REPLAYED_HEADER, OPERATION_ID_HEADER};
+use idem_contract::problem::ProblemType;
 
 use crate::backoff::Jitter;
 use crate::budget::RetryBudget;
@@ -328,8 +329,8 @@ impl<T: Transport> Client<T> {
     fn classify(&self, intent: &Intent, answer: &Answer) -> Verdict {
         let status = answer.status;
         let problem = Problem::parse(&answer.headers, &answer.body);
-        let slug = problem.as_ref().and_then(Problem::idem_slug);
-        if status == StatusCode::CONFLICT && slug == Some("operation-in-progress") {
+        let kind = problem.as_ref().and_then(Problem::idem_type);
+        if kind == Some(ProblemType::OperationInProgress) {
             return Verdict::Retry { failure: false };
         }
         if status == StatusCode::ACCEPTED
@@ -337,14 +338,14 @@ impl<T: Transport> Client<T> {
                 intent.policy.concurrency(),
                 idem_contract::Concurrency::Accepted
             )
-            && slug.is_none()
+            && kind.is_none()
             && header_str(&answer.headers, IDEMPOTENT_REPLAYED_HEADER).is_none()
             && answer.headers.contains_key(http::header::LOCATION)
             && answer.headers.contains_key(http::header::RETRY_AFTER)
         {
             return Verdict::Retry { failure: false };
         }
-        if status == StatusCode::CONFLICT && slug == Some("operation-outcome-unknown") {
+        if kind == Some(ProblemType::OperationOutcomeUnknown) {
             return Verdict::Stop(StopReason::OutcomeUnknownOnServer);
         }
         if intent.policy.retries_status(status.as_u16()) {

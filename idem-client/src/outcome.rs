@@ -222,10 +222,12 @@ impl Problem {
         serde_json::from_slice(body).ok()
     }
 
-    /// The idem problem slug (`operation-in-progress`), when the type is one of idem's.
-    pub fn idem_slug(&self) -> Option<&str> {
+    /// The idem problem type (`operation-in-progress`, ...), when the type URI is one of
+    /// idem's catalogue, shared with the server.
+    pub fn idem_type(&self) -> Option<idem_contract::problem::ProblemType> {
         self.type_uri
             .as_deref()
             .and_then(|t| t.strip_prefix(idem_contract::problem::TYPE_PREFIX))
+            .and_then(idem_contract::problem::ProblemType::from_slug)
     }
 }
