@@ -18,6 +18,43 @@
 //! }
 //! # Ok(()) }
 //! ```
+//!
+//! # The rules
+//!
+//! - **One key per intent.** [`Intent::new`] makes the key, before the first send; every
+//!   attempt of the intent sends it unchanged, where the contract says (a header, or a
+//!   member of the JSON body). An intent is not `Clone` and [`Client::execute`] takes it
+//!   by value, so it cannot be sent for another purchase by mistake; an
+//!   [`Outcome::Unknown`] gives it back, to resume with the same key.
+//! - **Budgets.** At most `max_attempts` requests, the first included; none starts after
+//!   the deadline (counted from the first send); each is bounded by the per-attempt
+//!   timeout; retries spend the client's [`RetryBudget`] (gRPC's retry throttling), and
+//!   a spent budget stops them.
+//! - **Spacing.** Capped exponential backoff with full jitter ([`Backoff`]), never sooner
+//!   than the server's `Retry-After` (all RFC 9110 forms, [`retry_after::parse`]); a
+//!   `Retry-After` longer than the time left stops at once, with an unknown outcome.
+//! - **What is retried.** The statuses and transport failures the contract declares
+//!   retryable, and idem's 409 `operation-in-progress` (after its `Retry-After`). Any
+//!   other 4xx is final ([`Outcome::Failed`]); any other 5xx, and a failure the contract
+//!   does not declare, leave the outcome unknown, and the status lookup is asked.
+//!
+//! # Exactly one layer retries
+//!
+//! reqwest 0.13 retries some protocol-level refusals by itself (`reqwest::retry`); the
+//! [`Reqwest`] transport turns that off, so that `max_attempts` is what the server sees (a
+//! test sends to an upstream that always answers 429 and counts 4 requests for 4
+//! attempts). With reqwest-middleware, implement [`Transport`] for its
+//! `ClientWithMiddleware` (one `execute` call, as [`Reqwest`] does) and keep
+//! `RetryTransientMiddleware` out of its stack: middleware for authentication or tracing
+//! is fine, a second retrying layer is not.
+//!
+//! # Telemetry
+//!
+//! A `tracing` span `idem.operation` per intent (`idem.operation`, `idem.operation_id`,
+//! `idem.outcome`, `idem.attempts`) and a child `idem.attempt` per request, with
+//! OpenTelemetry's `http.request.resend_count` (absent on the first attempt, n on the
+//! n-th resend), `http.response.status_code` and `error.type`. No body, header value or
+//! key material is recorded.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
