@@ -70,6 +70,9 @@ pub mod transport;
 pub use backoff::{Backoff, Jitter};
 pub use budget::RetryBudget;
 pub use client::{Call, CallError, Client, LOOKUP_TIMEOUT};
+/// The header names the server writes and the client reads (`Operation-Id`,
+/// `Idempotent-Replayed`).
+pub use idem_contract::headers;
 pub use intent::{IdempotencyKey, Intent};
 pub use outcome::{
     Completed, Failed, LastAttempt, LookupAnswer, OperationStatus, Outcome, Problem, StopReason,
