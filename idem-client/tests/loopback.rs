@@ -364,3 +364,99 @@ async fn a_refused_connection_and_a_slow_server_are_told_apart() {
         "bounded by the per-attempt timeout"
     );
 }
+
+/// Hostile answers: a body over the limit, a `Retry-After` that is garbage, a status
+/// lookup that answers garbage. None panics, none is taken for a definite answer.
+#[tokio::test]
+async fn hostile_answers_never_pass_for_definite_ones() {
+    let huge = "x".repeat(idem_client::transport::MAX_ANSWER_BYTES + 1);
+    let addr = serve(
+        Router::new()
+            .route(
+                "/big",
+                post(move || async move { (StatusCode::CREATED, huge.clone()) }),
+            )
+            .route(
+                "/garbage",
+                post(|| async {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        [("retry-after", "soon, maybe -1")],
+                        "",
+                    )
+                }),
+            )
+            .route(
+                "/ops/{key}",
+                get(|| async { (StatusCode::OK, "{not json") }),
+            ),
+    )
+    .await;
+    let policy = |retryable: &[Retryable]| {
+        fast(
+            RetryPolicy::builder("create_charge")
+                .max_attempts(2)
+                .deadline(Duration::from_secs(10))
+                .retryable(retryable.iter().copied())
+                .status_lookup("/ops/{key}")
+                .build()
+                .unwrap(),
+        )
+    };
+    let client = Client::new().unwrap();
+
+    let call = Call::post_json(&format!("http://{addr}/big"), &json!({})).unwrap();
+    let outcome = client.execute(Intent::new(policy(&[])), &call).await;
+    let Outcome::Unknown(unknown) = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(
+        matches!(
+            unknown.last,
+            Some(LastAttempt::Transport(TransportError::TooLarge))
+        ),
+        "{:?}",
+        unknown.last
+    );
+    assert!(
+        matches!(unknown.lookup, Some(idem_client::LookupAnswer::Other(s)) if s == 200),
+        "a lookup body that is not JSON is not a status: {:?}",
+        unknown.lookup
+    );
+
+    let call = Call::post_json(&format!("http://{addr}/garbage"), &json!({})).unwrap();
+    let started = std::time::Instant::now();
+    let outcome = client
+        .execute(
+            Intent::new(policy(&[Retryable::Status(Status(503))])),
+            &call,
+        )
+        .await;
+    let Outcome::Unknown(unknown) = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(
+        unknown.attempts, 2,
+        "a garbage Retry-After falls back to the backoff"
+    );
+    assert_eq!(unknown.reason, StopReason::AttemptsExhausted);
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn calls_refuse_what_is_not_http() {
+    for url in [
+        "",
+        "orders",
+        "/orders",
+        "http://",
+        "ht tp://x/orders",
+        "http://[::1/x",
+    ] {
+        assert!(Call::new(http::Method::POST, url).is_err(), "{url:?}");
+    }
+    let call = Call::new(http::Method::POST, "http://127.0.0.1:1/orders").unwrap();
+    assert!(call.clone().header("bad header", "v").is_err());
+    assert!(call.clone().header("x-ok", "line\nbreak").is_err());
+    assert!(call.header("x-ok", "fine").is_ok());
+}
