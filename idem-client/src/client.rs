@@ -208,6 +208,12 @@ impl<T: Transport> Client<T> {
                 Outcome::Unknown(u) => ("unknown", u.attempts, u.operation_id.clone()),
             };
             span.record("idem.outcome", name);
+            if let Outcome::Unknown(unknown) = &outcome {
+                tracing::warn!(
+                    reason = ?unknown.reason,
+                    "idem: no definite answer; keep the key and retry it later, or ask the status lookup"
+                );
+            }
             span.record("idem.attempts", attempts);
             if let Some(id) = operation_id {
                 span.record("idem.operation_id", id.as_str());
@@ -287,6 +293,12 @@ impl<T: Transport> Client<T> {
                 Err(error) => {
                     span.record("error.type", failure_name(&error));
                     let retry = policy.retries_transport(error.failure());
+                    tracing::info!(
+                        parent: &span,
+                        error.r#type = failure_name(&error),
+                        retryable = retry,
+                        "idem: attempt got no answer: {error}"
+                    );
                     last = Some(LastAttempt::Transport(error));
                     if !retry {
                         return Err((StopReason::NotRetryable, last));
@@ -305,6 +317,12 @@ impl<T: Transport> Client<T> {
                                 header_str(&answer.headers, "retry-after").and_then(|v| {
                                     crate::retry_after::parse(v.as_bytes(), SystemTime::now())
                                 });
+                            tracing::info!(
+                                parent: &span,
+                                http.response.status_code = answer.status.as_u16(),
+                                retry_after_ms = retry_after.map(|d| d.as_millis() as u64),
+                                "idem: attempt answered a retryable status"
+                            );
                             if failure {
                                 self.budget.record_failure();
                             }
@@ -314,6 +332,11 @@ impl<T: Transport> Client<T> {
                             });
                         }
                         Verdict::Stop(reason) => {
+                            tracing::info!(
+                                parent: &span,
+                                http.response.status_code = answer.status.as_u16(),
+                                "idem: attempt answered with no definite outcome: {reason:?}"
+                            );
                             last = Some(LastAttempt::Answer {
                                 status: answer.status,
                                 problem: Problem::parse(&answer.headers, &answer.body),

@@ -53,8 +53,9 @@
 //! A `tracing` span `idem.operation` per intent (`idem.operation`, `idem.operation_id`,
 //! `idem.outcome`, `idem.attempts`) and a child `idem.attempt` per request, with
 //! OpenTelemetry's `http.request.resend_count` (absent on the first attempt, n on the
-//! n-th resend), `http.response.status_code` and `error.type`. No body, header value or
-//! key material is recorded.
+//! n-th resend), `http.response.status_code` and `error.type`; an `info` event for each
+//! attempt that did not end the operation, and a `warn` event for an unknown outcome.
+//! No body, header value, URL or key is recorded.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

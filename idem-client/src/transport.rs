@@ -118,7 +118,9 @@ impl Transport for Reqwest {
     }
 }
 
+/// The URL is left out of the message: its query may hold credentials.
 fn classify(error: reqwest::Error) -> TransportError {
+    let error = error.without_url();
     let message = error_chain(&error);
     if error.is_timeout() {
         TransportError::Timeout

@@ -43,6 +43,15 @@ impl<S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'
         ));
     }
 
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut fields = Vec::new();
+        event.record(&mut Fields(&mut fields));
+        self.0
+            .lock()
+            .unwrap()
+            .push((format!("event:{}#0", event.metadata().level()), fields));
+    }
+
     fn on_record(
         &self,
         id: &tracing::span::Id,
@@ -126,6 +135,13 @@ async fn spans_tell_the_operation_from_its_attempts_and_hold_no_secrets() {
         field(&attempts[0], "http.response.status_code").as_deref(),
         Some("503")
     );
+    let events = named("event:INFO");
+    assert_eq!(
+        events.len(),
+        1,
+        "one event for the failed attempt: {events:?}"
+    );
+    assert!(format!("{:?}", events[0]).contains("retryable status"));
     let everything = format!("{spans:?}");
     for secret in ["4242424242424242", "s3cret-token", "c00kie"] {
         assert!(
