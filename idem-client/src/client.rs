@@ -292,7 +292,9 @@ impl<T: Transport> Client<T> {
             match sent {
                 Err(error) => {
                     span.record("error.type", failure_name(&error));
-                    let retry = policy.retries_transport(error.failure());
+                    // An answer over the limit came, and would come again: not retried.
+                    let retry = error != TransportError::TooLarge
+                        && policy.retries_transport(error.failure());
                     tracing::info!(
                         parent: &span,
                         error.r#type = failure_name(&error),

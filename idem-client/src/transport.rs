@@ -36,7 +36,9 @@ pub enum TransportError {
     /// No answer within the per-attempt timeout.
     #[error("no answer within the per-attempt timeout")]
     Timeout,
-    /// The answer's body is over [`MAX_ANSWER_BYTES`].
+    /// The answer's body is over [`MAX_ANSWER_BYTES`]. The server answered, so the
+    /// operation may have run; the client does not retry it (the same answer would come
+    /// again).
     #[error("the answer's body is over {MAX_ANSWER_BYTES} bytes")]
     TooLarge,
 }

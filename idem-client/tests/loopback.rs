@@ -406,7 +406,8 @@ async fn hostile_answers_never_pass_for_definite_ones() {
     let client = Client::new().unwrap();
 
     let call = Call::post_json(&format!("http://{addr}/big"), &json!({})).unwrap();
-    let outcome = client.execute(Intent::new(policy(&[])), &call).await;
+    let reset = [Retryable::Transport(TransportFailure::ConnectionReset)];
+    let outcome = client.execute(Intent::new(policy(&reset)), &call).await;
     let Outcome::Unknown(unknown) = outcome else {
         panic!("{outcome:?}");
     };
