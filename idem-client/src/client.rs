@@ -185,7 +185,8 @@ impl<T: Transport> Client<T> {
     ///   `operation-outcome-unknown`) stops: the outcome is not known.
     ///
     /// Before an [`Outcome::Unknown`], the contract's status lookup is asked (once, within
-    /// [`LOOKUP_TIMEOUT`]); a completed operation found there is returned as
+    /// [`LOOKUP_TIMEOUT`], at the call's scheme and authority with the lookup's path and
+    /// the call's headers but not its body); a completed operation found there is returned as
     /// [`Outcome::Completed`] with `from_lookup`.
     pub async fn execute(&self, mut intent: Intent, call: &Call) -> Outcome {
         let span = tracing::info_span!(

@@ -169,14 +169,14 @@ impl RetryPolicy {
                     };
                     let id = op.get("operationId").and_then(Value::as_str);
                     let Some(extension) = op.get("x-idempotency") else {
-                        if id == Some(operation) || label == operation {
+                        if id == Some(operation) || same_route(&label, operation) {
                             return Err(PolicyError::new(format!(
                                 "`{operation}` has no `x-idempotency` extension: its API publishes no idempotency contract"
                             )));
                         }
                         continue;
                     };
-                    if id == Some(operation) || label == operation {
+                    if id == Some(operation) || same_route(&label, operation) {
                         let extension: Extension = serde_json::from_value(extension.clone())
                             .map_err(|e| {
                                 PolicyError::new(format!(
@@ -431,6 +431,15 @@ impl PolicyBuilder {
         }
         let extension = Extension::new(&contract, self.operation, self.client_identity);
         Ok(RetryPolicy::from_extension(&extension))
+    }
+}
+
+/// Whether `POST /orders` names `label`: the method in any case (HTTP methods are
+/// case-sensitive, but OpenAPI's are lowercase keys), the route exactly.
+fn same_route(label: &str, operation: &str) -> bool {
+    match (label.split_once(' '), operation.split_once(' ')) {
+        (Some((m1, r1)), Some((m2, r2))) => m1.eq_ignore_ascii_case(m2) && r1 == r2,
+        _ => false,
     }
 }
 

@@ -37,6 +37,14 @@ fn the_const_the_contracts_file_and_the_published_document_give_one_policy() {
     let document = orders::publish::document().unwrap().render();
     let from_document = RetryPolicy::from_openapi(&document, "create_order").unwrap();
     let by_route = RetryPolicy::from_openapi(&document, "POST /orders").unwrap();
+    assert_eq!(
+        RetryPolicy::from_openapi(&document, "post /orders").unwrap(),
+        by_route
+    );
+    assert!(
+        RetryPolicy::from_openapi(&document, "POST /Orders").is_err(),
+        "paths are exact"
+    );
 
     assert_eq!(from_const, from_file);
     assert_eq!(from_const, from_document);

@@ -164,7 +164,15 @@ fn a_retryable_status_of_the_service_itself_has_its_row() {
     assert!(rows(&md, "`429 Too Many Requests` from").is_empty());
     // Each of idem's own 503s keeps its row, and the rest stops.
     assert_eq!(rows(&md, "`503 Service Unavailable` |").len(), 5);
-    assert_eq!(rows(&md, "Any other `4xx` or `5xx`").len(), 1);
+    assert_eq!(rows(&md, "Any other `4xx`").len(), 1);
+    // A 5xx that is not retryable was rolled back (the key released): never "for good".
+    let other_5xx = rows(&md, "Any other `5xx`");
+    assert_eq!(other_5xx.len(), 1);
+    assert!(
+        other_5xx[0].contains("retry with the same key"),
+        "{other_5xx:?}"
+    );
+    assert!(!other_5xx[0].contains("for good"), "{other_5xx:?}");
 
     let mut doc = orders_doc();
     let found = contracts::parse_file(
@@ -263,7 +271,8 @@ fn html_tables_keep_problem_types_whole() {
     ));
     // Every status in the answer column is code.
     assert!(
-        html.contains("<td class=\"answer\">Any other <code>4xx</code> or <code>5xx</code></td>")
+        html.contains("<td class=\"answer\">Any other <code>4xx</code></td>")
+            && html.contains("<td class=\"answer\">Any other <code>5xx</code></td>")
     );
     assert!(html.contains(
         "<td class=\"answer\"><code>504 Gateway Timeout</code> from the service itself</td>"

@@ -103,12 +103,22 @@ pub(super) fn answers(c: &Contract, info: &OperationInfo) -> Vec<Answer> {
         });
     }
     out.push(Answer {
-        answer: Rich::new("Any other `4xx` or `5xx`"),
+        answer: Rich::new("Any other `4xx`"),
         problem_type: None,
         meaning: Rich::new(
-            "The operation failed for good; the answer is stored and replayed to a retry.",
+            "The request was refused for good; the answer is stored and replayed to a retry with the same key.",
         ),
         action: Rich::new("Stop. Fix the cause; a new intent needs a new key."),
+    });
+    out.push(Answer {
+        answer: Rich::new("Any other `5xx`"),
+        problem_type: None,
+        meaning: Rich::new(
+            "The service failed and nothing was stored as the operation's result: what it wrote was rolled back and the key released, so the same key runs the operation again. (Where the server cannot roll back, it does not send this: it answers 503 `attempt-failed`, above.)",
+        ),
+        action: Rich::new(
+            "Back off, then retry with the same key, or ask the status lookup first; never a new key.",
+        ),
     });
     let transports: Vec<String> = c
         .retryable
