@@ -313,9 +313,10 @@ impl<T: Transport> Client<T> {
                     if let Some(id) = header_str(&answer.headers, OPERATION_ID_HEADER) {
                         intent.operation_id = Some(id.to_owned());
                     }
-                    match self.classify(intent, &answer) {
+                    let problem = Problem::parse(&answer.headers, &answer.body);
+                    match self.classify(intent, &answer, problem) {
                         Verdict::Done(outcome) => return Ok(*outcome),
-                        Verdict::Retry { failure } => {
+                        Verdict::Retry { failure, problem } => {
                             retry_after =
                                 header_str(&answer.headers, "retry-after").and_then(|v| {
                                     crate::retry_after::parse(v.as_bytes(), SystemTime::now())
@@ -331,10 +332,10 @@ impl<T: Transport> Client<T> {
                             }
                             last = Some(LastAttempt::Answer {
                                 status: answer.status,
-                                problem: Problem::parse(&answer.headers, &answer.body),
+                                problem,
                             });
                         }
-                        Verdict::Stop(reason) => {
+                        Verdict::Stop(reason, problem) => {
                             tracing::info!(
                                 parent: &span,
                                 http.response.status_code = answer.status.as_u16(),
@@ -342,7 +343,7 @@ impl<T: Transport> Client<T> {
                             );
                             last = Some(LastAttempt::Answer {
                                 status: answer.status,
-                                problem: Problem::parse(&answer.headers, &answer.body),
+                                problem,
                             });
                             return Err((reason, last));
                         }
@@ -352,12 +353,15 @@ impl<T: Transport> Client<T> {
         }
     }
 
-    fn classify(&self, intent: &Intent, answer: &Answer) -> Verdict {
+    /// What to do after `answer`, whose problem details (if any) are `problem`.
+    fn classify(&self, intent: &Intent, answer: &Answer, problem: Option<Problem>) -> Verdict {
         let status = answer.status;
-        let problem = Problem::parse(&answer.headers, &answer.body);
         let kind = problem.as_ref().and_then(Problem::idem_type);
         if kind == Some(ProblemType::OperationInProgress) {
-            return Verdict::Retry { failure: false };
+            return Verdict::Retry {
+                failure: false,
+                problem,
+            };
         }
         if status == StatusCode::ACCEPTED
             && matches!(
@@ -369,13 +373,19 @@ impl<T: Transport> Client<T> {
             && answer.headers.contains_key(http::header::LOCATION)
             && answer.headers.contains_key(http::header::RETRY_AFTER)
         {
-            return Verdict::Retry { failure: false };
+            return Verdict::Retry {
+                failure: false,
+                problem,
+            };
         }
         if kind == Some(ProblemType::OperationOutcomeUnknown) {
-            return Verdict::Stop(StopReason::OutcomeUnknownOnServer);
+            return Verdict::Stop(StopReason::OutcomeUnknownOnServer, problem);
         }
         if intent.policy.retries_status(status.as_u16()) {
-            return Verdict::Retry { failure: true };
+            return Verdict::Retry {
+                failure: true,
+                problem,
+            };
         }
         if status.is_success() || status.is_redirection() || status.is_informational() {
             self.budget.record_success();
@@ -405,7 +415,7 @@ impl<T: Transport> Client<T> {
             })));
         }
         // A 5xx the contract does not declare retryable: the server may have acted.
-        Verdict::Stop(StopReason::NotRetryable)
+        Verdict::Stop(StopReason::NotRetryable, problem)
     }
 
     /// The outcome when the attempts stopped without a definite answer: the status
@@ -467,7 +477,7 @@ impl<T: Transport> Client<T> {
     /// identity, credentials) but not its body.
     async fn lookup(&self, intent: &Intent, call: &Call) -> Option<LookupAnswer> {
         let path = intent.policy.status_lookup()?;
-        let key = percent_encode(intent.key.as_str());
+        let key = idem_contract::lookup::encode_key(intent.key.as_str());
         let path = path.replace(idem_contract::lookup::KEY_PLACEHOLDER, &key);
         let mut parts = call.uri.clone().into_parts();
         parts.path_and_query = Some(path.parse().ok()?);
@@ -495,10 +505,14 @@ impl<T: Transport> Client<T> {
     }
 }
 
+/// What one answer decides; the answer's problem details travel with it.
 enum Verdict {
     Done(Box<Outcome>),
-    Retry { failure: bool },
-    Stop(StopReason),
+    Retry {
+        failure: bool,
+        problem: Option<Problem>,
+    },
+    Stop(StopReason, Option<Problem>),
 }
 
 /// The request every attempt of `intent` sends: `call` with the key.
@@ -547,24 +561,10 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// The `error.type` of a failure: the contract's name for it, or `body_too_large`.
 fn failure_name(error: &TransportError) -> &'static str {
     match error {
-        TransportError::Refused(_) => "connection_refused",
-        TransportError::Reset(_) => "connection_reset",
-        TransportError::Timeout => "timeout",
         TransportError::TooLarge => "body_too_large",
+        other => other.failure().name(),
     }
-}
-
-/// Percent-encodes everything but RFC 3986's unreserved characters.
-fn percent_encode(key: &str) -> String {
-    let mut out = String::with_capacity(key.len());
-    for b in key.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }

@@ -8,6 +8,25 @@ use serde::{Deserialize, Serialize};
 /// The placeholder for the key in a status lookup path.
 pub const KEY_PLACEHOLDER: &str = "{key}";
 
+/// Everything but RFC 3986's unreserved characters is percent-encoded in the key's path
+/// segment, so any visible ASCII key makes one segment (RFC 3986 §2.3, §3.3).
+const PATH_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `key` as one path segment of a status lookup URL: every byte but RFC 3986's
+/// unreserved characters percent-encoded. The server's `Location` (202) and the client's
+/// lookup write keys this way.
+///
+/// ```
+/// assert_eq!(idem_contract::lookup::encode_key("order 1/\"a\""), "order%201%2F%22a%22");
+/// ```
+pub fn encode_key(key: &str) -> String {
+    percent_encoding::utf8_percent_encode(key, PATH_SEGMENT).to_string()
+}
+
 /// Property 8, `status_lookup`: the handler a client calls to learn the outcome of an
 /// operation by its key after an answer was lost.
 ///

@@ -4,20 +4,11 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use idem_contract::{Contract, KeyError};
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use crate::operation_id::OPERATION_ID_HEADER;
 use crate::problem::{Problem, ProblemType};
 use crate::store::{OperationState, Record, RecordKey, StoreError};
 use crate::{Idem, OperationId};
-
-/// Everything but RFC 3986's unreserved characters is percent-encoded in the key's path
-/// segment, so any visible ASCII key makes one segment (RFC 3986 §2.3, §3.3).
-const PATH_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
 
 /// Sets the `Operation-Id` header.
 pub(crate) fn with_operation_id(mut response: Response, id: OperationId) -> Response {
@@ -288,7 +279,7 @@ pub(crate) fn lookup_location(contract: &Contract, key: &str) -> Option<String> 
     let key = contract.key_scope.key_for_lookup(key);
     contract
         .status_lookup
-        .path_for(&utf8_percent_encode(&key, PATH_SEGMENT).to_string())
+        .path_for(&idem_contract::lookup::encode_key(&key))
 }
 
 /// 202 for `concurrency = accepted`: `Location` is the status lookup of the key.

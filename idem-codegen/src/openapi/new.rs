@@ -94,7 +94,7 @@ impl NewDocument {
                 _ => None,
             };
             for (what, route) in [("route", route), ("status lookup path", lookup)] {
-                if let Some(problem) = route.and_then(template_problem) {
+                if let Some(Err(problem)) = route.map(template_parameters) {
                     errors.push(sourced.origin.error(format!(
                         "`{name}`'s {what} `{}` is not an OpenAPI path template: {problem}",
                         route.unwrap_or_default()
@@ -178,36 +178,37 @@ impl NewDocument {
     }
 }
 
-/// Why `path` is not a path template of `paths` (OpenAPI 3.1 §4.8.8): it must start
-/// with `/`, hold no query or fragment, and name each parameter once, between braces.
-fn template_problem(path: &str) -> Option<String> {
+/// The parameters of the path template `path`, in order, or why it is not a path
+/// template of `paths` (OpenAPI 3.1 §4.8.8): it must start with `/`, hold no query or
+/// fragment, and name each parameter once, between braces.
+fn template_parameters(path: &str) -> Result<Vec<&str>, String> {
     if !path.starts_with('/') {
-        return Some("it must start with `/`".into());
+        return Err("it must start with `/`".into());
     }
     if path.contains(['?', '#']) {
-        return Some("a path holds no query (`?`) or fragment (`#`)".into());
+        return Err("a path holds no query (`?`) or fragment (`#`)".into());
     }
     let mut names: Vec<&str> = Vec::new();
     let mut rest = path;
     while let Some(open) = rest.find(['{', '}']) {
         if rest[open..].starts_with('}') {
-            return Some("a `}` closes no `{`".into());
+            return Err("a `}` closes no `{`".into());
         }
         let after = &rest[open + 1..];
         let Some(close) = after.find('}') else {
-            return Some("a `{` is not closed".into());
+            return Err("a `{` is not closed".into());
         };
         let name = &after[..close];
         if name.is_empty() || name.contains('{') {
-            return Some("each parameter is a name between `{` and `}`".into());
+            return Err("each parameter is a name between `{` and `}`".into());
         }
         if names.contains(&name) {
-            return Some(format!("the parameter `{name}` appears twice"));
+            return Err(format!("the parameter `{name}` appears twice"));
         }
         names.push(name);
         rest = &after[close + 1..];
     }
-    None
+    Ok(names)
 }
 
 /// `map[key][method] = op`.
@@ -278,12 +279,9 @@ fn add_field(schema: &mut Value, segments: &[String]) {
 }
 
 /// `op` with a required string parameter for each `{name}` of `path`.
+/// `path` is a valid template: [`NewDocument::build`] checked every route first.
 fn with_path_parameters(path: &str, mut op: Value) -> Value {
-    let names: Vec<&str> = path
-        .split('{')
-        .skip(1)
-        .filter_map(|s| s.split_once('}').map(|(name, _)| name))
-        .collect();
+    let names = template_parameters(path).unwrap_or_default();
     if names.is_empty() {
         return op;
     }
