@@ -10,6 +10,7 @@
 //! |---|---|
 //! | `before_commit` | the transactional mode: the handler has written, the record is not written, nothing is committed |
 //! | `after_commit` | the transactional mode: the effect and the record are committed, the answer is not sent |
+//! | `before_complete` | any other mode: the handler has answered (its effect is done), the record is not completed |
 //! | `after_complete` | any other mode: the record is completed, the answer is not sent |
 
 /// The variable that names the fault point to stop at.

@@ -213,6 +213,7 @@ impl Held {
             body: body.clone(),
         };
         let response = Response::from_parts(parts, axum::body::Body::from(body));
+        fault::point("before_complete");
         match self.store_complete(&stored).await {
             Ok(()) => {
                 fault::point("after_complete");
