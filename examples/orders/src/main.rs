@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use orders::{Config, Service, publish};
+use orders::{Backend, Config, Service, publish};
 
 /// An order service whose `POST /orders` carries a full idempotency contract.
 ///
@@ -15,13 +15,28 @@ use orders::{Config, Service, publish};
 #[derive(Debug, Parser)]
 #[command(version, after_help = AFTER_HELP)]
 struct Args {
+    /// Where idem's records and the orders live.
+    #[arg(long, value_enum, default_value_t = StoreArg::Sqlite)]
+    store: StoreArg,
     /// The address to listen on.
     #[arg(long, default_value = "127.0.0.1:3000")]
     addr: SocketAddr,
-    /// The SQLite file for orders and idempotency records (created if missing); an
-    /// order and its record commit in one transaction.
+    /// The SQLite file (created if missing): orders and idempotency records with `--store
+    /// sqlite`, orders only with `--store memory`; unused otherwise.
     #[arg(long, default_value = "orders.db")]
     db: PathBuf,
+    /// The PostgreSQL server of `--store postgres` (records and orders) and `--store
+    /// redis` (orders), such as `postgres://user@host/db?sslmode=disable`.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// The Redis server of `--store redis` (records).
+    #[arg(
+        long,
+        env = "REDIS_URL",
+        hide_env_values = true,
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    redis_url: String,
     /// Write the OpenAPI document of the service, with the contract merged in, to PATH
     /// (`.json` for JSON, otherwise YAML) and exit.
     #[arg(long, value_name = "PATH")]
@@ -30,8 +45,8 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     emit_docs: Option<PathBuf>,
     /// Demo: every POST /orders waits this long after writing the order, before the
-    /// commit and the answer (such as `3s`; past 9s the attempt is stopped and rolled
-    /// back).
+    /// commit and the answer (such as `3s`; past 9s the attempt is stopped, and in the
+    /// transactional stores rolled back).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "0s")]
     delay: Duration,
     /// Demo: the next N POST /orders answer 503, as if the payment provider were down.
@@ -39,14 +54,64 @@ struct Args {
     outage: u32,
 }
 
+/// The values of `--store`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum StoreArg {
+    /// Records in memory, lost when the process stops (a retry after a restart runs
+    /// again); orders in the SQLite file `--db`. Not transactional: the handler writes
+    /// the order itself. One process only.
+    Memory,
+    /// Records and orders in the SQLite file `--db`; an order and its record commit in
+    /// one transaction. One process.
+    Sqlite,
+    /// Records and orders in PostgreSQL (`DATABASE_URL`), in one transaction; any number
+    /// of processes may share the database.
+    Postgres,
+    /// Records in Redis (`REDIS_URL`), orders in PostgreSQL (`DATABASE_URL`); not
+    /// transactional. Not available in this build yet.
+    Redis,
+}
+
 const AFTER_HELP: &str = "\
 Examples:
   orders                                   serve on 127.0.0.1:3000 with ./orders.db
   orders --addr 127.0.0.1:8080 --db /tmp/o.db
+  DATABASE_URL=postgres://postgres@127.0.0.1/postgres?sslmode=disable orders --store postgres
+                                           records and orders in PostgreSQL; start several
+                                           on other --addr to share one database
+  orders --store memory                    records in memory (lost on restart),
+                                           orders in ./orders.db
   orders --emit-openapi openapi.yaml       write the published contract and exit
   orders --emit-docs docs/                 write docs/operations.md and .html and exit
   orders --delay 3s                        make concurrent duplicates visible (409)
   orders --outage 1                        the next order answers 503: the key is released";
+
+/// The backend that `args` name; an error message when a server's URL is missing.
+fn backend(args: &Args) -> Result<Backend, String> {
+    let database_url = || {
+        args.database_url.clone().ok_or_else(|| {
+            format!(
+                "--store {} needs a PostgreSQL server: set DATABASE_URL (or --database-url)",
+                args.store.name()
+            )
+        })
+    };
+    Ok(match args.store {
+        StoreArg::Sqlite => Backend::Sqlite {
+            db: args.db.clone(),
+        },
+        StoreArg::Memory => Backend::Memory {
+            db: args.db.clone(),
+        },
+        StoreArg::Postgres => Backend::Postgres {
+            url: database_url()?,
+        },
+        StoreArg::Redis => Backend::Redis {
+            redis_url: args.redis_url.clone(),
+            database_url: database_url()?,
+        },
+    })
+}
 
 /// Durations as a contract writes them (`250ms`, `3s`, `1m`), and `0s` for none.
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -56,6 +121,18 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     text.parse::<idem::model::Duration>()
         .map(|d| d.to_std())
         .map_err(|e| e.to_string())
+}
+
+impl StoreArg {
+    /// The value as written on the command line.
+    fn name(self) -> &'static str {
+        match self {
+            StoreArg::Memory => "memory",
+            StoreArg::Sqlite => "sqlite",
+            StoreArg::Postgres => "postgres",
+            StoreArg::Redis => "redis",
+        }
+    }
 }
 
 #[tokio::main]
@@ -90,15 +167,25 @@ async fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
 
+    let backend = match backend(&args) {
+        Ok(backend) => backend,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     let config = Config {
-        db: args.db.clone(),
+        backend,
         delay: args.delay,
         outage: args.outage,
     };
     let service = match Service::open(&config).await {
         Ok(service) => service,
         Err(error) => {
-            eprintln!("error: cannot open {}: {error}", args.db.display());
+            eprintln!(
+                "error: cannot start with --store {}: {error}",
+                args.store.name()
+            );
             return ExitCode::FAILURE;
         }
     };
@@ -111,8 +198,8 @@ async fn main() -> ExitCode {
     };
     let addr = listener.local_addr().unwrap_or(args.addr);
     println!(
-        "orders: listening on http://{addr} (database {})",
-        args.db.display()
+        "orders: listening on http://{addr} ({})",
+        config.backend.describe()
     );
     let shutdown = async {
         let mut terminate =

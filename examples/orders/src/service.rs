@@ -1,4 +1,5 @@
-//! Starting the service: the database, idem's store and handle, the router.
+//! Starting the service: the backend (idem's store and the orders database), idem's
+//! handle, the router.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,56 +9,178 @@ use std::time::Duration;
 use axum::Router;
 use tokio::net::TcpListener;
 
-use crate::api::{self, App, CLIENT_ID_HEADER, Demo};
-use crate::db;
+use crate::api::{self, App, CLIENT_ID_HEADER, Demo, Writes};
+use crate::db::{self, Orders};
 
 /// How often expired idempotency records are purged.
 pub const PURGE_EVERY: Duration = Duration::from_secs(60);
 
+/// Where idem's records and the orders live: the `--store` of the command line.
+#[derive(Clone, Debug)]
+pub enum Backend {
+    /// Records and orders in one SQLite file (created if missing), transactional: an
+    /// order and its key's final state commit together.
+    Sqlite {
+        /// The SQLite file.
+        db: PathBuf,
+    },
+    /// Records and orders in one PostgreSQL database, transactional; any number of
+    /// instances may share it.
+    Postgres {
+        /// The server, such as `postgres://user@host/db?sslmode=disable`.
+        url: String,
+    },
+    /// Records in this process's memory (lost when it stops: a retry after a restart
+    /// runs again), orders in a SQLite file; not transactional.
+    Memory {
+        /// The SQLite file of the orders.
+        db: PathBuf,
+    },
+    /// Records in Redis, orders in PostgreSQL; not transactional. Not available yet: the
+    /// Redis store is not part of this build.
+    Redis {
+        /// The Redis server, such as `redis://127.0.0.1:6379`.
+        redis_url: String,
+        /// The PostgreSQL server of the orders.
+        database_url: String,
+    },
+}
+
+impl Backend {
+    /// Where the records and the orders live, for the start-up line (no secrets: URLs
+    /// are not shown).
+    pub fn describe(&self) -> String {
+        match self {
+            Backend::Sqlite { db } => {
+                format!("records and orders in {}, transactional", db.display())
+            }
+            Backend::Postgres { .. } => {
+                "records and orders in PostgreSQL (DATABASE_URL), transactional".to_owned()
+            }
+            Backend::Memory { db } => format!(
+                "records in memory (lost on restart), orders in {}",
+                db.display()
+            ),
+            Backend::Redis { .. } => {
+                "records in Redis (REDIS_URL), orders in PostgreSQL (DATABASE_URL)".to_owned()
+            }
+        }
+    }
+}
+
+/// Why the service cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// idem's store cannot be opened.
+    #[error("idem's store: {0}")]
+    Store(#[from] idem::StoreError),
+    /// The orders database cannot be used.
+    #[error("the orders database: {0}")]
+    Orders(#[from] db::MigrateError),
+    /// The backend is not part of this build.
+    #[error("{0}")]
+    Unavailable(&'static str),
+}
+
 /// What the service needs to start.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// The SQLite file that holds orders and idem's records; created if missing.
-    pub db: PathBuf,
+    /// Where the records and the orders live.
+    pub backend: Backend,
     /// See [`Demo::delay`].
     pub delay: Duration,
     /// See [`Demo::outage`].
     pub outage: u32,
 }
 
+impl Config {
+    /// `backend`, without the demo switches.
+    pub fn new(backend: Backend) -> Config {
+        Config {
+            backend,
+            delay: Duration::ZERO,
+            outage: 0,
+        }
+    }
+}
+
 /// A service ready to serve: its router and the handles behind it.
 pub struct Service {
     /// The router, with its state.
     pub router: Router,
-    /// idem's handle (its store is the SQLite file).
+    /// idem's handle.
     pub idem: idem::Idem,
-    /// The service's state.
+    /// The service's state (its `orders` are the database that holds the orders).
     pub app: App,
 }
 
 impl Service {
-    /// Opens the database (creating the file and tables if missing) and builds the router.
+    /// Opens the backend (creating the SQLite file and the tables if missing) and builds
+    /// the router.
     ///
     /// # Errors
     ///
-    /// When the SQLite file cannot be opened or its tables created.
-    pub async fn open(
-        config: &Config,
-    ) -> Result<Service, Box<dyn std::error::Error + Send + Sync>> {
-        let store = idem::SqliteStore::open(&config.db).await?;
-        let pool = store.pool().clone();
-        db::migrate(&pool).await?;
-        // Transactional: an order and its key's final state commit together.
-        let idem = idem::Idem::transactional(store, idem::identity::header(CLIENT_ID_HEADER));
+    /// When the store or the orders database cannot be opened, or the backend is not
+    /// part of this build.
+    pub async fn open(config: &Config) -> Result<Service, OpenError> {
+        let identity = || idem::identity::header(CLIENT_ID_HEADER);
+        match &config.backend {
+            // Transactional: an order and its key's final state commit together.
+            Backend::Sqlite { db } => {
+                let store = idem::SqliteStore::open(db).await?;
+                let orders = Orders::Sqlite(store.pool().clone());
+                db::sqlite::migrate(store.pool()).await?;
+                let idem = idem::Idem::transactional(store, identity());
+                Ok(Service::build(idem, orders, Writes::InTransaction, config))
+            }
+            Backend::Postgres { url } => {
+                let store = idem::PostgresStore::connect(url).await?;
+                let orders = Orders::Postgres(store.pool().clone());
+                db::postgres::migrate(store.pool())
+                    .await
+                    .map_err(db::MigrateError::from)?;
+                let idem = idem::Idem::transactional(store, identity());
+                Ok(Service::build(idem, orders, Writes::InTransaction, config))
+            }
+            // Not transactional: the handler writes the order through the pool.
+            Backend::Memory { db } => {
+                let orders = Orders::open_sqlite(db).await?;
+                Ok(Service::with_store(
+                    idem::MemoryStore::new(),
+                    orders,
+                    config,
+                ))
+            }
+            // With the Redis store (facade feature `redis`) this arm becomes:
+            //     let store = idem::RedisStore::connect(redis_url).await?;
+            //     let orders = Orders::connect_postgres(database_url).await?;
+            //     Ok(Service::with_store(store, orders, config))
+            Backend::Redis { .. } => Err(OpenError::Unavailable(
+                "the Redis store is not part of this build yet: use --store memory, sqlite or postgres",
+            )),
+        }
+    }
+
+    /// A service whose records live in `store` and whose orders live in `orders`, not
+    /// transactional: the handler writes each order through the pool, and
+    /// [`reconcile_create_order`](crate::api::reconcile_create_order) decides an attempt
+    /// that died between the order's commit and the record's.
+    pub fn with_store(store: impl idem::Store, orders: Orders, config: &Config) -> Service {
+        let idem = idem::Idem::new(store, idem::identity::header(CLIENT_ID_HEADER));
+        Service::build(idem, orders, Writes::ThroughPool, config)
+    }
+
+    fn build(idem: idem::Idem, orders: Orders, writes: Writes, config: &Config) -> Service {
         let app = App {
-            db: pool,
+            orders,
+            writes,
             demo: Arc::new(Demo {
                 delay: config.delay,
                 outage: config.outage.into(),
             }),
         };
         let router = api::router(&idem).with_state(app.clone());
-        Ok(Service { router, idem, app })
+        Service { router, idem, app }
     }
 
     /// Serves on `listener` until `shutdown` completes, purging expired keys meanwhile.
@@ -75,7 +198,7 @@ impl Service {
             .with_graceful_shutdown(shutdown)
             .await;
         purger.abort();
-        self.app.db.close().await;
+        self.app.orders.close().await;
         result
     }
 

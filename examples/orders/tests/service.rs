@@ -1,152 +1,15 @@
 //! The orders service as a new user runs it: the real binary, on 127.0.0.1, with its
 //! SQLite file, answering every row of the README's answer table.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+mod common;
+
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::{Service, client, order, post, temp_db};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-
-/// The service binary, started on a free port of 127.0.0.1; killed when dropped.
-struct Service {
-    child: Child,
-    url: String,
-    /// The lines the service writes to standard error (also passed on to ours).
-    stderr: mpsc::Receiver<String>,
-}
-
-impl Service {
-    fn start(db: &Path, extra: &[&str]) -> Service {
-        Service::start_with(db, extra, &[])
-    }
-
-    fn start_with(db: &Path, extra: &[&str], env: &[(&str, &str)]) -> Service {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_orders"))
-            .args(["--addr", "127.0.0.1:0", "--db"])
-            .arg(db)
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .env_remove("IDEM_FAULT_POINT")
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the orders binary starts");
-        let (lines, stderr) = mpsc::channel();
-        let pipe = child.stderr.take().expect("stderr is piped");
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                eprintln!("orders: {line}");
-                if lines.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("the service prints its address");
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .to_owned();
-        Service { child, url, stderr }
-    }
-
-    /// Waits (at most 20 s) until the service writes a line containing `text` to
-    /// standard error.
-    fn wait_for_stderr(&self, text: &str) {
-        let until = Instant::now() + Duration::from_secs(20);
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            match self.stderr.recv_timeout(left) {
-                Ok(line) if line.contains(text) => return,
-                Ok(_) => {}
-                Err(_) => panic!("the service never wrote {text:?}"),
-            }
-        }
-    }
-
-    /// Kills the process at once with SIGKILL, as a crash would.
-    fn crash(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .unwrap()
-}
-
-fn order(amount: i64) -> Value {
-    json!({
-        "customer_id": "cus_42",
-        "currency": "EUR",
-        "amount_minor": amount,
-        "items": [{ "sku": "book-1", "qty": 2 }]
-    })
-}
-
-struct Reply {
-    status: StatusCode,
-    headers: reqwest::header::HeaderMap,
-    body: bytes::Bytes,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
-    fn replayed(&self) -> bool {
-        self.header("idempotent-replayed") == Some("true")
-    }
-
-    fn problem_type(&self) -> String {
-        self.json()["type"].as_str().unwrap_or_default().to_owned()
-    }
-}
-
-async fn post(http: &reqwest::Client, service: &Service, key: Option<&str>, body: &Value) -> Reply {
-    let mut request = http
-        .post(format!("{}/orders", service.url))
-        .header("x-client-id", "acme")
-        .json(body);
-    if let Some(key) = key {
-        request = request.header("idempotency-key", key);
-    }
-    let response = request.send().await.expect("the service answers");
-    Reply {
-        status: response.status(),
-        headers: response.headers().clone(),
-        body: response.bytes().await.unwrap(),
-    }
-}
-
-fn temp_db() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("orders.db");
-    (dir, db)
-}
 
 #[tokio::test]
 async fn a_completed_order_is_replayed_after_the_service_restarts() {
@@ -293,7 +156,7 @@ async fn orders_in(db: &Path) -> i64 {
         .filename(db)
         .read_only(true);
     let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
-    let count = orders::db::count(&pool).await.unwrap();
+    let count = orders::db::sqlite::count(&pool).await.unwrap();
     pool.close().await;
     count
 }

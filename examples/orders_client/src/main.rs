@@ -19,7 +19,7 @@ use std::time::Duration;
 use idem_client::{Call, Client, Intent, Outcome, RetryPolicy};
 use orders::api::{CLIENT_ID_HEADER, create_order};
 use orders::model::{CreateOrder, LineItem};
-use orders::{Config, Service};
+use orders::{Backend, Config, Service};
 
 use crate::proxy::Proxy;
 
@@ -40,13 +40,9 @@ async fn run() -> Result<bool, Box<dyn Error + Send + Sync>> {
     // 1. The orders service, in-process, on a fresh SQLite file.
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("orders.db");
-    let config = Config {
-        db: db.clone(),
-        delay: Duration::ZERO,
-        outage: 0,
-    };
+    let config = Config::new(Backend::Sqlite { db: db.clone() });
     let service = Service::open(&config).await?;
-    let pool = service.app.db.clone();
+    let orders_db = service.app.orders.clone();
     let listener = Service::bind(([127, 0, 0, 1], 0).into()).await?;
     let service_addr = listener.local_addr()?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -112,7 +108,7 @@ async fn run() -> Result<bool, Box<dyn Error + Send + Sync>> {
             }
         );
     }
-    let orders = orders::db::count(&pool).await?;
+    let orders = orders_db.count().await?;
     println!();
     let ok = match &outcome {
         Outcome::Completed(done) => {

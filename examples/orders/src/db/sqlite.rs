@@ -1,24 +1,32 @@
-//! The orders table, in the same SQLite database as idem's records.
-//!
-//! An order is written in the attempt's transaction ([`idem::SqliteTx`]) and linked to the
-//! operation that made it (`operation_id`, unique), not only to its idempotency key: a key
-//! reused after its TTL names a new operation, and must never find an older order.
+//! The orders table in a SQLite file: beside idem's records (`--store sqlite`, the
+//! transactional mode) or on its own (`--store memory`).
 
+use std::path::Path;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqliteConnection, SqlitePool};
 
-use crate::model::{CreateOrder, LineItem, Order};
+use super::{MigrateError, items_from_text, items_to_text, new_id};
+use crate::model::{CreateOrder, Order};
 
-/// Why the database cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum MigrateError {
-    /// The database failed.
-    #[error(transparent)]
-    Database(#[from] sqlx::Error),
-    /// The file has the orders table of an older version of this example.
-    #[error(
-        "its orders table was made by an older version of this example (orders keyed by client and idempotency key, not by operation); move the file away and start again"
-    )]
-    OldSchema,
+/// Opens the SQLite file `path` for orders only (created if missing), with the settings
+/// of idem's SQLite store: WAL, `synchronous = FULL`, a 5 s busy timeout.
+///
+/// # Errors
+///
+/// When the file cannot be opened.
+pub async fn open(path: &Path) -> Result<SqlitePool, sqlx::Error> {
+    let options = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(Duration::from_secs(5));
+    SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
 }
 
 /// Creates the orders table if it is missing.
@@ -59,8 +67,7 @@ pub async fn migrate(pool: &SqlitePool) -> Result<(), MigrateError> {
 
 fn order_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<Order, sqlx::Error> {
     let items: String = row.try_get("items")?;
-    let items: Vec<LineItem> =
-        serde_json::from_str(&items).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+    let items = items_from_text(&items)?;
     Ok(Order {
         id: row.try_get("id")?,
         customer_id: row.try_get("customer_id")?,
@@ -72,8 +79,8 @@ fn order_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<Order, sqlx::Error> {
 }
 
 /// Writes a new order made by `attempt` (linked to its operation; the client and the key
-/// kept for people reading the table), on `conn` (the attempt's transaction), and returns
-/// it.
+/// kept for people reading the table), on `conn` (the attempt's transaction, or a
+/// connection of the pool), and returns it.
 ///
 /// # Errors
 ///
@@ -85,9 +92,8 @@ pub async fn insert(
     order: &CreateOrder,
     now: i64,
 ) -> Result<Order, sqlx::Error> {
-    let id = format!("ord_{}", uuid::Uuid::now_v7().simple());
-    let items =
-        serde_json::to_string(&order.items).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+    let id = new_id();
+    let items = items_to_text(order)?;
     let row = sqlx::query(
         "INSERT INTO orders (id, operation_id, client_id, idempotency_key, customer_id, currency, amount_minor, items, created_at)
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
