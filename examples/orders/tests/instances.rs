@@ -1,0 +1,107 @@
+//! Many instances, one truth: three `orders --store postgres` processes on one database,
+//! each key sent to all three at the same moment, make one order per key.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Reply, Service, client, order, try_post};
+use idem_runtime::store::conformance::postgres::scratch_url;
+use reqwest::StatusCode;
+
+/// The stable `type` of the declared concurrency answer (`concurrency = conflict`).
+const IN_PROGRESS: &str = "tag:idem.rs,2026:problem:operation-in-progress";
+
+/// How many distinct keys; each is sent three times.
+const KEYS: usize = 100;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_on_one_database_make_one_order_per_key() {
+    let what = "three orders processes on one PostgreSQL database";
+    let Some(url) = scratch_url(what).await else {
+        return;
+    };
+    let services: Vec<Service> = (0..3).map(|_| Service::postgres(&url, &[])).collect();
+    let urls: Arc<[String]> = services.iter().map(|s| s.url.clone()).collect();
+    let http = client();
+    let started = Instant::now();
+
+    // All 300 requests at once: the processes race on every key and on each other's.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..KEYS {
+        let (urls, http) = (urls.clone(), http.clone());
+        tasks.spawn(async move {
+            let key = format!("k-inst-{i:03}");
+            let body = order(1000 + i64::try_from(i).unwrap());
+            // The same key to the three processes at the same moment, over real sockets.
+            let (a, b, c) = tokio::join!(
+                try_post(&http, &urls[0], Some(&key), &body),
+                try_post(&http, &urls[1], Some(&key), &body),
+                try_post(&http, &urls[2], Some(&key), &body),
+            );
+            let answers: Vec<Reply> = [a, b, c]
+                .into_iter()
+                .map(|answer| answer.unwrap_or_else(|e| panic!("{key}: no answer: {e}")))
+                .collect();
+            (key, answers)
+        });
+    }
+
+    let mut first_answers: HashMap<String, String> = HashMap::new();
+    let (mut ran_by, mut replays, mut conflicts) = ([0; 3], 0, 0);
+    while let Some(joined) = tasks.join_next().await {
+        let (key, answers) = joined.unwrap();
+        let ran: Vec<(usize, &Reply)> = answers
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.status == StatusCode::CREATED && !a.replayed())
+            .collect();
+        assert_eq!(ran.len(), 1, "{key}: one attempt ran: {answers:?}");
+        let (process, first) = ran[0];
+        ran_by[process] += 1;
+        for answer in &answers {
+            match answer.status {
+                StatusCode::CREATED if answer.replayed() => {
+                    replays += 1;
+                    assert_eq!(answer.body, first.body, "{key}: the stored result");
+                    assert_eq!(answer.header("operation-id"), first.header("operation-id"));
+                }
+                StatusCode::CREATED => {}
+                StatusCode::CONFLICT => {
+                    conflicts += 1;
+                    assert_eq!(answer.problem_type(), IN_PROGRESS, "{key}: {answer:?}");
+                    assert_eq!(answer.json()["state"], "processing");
+                    assert!(answer.header("retry-after").is_some(), "{key}: {answer:?}");
+                    assert_eq!(answer.header("operation-id"), first.header("operation-id"));
+                }
+                other => {
+                    panic!("{key}: {other}, neither the result nor the declared 409: {answer:?}")
+                }
+            }
+        }
+        let id = first.json()["id"].as_str().unwrap().to_owned();
+        first_answers.insert(key, id);
+    }
+    let took = started.elapsed();
+    eprintln!(
+        "{KEYS} keys x 3 processes in {took:?}: attempts run by process {ran_by:?}, {replays} replays, {conflicts} answers 409"
+    );
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+
+    // The orders table, read directly.
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT idempotency_key, id FROM orders ORDER BY idempotency_key")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    pool.close().await;
+    assert_eq!(rows.len(), KEYS, "exactly one order per key");
+    let in_table: HashMap<String, String> = rows.into_iter().collect();
+    assert_eq!(
+        in_table, first_answers,
+        "each key's order is the one answered"
+    );
+}
