@@ -124,6 +124,10 @@ impl Service {
     /// part of this build.
     pub async fn open(config: &Config) -> Result<Service, OpenError> {
         let identity = || idem::identity::header(CLIENT_ID_HEADER);
+        let demo = Demo {
+            delay: config.delay,
+            outage: config.outage.into(),
+        };
         match &config.backend {
             // Transactional: an order and its key's final state commit together.
             Backend::Sqlite { db } => {
@@ -131,7 +135,7 @@ impl Service {
                 let orders = Orders::Sqlite(store.pool().clone());
                 db::sqlite::migrate(store.pool()).await?;
                 let idem = idem::Idem::transactional(store, identity());
-                Ok(Service::build(idem, orders, Writes::InTransaction, config))
+                Ok(Service::build(idem, orders, Writes::InTransaction, demo))
             }
             Backend::Postgres { url } => {
                 let store = idem::PostgresStore::connect(url).await?;
@@ -140,21 +144,17 @@ impl Service {
                     .await
                     .map_err(db::MigrateError::from)?;
                 let idem = idem::Idem::transactional(store, identity());
-                Ok(Service::build(idem, orders, Writes::InTransaction, config))
+                Ok(Service::build(idem, orders, Writes::InTransaction, demo))
             }
             // Not transactional: the handler writes the order through the pool.
             Backend::Memory { db } => {
                 let orders = Orders::open_sqlite(db).await?;
-                Ok(Service::with_store(
-                    idem::MemoryStore::new(),
-                    orders,
-                    config,
-                ))
+                Ok(Service::with_store(idem::MemoryStore::new(), orders, demo))
             }
             // With the Redis store (facade feature `redis`) this arm becomes:
             //     let store = idem::RedisStore::connect(redis_url).await?;
             //     let orders = Orders::connect_postgres(database_url).await?;
-            //     Ok(Service::with_store(store, orders, config))
+            //     Ok(Service::with_store(store, orders, demo))
             Backend::Redis { .. } => Err(OpenError::Unavailable(
                 "the Redis store is not part of this build yet: use --store memory, sqlite or postgres",
             )),
@@ -165,19 +165,16 @@ impl Service {
     /// transactional: the handler writes each order through the pool, and
     /// [`reconcile_create_order`](crate::api::reconcile_create_order) decides an attempt
     /// that died between the order's commit and the record's.
-    pub fn with_store(store: impl idem::Store, orders: Orders, config: &Config) -> Service {
+    pub fn with_store(store: impl idem::Store, orders: Orders, demo: Demo) -> Service {
         let idem = idem::Idem::new(store, idem::identity::header(CLIENT_ID_HEADER));
-        Service::build(idem, orders, Writes::ThroughPool, config)
+        Service::build(idem, orders, Writes::ThroughPool, demo)
     }
 
-    fn build(idem: idem::Idem, orders: Orders, writes: Writes, config: &Config) -> Service {
+    fn build(idem: idem::Idem, orders: Orders, writes: Writes, demo: Demo) -> Service {
         let app = App {
             orders,
             writes,
-            demo: Arc::new(Demo {
-                delay: config.delay,
-                outage: config.outage.into(),
-            }),
+            demo: Arc::new(demo),
         };
         let router = api::router(&idem).with_state(app.clone());
         Service { router, idem, app }

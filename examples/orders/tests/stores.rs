@@ -1,0 +1,166 @@
+//! `orders --store …`: each store as a user starts it, and the path that `--store redis`
+//! will take (records outside the orders database, orders in PostgreSQL, written through
+//! the pool), run here with the records in memory.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Reply, Service, client, order, post, temp_db, try_post};
+use idem_runtime::store::conformance::postgres::scratch_url;
+use orders::Service as OrdersService;
+use orders::api::Demo;
+use orders::db::Orders;
+use reqwest::StatusCode;
+
+async fn get(http: &reqwest::Client, url: &str, path: &str) -> Reply {
+    let response = http
+        .get(format!("{url}{path}"))
+        .header("x-client-id", "acme")
+        .send()
+        .await
+        .unwrap();
+    Reply {
+        status: response.status(),
+        headers: response.headers().clone(),
+        body: response.bytes().await.unwrap(),
+    }
+}
+
+/// The order, its replay, and the order read back through `GET` (from whichever
+/// database holds it).
+async fn order_replay_and_read(http: &reqwest::Client, url: &str, key: &str) -> Reply {
+    let first = try_post(http, url, Some(key), &order(4200)).await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    assert!(!first.replayed());
+    let again = try_post(http, url, Some(key), &order(4200)).await.unwrap();
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body, "the stored body, byte for byte");
+    let location = first.header("location").unwrap().to_owned();
+    let read = get(http, url, &location).await;
+    assert_eq!(read.status, StatusCode::OK, "{read:?}");
+    assert_eq!(read.json(), first.json());
+    first
+}
+
+async fn count_pg(url: &str) -> i64 {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    let count = orders::db::postgres::count(&pool).await.unwrap();
+    pool.close().await;
+    count
+}
+
+async fn count_sqlite(db: &std::path::Path) -> i64 {
+    let pool = orders::db::sqlite::open(db).await.unwrap();
+    let count = orders::db::sqlite::count(&pool).await.unwrap();
+    pool.close().await;
+    count
+}
+
+/// `--store memory`: the records live in the process, the orders in the SQLite file. A
+/// restart forgets every key (as `--help` says): the same key makes a second order.
+#[tokio::test]
+async fn memory_records_are_lost_on_restart_orders_stay_in_the_file() {
+    let (_dir, db) = temp_db();
+    let http = client();
+    let service = Service::start(&db, &["--store", "memory"]);
+    order_replay_and_read(&http, &service.url, "k-mem").await;
+    assert_eq!(count_sqlite(&db).await, 1);
+    service.crash();
+
+    let service = Service::start(&db, &["--store", "memory"]);
+    let after = post(&http, &service, Some("k-mem"), &order(4200)).await;
+    assert_eq!(after.status, StatusCode::CREATED);
+    assert!(
+        !after.replayed(),
+        "the records were in the dead process's memory"
+    );
+    assert_eq!(count_sqlite(&db).await, 2, "the orders are in the file");
+}
+
+/// `--store postgres`, one process: the order and its record in PostgreSQL, read back
+/// from there, and the status lookup.
+#[tokio::test]
+async fn postgres_stores_records_and_orders_in_the_database() {
+    let Some(url) = scratch_url("orders --store postgres").await else {
+        return;
+    };
+    let http = client();
+    let service = Service::postgres(&url, &[]);
+    order_replay_and_read(&http, &service.url, "k-pg").await;
+    let lookup = get(&http, &service.url, "/orders/operations/k-pg").await;
+    assert_eq!(lookup.json()["state"], "completed", "{lookup:?}");
+    assert_eq!(count_pg(&url).await, 1);
+}
+
+/// Records outside the orders database and orders in PostgreSQL, written through the
+/// pool: what `--store redis` runs, with the records in memory here.
+#[tokio::test]
+async fn records_elsewhere_orders_in_postgres_through_the_pool() {
+    let Some(url) = scratch_url("records in memory, orders in PostgreSQL").await else {
+        return;
+    };
+    let orders = Orders::connect_postgres(&url).await.unwrap();
+    let demo = Demo {
+        outage: 1.into(),
+        ..Demo::default()
+    };
+    let service = OrdersService::with_store(idem::MemoryStore::new(), orders, demo);
+    let listener = OrdersService::bind(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(service.serve(listener, async {
+        let _ = stopped.await;
+    }));
+    let http = client();
+
+    // The provider is down once: 503 releases the key, the retry writes the one order.
+    let outage = try_post(&http, &base, Some("k-redis-path"), &order(4200))
+        .await
+        .unwrap();
+    assert_eq!(outage.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(count_pg(&url).await, 0, "503 before writing anything");
+    order_replay_and_read(&http, &base, "k-redis-path").await;
+    assert_eq!(count_pg(&url).await, 1);
+
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// `--store redis` says at start that it is not available yet, rather than pretending.
+#[test]
+fn redis_is_refused_at_start_with_a_clear_message() {
+    let out = Command::new(env!("CARGO_BIN_EXE_orders"))
+        .args(["--addr", "127.0.0.1:0", "--store", "redis"])
+        .env("DATABASE_URL", "postgres://127.0.0.1:1/none")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the Redis store is not part of this build yet"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "it never listened");
+}
+
+/// `--store postgres` without a server names the variable to set.
+#[test]
+fn postgres_without_database_url_names_the_variable() {
+    let out = Command::new(env!("CARGO_BIN_EXE_orders"))
+        .args(["--addr", "127.0.0.1:0", "--store", "postgres"])
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("set DATABASE_URL"), "{stderr}");
+}
