@@ -151,10 +151,13 @@ impl Service {
                 let orders = Orders::open_sqlite(db).await?;
                 Ok(Service::with_store(idem::MemoryStore::new(), orders, demo))
             }
-            // With the Redis store (facade feature `redis`) this arm becomes:
-            //     let store = idem::RedisStore::connect(redis_url).await?;
-            //     let orders = Orders::connect_postgres(database_url).await?;
-            //     Ok(Service::with_store(store, orders, demo))
+            // Not transactional either. With the Redis store (facade feature `redis`) this
+            // arm becomes:
+            //     Backend::Redis { redis_url, database_url } => {
+            //         let store = idem::RedisStore::connect(redis_url).await?;
+            //         let orders = Orders::connect_postgres(database_url).await?;
+            //         Ok(Service::with_store(store, orders, demo))
+            //     }
             Backend::Redis { .. } => Err(OpenError::Unavailable(
                 "the Redis store is not part of this build yet: use --store memory, sqlite or postgres",
             )),
