@@ -1,5 +1,6 @@
 //! The Redis store: shared by many instances, not transactional with business data
-//! (feature `redis`). Valkey speaks the same protocol and works the same way.
+//! (feature `redis`). Valkey speaks the same protocol; the conformance suite has run
+//! against Redis 7 only.
 //!
 //! ```no_run
 //! # async fn start() -> Result<(), idem_runtime::StoreError> {
