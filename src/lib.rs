@@ -81,6 +81,8 @@ pub mod model {
 }
 
 pub use idem_contract::{Contract, check};
+#[cfg(feature = "redis")]
+pub use idem_runtime::RedisStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use idem_runtime::Tx;
 #[cfg(feature = "server")]

@@ -145,6 +145,8 @@ pub use crate::recovery::{
 pub use crate::replay::IDEMPOTENT_REPLAYED_HEADER;
 #[cfg(feature = "postgres")]
 pub use crate::store::PostgresStore;
+#[cfg(feature = "redis")]
+pub use crate::store::RedisStore;
 #[cfg(feature = "sqlite")]
 pub use crate::store::SqliteStore;
 pub use crate::store::{MemoryStore, Store, StoreError};

@@ -5,8 +5,8 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 
 use super::{
-    Begin, Lease, NewRecord, OwnerToken, Record, RecordKey, RecordState, Store, StoreError,
-    StoredResponse, UnixMillis,
+    Begin, DEFAULT_MAX_RESULT, Lease, NewRecord, OwnerToken, Record, RecordKey, RecordState, Store,
+    StoreError, StoredResponse, UnixMillis, check_size,
 };
 
 /// A [`Store`] in a concurrent hash map ([`dashmap`]): the default for tests and
@@ -17,15 +17,34 @@ use super::{
 /// Records are lost when the process ends: use `SqliteStore` (feature `sqlite`) for a
 /// service that must replay results after a restart. Expired records stay in memory until
 /// [`Store::purge_expired`] (or [`crate::Idem::spawn_purger`]) removes them.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MemoryStore {
     records: DashMap<RecordKey, Record>,
+    max_result: usize,
+}
+
+impl Default for MemoryStore {
+    fn default() -> MemoryStore {
+        MemoryStore {
+            records: DashMap::new(),
+            max_result: DEFAULT_MAX_RESULT,
+        }
+    }
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store that keeps results of up to [`DEFAULT_MAX_RESULT`] bytes.
     pub fn new() -> MemoryStore {
         MemoryStore::default()
+    }
+
+    /// The same store, keeping results of up to `bytes` bytes
+    /// ([`StoredResponse::size`]); `complete` refuses a larger one with
+    /// [`StoreError::TooLarge`].
+    #[must_use]
+    pub fn with_max_result(mut self, bytes: usize) -> MemoryStore {
+        self.max_result = bytes;
+        self
     }
 
     /// How many records the store holds, expired ones included.
@@ -90,6 +109,7 @@ impl Store for MemoryStore {
         response: &StoredResponse,
         now: UnixMillis,
     ) -> Result<(), StoreError> {
+        check_size(response, self.max_result)?;
         self.update(key, |record| {
             if !record.is_live_owner(token, now) {
                 return Err(StoreError::LeaseLost);

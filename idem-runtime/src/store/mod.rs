@@ -9,6 +9,11 @@
 //! | [`MemoryStore`] | one process | the default for tests and single-process services; lost on restart |
 //! | `SqliteStore` (feature `sqlite`) | embedded, durable | survives a restart; one writer at a time; transactional |
 //! | `PostgresStore` (feature `postgres`) | shared by many instances | a unique key per record; transactional |
+//! | `RedisStore` (feature `redis`) | shared by many instances | one server-side script per change; not transactional with business data |
+//!
+//! Every backend keeps results of at most [`DEFAULT_MAX_RESULT`] bytes unless told
+//! otherwise (`with_max_result`): a larger one is refused by `complete` with
+//! [`StoreError::TooLarge`] and the record is left as it was, for the runtime to park.
 //!
 //! # The record
 //!
@@ -48,10 +53,14 @@
 //! clock, so that tests control time and all instances of a service judge leases by the
 //! same rules.
 
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+mod headers;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod record;
+#[cfg(feature = "redis")]
+pub mod redis;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 #[cfg(feature = "sqlite")]
@@ -73,10 +82,27 @@ pub use record::{
     Begin, Lease, NewRecord, OperationState, OwnerToken, Record, RecordKey, RecordState,
     StoredResponse,
 };
+#[cfg(feature = "redis")]
+pub use redis::RedisStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use transactional::{OpenTransaction, Reservation, TransactionalStore};
+
+/// The largest result a store keeps unless told otherwise, in bytes (1 MiB), counted as
+/// [`StoredResponse::size`] counts: the body and the selected headers' names and values.
+pub const DEFAULT_MAX_RESULT: usize = 1024 * 1024;
+
+/// `Err(TooLarge)` when `response` is larger than `limit` bytes: the check every backend
+/// makes before it writes a result.
+pub(crate) fn check_size(response: &StoredResponse, limit: usize) -> Result<(), StoreError> {
+    let size = response.size();
+    if size > limit {
+        Err(StoreError::TooLarge { size, limit })
+    } else {
+        Ok(())
+    }
+}
 
 /// A point in time: milliseconds since the unix epoch, UTC.
 pub type UnixMillis = u64;
@@ -132,11 +158,8 @@ impl StoreError {
 /// that changes a record does so atomically: one insert-if-absent, one compare-and-set,
 /// never a read followed by a separate write.
 ///
-/// Later backends: a PostgreSQL store shared by many instances, with a unique constraint
-/// on `(operation, client, key)` and the business write and the key's final state
-/// committed in one transaction; a Redis store (shared, not transactional with business
-/// data). The conformance suite (`store::conformance`) states the contract of each method
-/// as tests.
+/// The conformance suite (`store::conformance`) states the contract of each method as
+/// tests.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Registers `key` as processing under `new.lease`, atomically, if it may be
@@ -170,7 +193,8 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     ///
     /// [`StoreError::LeaseLost`] when it does not; [`StoreError::TooLarge`] when the
-    /// backend cannot keep the result; [`StoreError::Unavailable`].
+    /// result is larger than the backend keeps (the record is then left unchanged);
+    /// [`StoreError::Unavailable`].
     async fn complete(
         &self,
         key: &RecordKey,

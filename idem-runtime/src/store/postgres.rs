@@ -6,10 +6,11 @@ use async_trait::async_trait;
 use sqlx::Postgres;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 
-use super::sql::{changed_one, decode, encode_headers, sql_ms};
+use super::headers::encode_headers;
+use super::sql::{changed_one, decode, sql_ms};
 use super::{
-    Begin, Lease, NewRecord, OpenTransaction, OwnerToken, Record, RecordKey, Reservation, Store,
-    StoreError, StoredResponse, TransactionalStore, UnixMillis,
+    Begin, DEFAULT_MAX_RESULT, Lease, NewRecord, OpenTransaction, OwnerToken, Record, RecordKey,
+    Reservation, Store, StoreError, StoredResponse, TransactionalStore, UnixMillis, check_size,
 };
 
 /// One step of idem's schema in PostgreSQL, as plain SQL.
@@ -163,6 +164,7 @@ const PURGE_BATCH: u64 = 5000;
 #[derive(Clone, Debug)]
 pub struct PostgresStore {
     pool: PgPool,
+    max_result: usize,
 }
 
 impl PostgresStore {
@@ -199,13 +201,25 @@ impl PostgresStore {
     /// [`StoreError::Unavailable`] when the schema cannot be created.
     pub async fn from_pool(pool: PgPool) -> Result<PostgresStore, StoreError> {
         PostgresStore::migrate(&pool).await?;
-        Ok(PostgresStore { pool })
+        Ok(PostgresStore::without_migrations(pool))
     }
 
     /// A store over a pool whose database already has idem's schema ([`MIGRATIONS`],
     /// applied by the team's own migration tool). Runs no statement.
     pub fn without_migrations(pool: PgPool) -> PostgresStore {
-        PostgresStore { pool }
+        PostgresStore {
+            pool,
+            max_result: DEFAULT_MAX_RESULT,
+        }
+    }
+
+    /// The same store, keeping results of up to `bytes` bytes
+    /// ([`StoredResponse::size`]; [`DEFAULT_MAX_RESULT`] unless set): a larger one is
+    /// refused with [`StoreError::TooLarge`] before anything is written.
+    #[must_use]
+    pub fn with_max_result(mut self, bytes: usize) -> PostgresStore {
+        self.max_result = bytes;
+        self
     }
 
     /// Applies the [`MIGRATIONS`] that `pool`'s database lacks, in one transaction under
@@ -282,6 +296,7 @@ impl PostgresStore {
         response: &StoredResponse,
         now: UnixMillis,
     ) -> Result<(), StoreError> {
+        check_size(response, self.max_result)?;
         let result = sqlx::query(COMPLETE)
             .bind(&key.operation)
             .bind(&key.client)
@@ -526,6 +541,7 @@ impl TransactionalStore for PostgresStore {
         response: &StoredResponse,
         now: UnixMillis,
     ) -> Result<(), StoreError> {
+        check_size(response, self.max_result)?;
         // One round trip: the completion's compare-and-set, on the condition that this is
         // still the transaction that began; only a refusal is looked into.
         let result = sqlx::query(COMPLETE_IN_TX)

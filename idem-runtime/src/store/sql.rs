@@ -16,15 +16,14 @@
 //! | `reason` | text | why it is parked, once unknown |
 //! | `transactional` | boolean | whether the operation runs in the transactional mode |
 //!
-//! Headers are a JSON array of `[name, value]` pairs, in order; a value that is not UTF-8
-//! is written as `{"hex": "…"}`.
+//! Headers are written as [`super::headers`] says.
 
 use std::str::FromStr;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue};
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
+use super::headers::decode_headers;
 use super::{
     Lease, OperationState, OwnerToken, Record, RecordState, StoreError, StoredResponse, UnixMillis,
 };
@@ -37,44 +36,6 @@ pub(super) fn sql_ms(ms: UnixMillis) -> i64 {
 
 fn ms_from_sql(ms: i64, column: &str) -> Result<UnixMillis, StoreError> {
     u64::try_from(ms).map_err(|_| StoreError::Corrupt(format!("`{column}` is negative")))
-}
-
-/// The headers of a stored result as the JSON text of the `headers` column.
-pub(super) fn encode_headers(headers: &[(HeaderName, HeaderValue)]) -> String {
-    let list: Vec<serde_json::Value> = headers
-        .iter()
-        .map(|(name, value)| {
-            let value = match value.to_str() {
-                Ok(text) => serde_json::Value::from(text),
-                Err(_) => serde_json::json!({ "hex": hex::encode(value.as_bytes()) }),
-            };
-            serde_json::json!([name.as_str(), value])
-        })
-        .collect();
-    serde_json::Value::Array(list).to_string()
-}
-
-/// The headers read back from the `headers` column.
-pub(super) fn decode_headers(text: &str) -> Result<Vec<(HeaderName, HeaderValue)>, StoreError> {
-    let corrupt = |what: &str| StoreError::Corrupt(format!("stored headers: {what}"));
-    let list: Vec<(String, serde_json::Value)> =
-        serde_json::from_str(text).map_err(|e| corrupt(&e.to_string()))?;
-    list.into_iter()
-        .map(|(name, value)| {
-            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| corrupt("a name"))?;
-            let bytes = match &value {
-                serde_json::Value::String(text) => text.as_bytes().to_vec(),
-                serde_json::Value::Object(map) => map
-                    .get("hex")
-                    .and_then(serde_json::Value::as_str)
-                    .and_then(|h| hex::decode(h).ok())
-                    .ok_or_else(|| corrupt("a value"))?,
-                _ => return Err(corrupt("a value")),
-            };
-            let value = HeaderValue::from_bytes(&bytes).map_err(|_| corrupt("a value"))?;
-            Ok((name, value))
-        })
-        .collect()
 }
 
 /// A record from a row of [`COLUMNS`], in either database.
@@ -146,39 +107,5 @@ pub(super) fn changed_one(rows_affected: u64) -> Result<(), StoreError> {
         Ok(())
     } else {
         Err(StoreError::LeaseLost)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn headers_round_trip_through_json() {
-        let headers = vec![
-            (
-                HeaderName::from_static("etag"),
-                HeaderValue::from_bytes(b"\"\xe9\"").unwrap(),
-            ),
-            (
-                HeaderName::from_static("location"),
-                HeaderValue::from_static("/a"),
-            ),
-        ];
-        let text = encode_headers(&headers);
-        assert_eq!(text, r#"[["etag",{"hex":"22e922"}],["location","/a"]]"#);
-        assert_eq!(decode_headers(&text).unwrap(), headers);
-        for bad in [
-            "[[\"bad name\",\"x\"]]",
-            "[[\"etag\",{\"hex\":\"zz\"}]]",
-            "[[\"etag\",7]]",
-            "not json",
-            "",
-        ] {
-            assert!(
-                matches!(decode_headers(bad), Err(StoreError::Corrupt(_))),
-                "{bad}"
-            );
-        }
     }
 }

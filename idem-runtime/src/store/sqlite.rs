@@ -15,10 +15,11 @@ use sqlx::sqlite::{
 };
 use tokio::sync::Semaphore;
 
-use super::sql::{changed_one, decode, encode_headers, sql_ms};
+use super::headers::encode_headers;
+use super::sql::{changed_one, decode, sql_ms};
 use super::{
-    Begin, Lease, NewRecord, OpenTransaction, OwnerToken, Record, RecordKey, Reservation, Store,
-    StoreError, StoredResponse, TransactionalStore, UnixMillis,
+    Begin, DEFAULT_MAX_RESULT, Lease, NewRecord, OpenTransaction, OwnerToken, Record, RecordKey,
+    Reservation, Store, StoreError, StoredResponse, TransactionalStore, UnixMillis, check_size,
 };
 
 /// The schema, created if missing. idem keeps its own table and does not use sqlx's
@@ -188,6 +189,7 @@ pub struct SqliteStore {
     health: Arc<Health>,
     /// One transaction at a time: waiting here holds no connection of the pool.
     writer: Arc<Semaphore>,
+    max_result: usize,
 }
 
 /// What the store knows of its file and its connections' fitness.
@@ -359,7 +361,17 @@ impl SqliteStore {
             pool,
             health,
             writer: Arc::new(Semaphore::new(1)),
+            max_result: DEFAULT_MAX_RESULT,
         }
+    }
+
+    /// The same store, keeping results of up to `bytes` bytes
+    /// ([`StoredResponse::size`]; [`DEFAULT_MAX_RESULT`] unless set): a larger one is
+    /// refused with [`StoreError::TooLarge`] before anything is written.
+    #[must_use]
+    pub fn with_max_result(mut self, bytes: usize) -> SqliteStore {
+        self.max_result = bytes;
+        self
     }
 
     /// The pool, to share it with the application: create the business tables through
@@ -438,6 +450,7 @@ impl SqliteStore {
         response: &StoredResponse,
         now: UnixMillis,
     ) -> Result<(), StoreError> {
+        check_size(response, self.max_result)?;
         let result = sqlx::query(COMPLETE)
             .bind(&key.operation)
             .bind(&key.client)
@@ -709,6 +722,7 @@ impl TransactionalStore for SqliteStore {
         response: &StoredResponse,
         now: UnixMillis,
     ) -> Result<(), StoreError> {
+        check_size(response, self.max_result)?;
         let ended = || {
             StoreError::TransactionEnded(
                 "SQLite rolled it back before idem could commit (a conflict clause such as `OR ROLLBACK`, or a trigger's `RAISE(ROLLBACK)`)"

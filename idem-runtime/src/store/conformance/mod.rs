@@ -29,13 +29,21 @@ use futures_util::future::BoxFuture;
 use http::{HeaderName, HeaderValue};
 
 use super::{
-    Begin, Lease, NewRecord, OwnerToken, Record, RecordKey, RecordState, Store, StoreError,
-    StoredResponse, UnixMillis,
+    Begin, DEFAULT_MAX_RESULT, Lease, NewRecord, OwnerToken, Record, RecordKey, RecordState, Store,
+    StoreError, StoredResponse, UnixMillis,
 };
 use crate::OperationId;
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
+
+/// Whether a skipped store test must fail (`CI` is `true` or `1`): in CI every store
+/// test runs against its real server.
+pub fn skips_fail() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
 
 /// The time every check starts at (unix milliseconds, in 2027).
 pub const T0: UnixMillis = 1_800_000_000_000;
@@ -106,6 +114,15 @@ pub const CHECKS: &[Check] = &[
     }),
     ("a_lease_never_outlives_its_record", |s| {
         Box::pin(a_lease_never_outlives_its_record(s))
+    }),
+    ("a_lease_of_zero_has_ended", |s| {
+        Box::pin(a_lease_of_zero_has_ended(s))
+    }),
+    ("a_result_over_the_limit_is_refused", |s| {
+        Box::pin(a_result_over_the_limit_is_refused(s))
+    }),
+    ("keys_are_compared_whole", |s| {
+        Box::pin(keys_are_compared_whole(s))
     }),
 ];
 
@@ -932,5 +949,117 @@ pub async fn a_lease_never_outlives_its_record(store: Arc<dyn Store>) {
             .await
             .unwrap()
             .is_none()
+    );
+}
+
+/// A lease that ends when it is granted (`until == now`) has ended: nobody completes or
+/// releases under it, and a takeover succeeds at once. Zero is a length of time, not "no
+/// lease".
+pub async fn a_lease_of_zero_has_ended(store: Arc<dyn Store>) {
+    let k = key("zero");
+    let mut new = new_record("sha256:a", T0);
+    new.lease.until = T0;
+    let record = started(&*store, &k, &new, T0).await;
+    assert_eq!(
+        record.state,
+        RecordState::Processing { lease: new.lease },
+        "the lease is read back as written, in milliseconds"
+    );
+    assert_eq!(
+        record.expires_at,
+        T0 + TTL,
+        "the TTL is read back in milliseconds"
+    );
+    lease_lost(
+        store.complete(&k, new.lease.token, &created(), T0).await,
+        "complete under a lease of zero",
+    );
+    lease_lost(
+        store.release(&k, new.lease.token, T0).await,
+        "release under a lease of zero",
+    );
+    let lease = Lease {
+        token: OwnerToken::random(),
+        until: T0 + LEASE,
+    };
+    let taken = store
+        .take_over(&k, new.lease.token, lease, T0)
+        .await
+        .expect("a lease of zero can be taken over at once");
+    assert_eq!(taken.attempt, 2);
+    assert_eq!(taken.state, RecordState::Processing { lease });
+}
+
+/// A result larger than the store keeps ([`DEFAULT_MAX_RESULT`] bytes by default, as
+/// [`StoredResponse::size`] counts) is refused with [`StoreError::TooLarge`], naming the
+/// size and the limit, never a driver's error; the record is left processing under its
+/// owner, who can still park it (a terminal state for an operator). A result of exactly
+/// the limit is kept.
+pub async fn a_result_over_the_limit_is_refused(store: Arc<dyn Store>) {
+    let response = |size: usize| StoredResponse {
+        status: 201,
+        headers: vec![(
+            HeaderName::from_static("location"),
+            HeaderValue::from_static("/a"),
+        )],
+        body: Bytes::from(vec![b'x'; size - "location/a".len()]),
+    };
+    let big = key("big");
+    let new = new_record("sha256:a", T0);
+    started(&*store, &big, &new, T0).await;
+    let over = response(DEFAULT_MAX_RESULT + 1);
+    match store.complete(&big, new.lease.token, &over, T0 + 1).await {
+        Err(StoreError::TooLarge { size, limit }) => {
+            assert_eq!(size, DEFAULT_MAX_RESULT + 1);
+            assert_eq!(limit, DEFAULT_MAX_RESULT);
+        }
+        other => panic!("a result over the limit must be refused with TooLarge, got {other:?}"),
+    }
+    assert_eq!(
+        get(&*store, &big, T0 + 2).await.state,
+        RecordState::Processing { lease: new.lease },
+        "a refused result leaves the record as it was"
+    );
+    store
+        .park_unknown(&big, new.lease.token, "the result is too large", T0 + 2)
+        .await
+        .expect("the owner parks the operation whose result was refused");
+    assert_eq!(
+        get(&*store, &big, T0 + 3).await.state,
+        RecordState::Unknown {
+            reason: "the result is too large".into()
+        }
+    );
+
+    let fits = key("fits");
+    let new = new_record("sha256:a", T0);
+    started(&*store, &fits, &new, T0).await;
+    let exact = response(DEFAULT_MAX_RESULT);
+    store
+        .complete(&fits, new.lease.token, &exact, T0 + 1)
+        .await
+        .expect("a result of exactly the limit is kept");
+    assert_eq!(
+        get(&*store, &fits, T0 + 2).await.state,
+        RecordState::Completed { response: exact }
+    );
+}
+
+/// The parts of a record key are compared whole, whatever separators they contain: a
+/// client `a:1` with the key `k` and a client `a` with the key `1:k` are two records.
+pub async fn keys_are_compared_whole(store: Arc<dyn Store>) {
+    let one = RecordKey::new("create_order", "a:1", "k");
+    let two = RecordKey::new("create_order", "a", "1:k");
+    let three = RecordKey::new("create_order", "a*", "[k]");
+    for k in [&one, &two, &three] {
+        started(&*store, k, &new_record("sha256:a", T0), T0).await;
+    }
+    for k in [&one, &two, &three] {
+        assert_eq!(get(&*store, k, T0).await.attempt, 1);
+    }
+    assert_eq!(
+        store.purge_expired(T0 + TTL).await.expect("purge"),
+        3,
+        "each key is its own record"
     );
 }

@@ -27,10 +27,7 @@ pub fn url() -> String {
     std::env::var(URL_VAR).unwrap_or_else(|_| DEFAULT_URL.to_owned())
 }
 
-/// Whether a skipped store test must fail (`CI` is `true` or `1`).
-pub fn skips_fail() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
+pub use super::skips_fail;
 
 /// Reports that `what` cannot run because `why`, and returns `None`.
 ///

@@ -1,0 +1,828 @@
+//! The Redis store: shared by many instances, not transactional with business data
+//! (feature `redis`). Valkey speaks the same protocol; the conformance suite has run
+//! against Redis 7 only.
+//!
+//! ```no_run
+//! # async fn start() -> Result<(), idem_runtime::StoreError> {
+//! use idem_runtime::{Idem, identity, store::RedisStore};
+//!
+//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! let idem = Idem::new(store, identity::header("x-client-id"));
+//! # let _ = idem;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Layout
+//!
+//! One Redis hash per key, named `<prefix>:<operation>:<client length>:<client>:<key>`
+//! (prefix `idem` unless [`RedisStore::with_prefix`] says otherwise; the client's length
+//! makes the name unambiguous whatever bytes the client and the key hold). Its fields are
+//! the columns of the SQL stores: `operation_id`, `fingerprint`, `state`, `attempt`,
+//! `token` and `lease_until` while processing, `created_at`, `expires_at` (unix
+//! milliseconds, decimal), `transactional` (`0`), `status`, `headers` (JSON, as the SQL
+//! stores write them) and `body` once completed, `reason` once parked.
+//!
+//! # Atomicity and fencing
+//!
+//! Registration is one script that inserts the record when the key is free (or its TTL has
+//! passed) and reclaims it when it is released with the same fingerprint; it answers with
+//! the record either way, so a replay costs one round trip. `complete`, `release`, `renew`,
+//! `park_unknown` and `take_over` are each one script that compares the owner token (and,
+//! where the rule needs it, the lease's end) and writes only if it matches: Redis runs a
+//! script alone, so the comparison and the write are one step, and an owner whose lease
+//! ended cannot overwrite what a takeover decided. Time is the caller's `now`, as for
+//! every store; Redis's own clock is used only to forget keys (below).
+//!
+//! # Expiry
+//!
+//! Every write sets the hash to expire (`PEXPIREAT`) at the record's `expires_at` plus
+//! [`EXPIRY_MARGIN_MS`], by Redis's clock: Redis forgets records on its own, and a service
+//! whose clock runs up to that margin behind Redis's never sees a record vanish before
+//! its TTL. [`Store::purge_expired`] also scans the prefix and deletes what has expired by
+//! the caller's clock; a service on Redis does not need to run it.
+//!
+//! # What it does not guarantee
+//!
+//! - **Not transactional with business data.** The business write (in the service's own
+//!   database) and the record's completion are two writes. A process that dies between
+//!   them leaves the record processing with an effect already made: after the lease ends
+//!   the next retry or status lookup runs the contract's recovery (its reconcile
+//!   function), which must find the effect by the operation id and answer `applied`.
+//!   Handlers answer a retryable status only before their effect, as in every
+//!   non-transactional mode.
+//! - **Eviction.** Run Redis with `maxmemory-policy noeviction` (the default). Any other
+//!   policy lets Redis drop a record under memory pressure before its TTL: the retry that
+//!   follows finds no record and runs the operation a second time. With `noeviction` a
+//!   full Redis refuses writes instead, and idem answers 503 (fail closed).
+//!   [`RedisStore::connect`] logs a warning when the server says it evicts.
+//! - **Durability and failover.** A record lives as long as Redis keeps it: without
+//!   persistence (`appendonly yes`, `appendfsync always` for the strictest) a restart
+//!   forgets completed keys, and an asynchronous replica promoted after a failover may lack
+//!   the last writes. Either turns a retry of a forgotten key into a new operation. Use
+//!   the PostgreSQL store where that is not acceptable.
+//! - **One server.** Every script touches one key, but [`Store::purge_expired`] scans one
+//!   server: a primary (with replicas or Sentinel) is supported, Redis Cluster is not.
+//!
+//! # Faults
+//!
+//! The connection is a [`ConnectionManager`]: one multiplexed connection, re-established
+//! after it breaks, without restarting the service. Every call is bounded by the call
+//! timeout ([`RedisStore::with_call_timeout`], 2 s by default); a server that is down, slow
+//! or refuses a write fails the call with [`StoreError::Unavailable`], which idem answers
+//! with 503 and `Retry-After`, running no handler without its record. A hash that cannot
+//! be read back as a record fails with [`StoreError::Corrupt`].
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{RedisError, Script, Value};
+
+use super::headers::{decode_headers, encode_headers};
+use super::{
+    Begin, DEFAULT_MAX_RESULT, Lease, NewRecord, OperationState, OwnerToken, Record, RecordKey,
+    RecordState, Store, StoreError, StoredResponse, UnixMillis, check_size,
+};
+use crate::OperationId;
+
+/// How long after its `expires_at` (by Redis's clock) a record's hash is forgotten by Redis
+/// itself, in milliseconds: one minute of tolerance for clocks that disagree.
+pub const EXPIRY_MARGIN_MS: u64 = 60_000;
+
+/// The prefix of every hash name unless [`RedisStore::with_prefix`] says otherwise.
+pub const DEFAULT_PREFIX: &str = "idem";
+
+/// The bound on every call unless [`RedisStore::with_call_timeout`] says otherwise.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How many names one `SCAN` step of [`Store::purge_expired`] asks for.
+const SCAN_BATCH: usize = 500;
+
+/// Lua helpers every script starts with. Times travel as decimal strings and are compared
+/// as numbers (exact up to 2^53 ms, the year 287 396); the larger of two is written back
+/// as the string it came in.
+const PRELUDE: &str = r"
+local function later(a, b)
+  if tonumber(b) > tonumber(a) then return b end
+  return a
+end
+local function expire(key, at, margin)
+  redis.call('PEXPIREAT', key, string.format('%d', tonumber(at) + tonumber(margin)))
+end
+";
+
+/// `begin`. ARGV: now, operation id, fingerprint, token, lease end, TTL end, holds until,
+/// transactional, margin. Returns `{1, fields}` when the caller holds the key, `{0,
+/// fields}` when it exists and may not be taken (`Record::begin_over`).
+const BEGIN: &str = r"
+local now = ARGV[1]
+local cur = redis.call('HMGET', KEYS[1], 'expires_at', 'state', 'fingerprint')
+if (not cur[1]) or tonumber(cur[1]) <= tonumber(now) then
+  redis.call('DEL', KEYS[1])
+  local exp = later(later(ARGV[6], ARGV[5]), ARGV[7])
+  redis.call('HSET', KEYS[1], 'operation_id', ARGV[2], 'fingerprint', ARGV[3],
+    'state', 'processing', 'attempt', '1', 'token', ARGV[4], 'lease_until', ARGV[5],
+    'created_at', now, 'expires_at', exp, 'transactional', ARGV[8])
+  expire(KEYS[1], exp, ARGV[9])
+  return {1, redis.call('HGETALL', KEYS[1])}
+end
+if cur[2] == 'released' and cur[3] == ARGV[3] then
+  local exp = later(later(cur[1], ARGV[5]), ARGV[7])
+  redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+  redis.call('HSET', KEYS[1], 'state', 'processing', 'token', ARGV[4],
+    'lease_until', ARGV[5], 'expires_at', exp, 'transactional', ARGV[8])
+  redis.call('HDEL', KEYS[1], 'status', 'headers', 'body', 'reason')
+  expire(KEYS[1], exp, ARGV[9])
+  return {1, redis.call('HGETALL', KEYS[1])}
+end
+return {0, redis.call('HGETALL', KEYS[1])}
+";
+
+/// The condition of `complete` and `release`: processing under ARGV[2], live at ARGV[1].
+const LIVE_OWNER: &str = r"
+local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until')
+if cur[1] ~= 'processing' or cur[2] ~= ARGV[2] or tonumber(ARGV[1]) >= tonumber(cur[3]) then
+  return 0
+end
+";
+
+/// `complete`. ARGV: now, token, status, headers, body. Returns 1, or 0 when the lease is
+/// lost.
+const COMPLETE: &str = r"
+redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[3], 'headers', ARGV[4],
+  'body', ARGV[5])
+redis.call('HDEL', KEYS[1], 'token', 'lease_until')
+return 1
+";
+
+/// `release`. ARGV: now, token.
+const RELEASE: &str = r"
+redis.call('HSET', KEYS[1], 'state', 'released')
+redis.call('HDEL', KEYS[1], 'token', 'lease_until')
+return 1
+";
+
+/// The condition of `renew` and `park_unknown`: processing under ARGV[2], live or not.
+const CURRENT_OWNER: &str = r"
+local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'expires_at')
+if cur[1] ~= 'processing' or cur[2] ~= ARGV[2] then
+  return 0
+end
+";
+
+/// `renew`. ARGV: now, token, until, margin.
+const RENEW: &str = r"
+local exp = later(cur[3], ARGV[3])
+redis.call('HSET', KEYS[1], 'lease_until', ARGV[3], 'expires_at', exp)
+expire(KEYS[1], exp, ARGV[4])
+return 1
+";
+
+/// `park_unknown`. ARGV: now, token, reason.
+const PARK: &str = r"
+redis.call('HSET', KEYS[1], 'state', 'unknown', 'reason', ARGV[3])
+redis.call('HDEL', KEYS[1], 'token', 'lease_until')
+return 1
+";
+
+/// `take_over`. ARGV: now, expected token, new token, new lease end, margin. Returns `{1,
+/// fields}`, or `{0}` when the record is not processing under the expected token, its
+/// lease is live, or its TTL has passed.
+const TAKE_OVER: &str = r"
+local now = tonumber(ARGV[1])
+local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until', 'expires_at')
+if cur[1] ~= 'processing' or cur[2] ~= ARGV[2] or now < tonumber(cur[3])
+    or tonumber(cur[4]) <= now then
+  return {0}
+end
+local exp = later(cur[4], ARGV[4])
+redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+redis.call('HSET', KEYS[1], 'token', ARGV[3], 'lease_until', ARGV[4], 'expires_at', exp)
+expire(KEYS[1], exp, ARGV[5])
+return {1, redis.call('HGETALL', KEYS[1])}
+";
+
+/// `purge_expired`, for one batch of names. ARGV: now. Returns how many were deleted.
+const PURGE: &str = r"
+local n = 0
+for _, key in ipairs(KEYS) do
+  if redis.call('TYPE', key).ok == 'hash' then
+    local exp = redis.call('HGET', key, 'expires_at')
+    if exp and tonumber(exp) <= tonumber(ARGV[1]) then
+      redis.call('DEL', key)
+      n = n + 1
+    end
+  end
+end
+return n
+";
+
+/// The scripts, loaded by their SHA-1 (`EVALSHA`, falling back to `EVAL` once per server
+/// that lacks them).
+struct Scripts {
+    begin: Script,
+    complete: Script,
+    release: Script,
+    renew: Script,
+    park: Script,
+    take_over: Script,
+    purge: Script,
+}
+
+impl Scripts {
+    fn new() -> Scripts {
+        let with = |parts: &[&str]| Script::new(&parts.concat());
+        Scripts {
+            begin: with(&[PRELUDE, BEGIN]),
+            complete: with(&[LIVE_OWNER, COMPLETE]),
+            release: with(&[LIVE_OWNER, RELEASE]),
+            renew: with(&[PRELUDE, CURRENT_OWNER, RENEW]),
+            park: with(&[CURRENT_OWNER, PARK]),
+            take_over: with(&[PRELUDE, TAKE_OVER]),
+            purge: with(&[PURGE]),
+        }
+    }
+}
+
+/// A [`Store`] in Redis (or Valkey), shared by every instance of a service: see the
+/// [module docs](self) for the layout, the guarantees and what Redis's configuration does
+/// to them.
+///
+/// Cheap to clone: clones share the connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    prefix: String,
+    max_result: usize,
+    call_timeout: Duration,
+    scripts: std::sync::Arc<Scripts>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .field("max_result", &self.max_result)
+            .field("call_timeout", &self.call_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Connects to the server at `url` (`redis://[user:password@]host:port[/db]`, or
+    /// `rediss://` for TLS where the `redis` crate is built with it) and checks that it
+    /// answers.
+    ///
+    /// # Default
+    ///
+    /// - prefix [`DEFAULT_PREFIX`], results of up to [`DEFAULT_MAX_RESULT`] bytes;
+    /// - every call bounded by [`DEFAULT_CALL_TIMEOUT`]; a new connection waits at most
+    ///   1 s, and a broken one is re-established in the background (a few tries, 100 to
+    ///   500 ms apart, then again at the next call).
+    ///
+    /// Logs a warning when the server's `maxmemory-policy` is not `noeviction` (see
+    /// "What it does not guarantee" in the [module docs](self)); a server that refuses
+    /// `CONFIG GET` (a managed service) is not checked.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the URL is malformed or the server cannot be
+    /// reached, refuses the login or does not answer within the call timeout.
+    pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
+        let client = redis::Client::open(url).map_err(StoreError::unavailable)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(1)))
+            .set_response_timeout(Some(DEFAULT_CALL_TIMEOUT))
+            .set_number_of_retries(2)
+            .set_min_delay(Duration::from_millis(100))
+            .set_max_delay(Duration::from_millis(500));
+        let conn = tokio::time::timeout(
+            DEFAULT_CALL_TIMEOUT,
+            ConnectionManager::new_with_config(client, config),
+        )
+        .await
+        .map_err(|_| StoreError::unavailable("the Redis server did not answer in time"))?
+        .map_err(StoreError::unavailable)?;
+        let store = RedisStore::from_connection(conn);
+        store.warn_if_evicting().await;
+        Ok(store)
+    }
+
+    /// A store over a connection the application configured (its own timeouts, TLS,
+    /// credentials). Runs no command.
+    pub fn from_connection(conn: ConnectionManager) -> RedisStore {
+        RedisStore {
+            conn,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            max_result: DEFAULT_MAX_RESULT,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            scripts: std::sync::Arc::new(Scripts::new()),
+        }
+    }
+
+    /// The same store, naming its hashes `<prefix>:…`: several services (or tests) can
+    /// share one Redis database without seeing each other's keys. Any text works; the
+    /// characters `SCAN` patterns treat specially are escaped where it matters.
+    #[must_use]
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> RedisStore {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The same store, keeping results of up to `bytes` bytes
+    /// ([`StoredResponse::size`]; [`DEFAULT_MAX_RESULT`] unless set): a larger one is
+    /// refused with [`StoreError::TooLarge`] before anything is sent.
+    #[must_use]
+    pub fn with_max_result(mut self, bytes: usize) -> RedisStore {
+        self.max_result = bytes;
+        self
+    }
+
+    /// The same store, failing every call that takes longer than `timeout` with
+    /// [`StoreError::Unavailable`] ([`DEFAULT_CALL_TIMEOUT`] unless set). A call that timed
+    /// out may still have been carried out by the server: idem treats its outcome as
+    /// unknown, as for any store failure.
+    #[must_use]
+    pub fn with_call_timeout(mut self, timeout: Duration) -> RedisStore {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// The connection, to share it with the application.
+    pub fn connection(&self) -> &ConnectionManager {
+        &self.conn
+    }
+
+    /// The name of the hash that holds `key`'s record.
+    pub fn hash_name(&self, key: &RecordKey) -> String {
+        format!(
+            "{}:{}:{}:{}:{}",
+            self.prefix,
+            key.operation,
+            key.client.len(),
+            key.client,
+            key.key
+        )
+    }
+
+    async fn warn_if_evicting(&self) {
+        let mut conn = self.conn.clone();
+        let answer: Result<Result<Vec<String>, RedisError>, _> = tokio::time::timeout(
+            self.call_timeout,
+            redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("maxmemory-policy")
+                .query_async(&mut conn),
+        )
+        .await;
+        if let Ok(Ok(pair)) = answer
+            && let Some(policy) = pair.get(1)
+            && policy != "noeviction"
+        {
+            tracing::warn!(
+                policy = %policy,
+                "idem: the Redis server evicts keys under memory pressure (maxmemory-policy {policy}); \
+                 an evicted record turns a retry into a second effect: set maxmemory-policy noeviction"
+            );
+        }
+    }
+
+    /// Runs `call` under the call timeout, mapping Redis's errors to the store's.
+    async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(store_error(error)),
+            Err(_) => Err(StoreError::unavailable(format!(
+                "the Redis server did not answer within {} ms",
+                self.call_timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// Runs a script that answers 1 (done) or 0 (the lease is lost).
+    async fn fenced(&self, invocation: redis::ScriptInvocation<'_>) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        let done: i64 = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        if done == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::LeaseLost)
+        }
+    }
+}
+
+/// A Redis error as a store error: a value of the wrong type under one of idem's names is
+/// a record that cannot be read; everything else (I/O, timeouts, a full server, a read-only
+/// replica, a script error) is the store failing.
+fn store_error(error: RedisError) -> StoreError {
+    if error.code() == Some("WRONGTYPE") {
+        StoreError::Corrupt(format!(
+            "a value under idem's prefix is not a record: {error}"
+        ))
+    } else {
+        StoreError::unavailable(error)
+    }
+}
+
+/// A hash's fields, from `HGETALL` (a flat array of names and values, or a map).
+fn fields(value: Value) -> Result<HashMap<String, Vec<u8>>, StoreError> {
+    let corrupt = || StoreError::Corrupt("the record is not a list of fields".into());
+    let bytes = |v: Value| match v {
+        Value::BulkString(b) => Ok(b),
+        Value::SimpleString(s) => Ok(s.into_bytes()),
+        Value::Int(n) => Ok(n.to_string().into_bytes()),
+        _ => Err(corrupt()),
+    };
+    let pairs: Vec<(Value, Value)> = match value {
+        Value::Array(items) => {
+            if items.len() % 2 != 0 {
+                return Err(corrupt());
+            }
+            let mut items = items.into_iter();
+            let mut pairs = Vec::new();
+            while let (Some(name), Some(value)) = (items.next(), items.next()) {
+                pairs.push((name, value));
+            }
+            pairs
+        }
+        Value::Map(pairs) => pairs,
+        Value::Nil => Vec::new(),
+        _ => return Err(corrupt()),
+    };
+    pairs
+        .into_iter()
+        .map(|(name, value)| {
+            let name = String::from_utf8(bytes(name)?).map_err(|_| corrupt())?;
+            Ok((name, bytes(value)?))
+        })
+        .collect()
+}
+
+/// A record from its hash's fields; `None` for an empty hash (no record).
+fn decode(fields: &HashMap<String, Vec<u8>>) -> Result<Option<Record>, StoreError> {
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let text = |name: &str| -> Result<&str, StoreError> {
+        let value = fields
+            .get(name)
+            .ok_or_else(|| StoreError::Corrupt(format!("`{name}` is missing")))?;
+        std::str::from_utf8(value)
+            .map_err(|_| StoreError::Corrupt(format!("`{name}` is not UTF-8")))
+    };
+    fn number<T: FromStr>(name: &str, text: &str) -> Result<T, StoreError> {
+        text.parse()
+            .map_err(|_| StoreError::Corrupt(format!("`{name}` is not a number: `{text}`")))
+    }
+    let operation_id = OperationId::from_str(text("operation_id")?)
+        .map_err(|e| StoreError::Corrupt(format!("`operation_id`: {e}")))?;
+    let state = match OperationState::from_str(text("state")?).map_err(StoreError::Corrupt)? {
+        OperationState::Processing => RecordState::Processing {
+            lease: Lease {
+                token: OwnerToken::from_str(text("token")?)
+                    .map_err(|e| StoreError::Corrupt(format!("`token`: {e}")))?,
+                until: number("lease_until", text("lease_until")?)?,
+            },
+        },
+        OperationState::Completed => RecordState::Completed {
+            response: StoredResponse {
+                status: number("status", text("status")?)?,
+                headers: decode_headers(text("headers")?)?,
+                body: Bytes::from(fields.get("body").cloned().unwrap_or_default()),
+            },
+        },
+        OperationState::Released => RecordState::Released,
+        OperationState::Unknown => RecordState::Unknown {
+            reason: fields
+                .get("reason")
+                .map(|r| String::from_utf8_lossy(r).into_owned())
+                .unwrap_or_default(),
+        },
+    };
+    Ok(Some(Record {
+        operation_id,
+        fingerprint: text("fingerprint")?.to_owned(),
+        attempt: number("attempt", text("attempt")?)?,
+        created_at: number("created_at", text("created_at")?)?,
+        expires_at: number("expires_at", text("expires_at")?)?,
+        state,
+        transactional: text("transactional")? == "1",
+    }))
+}
+
+/// A script's `{flag, fields}` answer: whether the caller won, and the record.
+fn flagged(value: Value) -> Result<(bool, Option<Record>), StoreError> {
+    let corrupt = || StoreError::Corrupt("a script answered in an unexpected shape".into());
+    let Value::Array(mut items) = value else {
+        return Err(corrupt());
+    };
+    let record = match items.len() {
+        1 => None,
+        2 => decode(&fields(items.pop().ok_or_else(corrupt)?)?)?,
+        _ => return Err(corrupt()),
+    };
+    let won = matches!(items.first(), Some(Value::Int(1)));
+    Ok((won, record))
+}
+
+/// `SCAN` patterns treat `*`, `?`, `[`, `]` and `\` specially.
+fn escape_pattern(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        new: &NewRecord,
+        now: UnixMillis,
+    ) -> Result<Begin, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut invocation = self.scripts.begin.key(self.hash_name(key));
+        invocation
+            .arg(now)
+            .arg(new.operation_id.to_string())
+            .arg(&new.fingerprint)
+            .arg(new.lease.token.to_string())
+            .arg(new.lease.until)
+            .arg(new.expires_at)
+            .arg(new.holds_until)
+            .arg(if new.transactional { "1" } else { "0" })
+            .arg(EXPIRY_MARGIN_MS);
+        let answer: Value = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        match flagged(answer)? {
+            (true, Some(record)) => Ok(Begin::Started(record)),
+            (false, Some(record)) => Ok(Begin::Exists(record)),
+            (_, None) => Err(StoreError::Corrupt(
+                "the record vanished inside its own script".into(),
+            )),
+        }
+    }
+
+    async fn get(&self, key: &RecordKey, now: UnixMillis) -> Result<Option<Record>, StoreError> {
+        let mut conn = self.conn.clone();
+        let answer: Value = self
+            .bounded(
+                redis::cmd("HGETALL")
+                    .arg(self.hash_name(key))
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(decode(&fields(answer)?)?.filter(|record| !record.is_expired(now)))
+    }
+
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        response: &StoredResponse,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        check_size(response, self.max_result)?;
+        let mut invocation = self.scripts.complete.key(self.hash_name(key));
+        invocation
+            .arg(now)
+            .arg(token.to_string())
+            .arg(response.status)
+            .arg(encode_headers(&response.headers))
+            .arg(response.body.as_ref());
+        self.fenced(invocation).await
+    }
+
+    async fn release(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        let mut invocation = self.scripts.release.key(self.hash_name(key));
+        invocation.arg(now).arg(token.to_string());
+        self.fenced(invocation).await
+    }
+
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        until: UnixMillis,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        let mut invocation = self.scripts.renew.key(self.hash_name(key));
+        invocation
+            .arg(now)
+            .arg(token.to_string())
+            .arg(until)
+            .arg(EXPIRY_MARGIN_MS);
+        self.fenced(invocation).await
+    }
+
+    async fn park_unknown(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        reason: &str,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        let mut invocation = self.scripts.park.key(self.hash_name(key));
+        invocation.arg(now).arg(token.to_string()).arg(reason);
+        self.fenced(invocation).await
+    }
+
+    async fn take_over(
+        &self,
+        key: &RecordKey,
+        expected: OwnerToken,
+        new_lease: Lease,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut invocation = self.scripts.take_over.key(self.hash_name(key));
+        invocation
+            .arg(now)
+            .arg(expected.to_string())
+            .arg(new_lease.token.to_string())
+            .arg(new_lease.until)
+            .arg(EXPIRY_MARGIN_MS);
+        let answer: Value = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        match flagged(answer)? {
+            (true, Some(record)) => Ok(record),
+            (true, None) => Err(StoreError::Corrupt(
+                "the record vanished inside its own script".into(),
+            )),
+            (false, _) => Err(StoreError::LeaseLost),
+        }
+    }
+
+    async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
+        let mut conn = self.conn.clone();
+        let pattern = format!("{}:*", escape_pattern(&self.prefix));
+        let mut cursor: u64 = 0;
+        let mut purged = 0;
+        loop {
+            let (next, names): (u64, Vec<String>) = self
+                .bounded(
+                    redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(&pattern)
+                        .arg("COUNT")
+                        .arg(SCAN_BATCH)
+                        .query_async(&mut conn),
+                )
+                .await?;
+            if !names.is_empty() {
+                let mut invocation = self.scripts.purge.prepare_invoke();
+                for name in &names {
+                    invocation.key(name);
+                }
+                invocation.arg(now);
+                let n: u64 = self.bounded(invocation.invoke_async(&mut conn)).await?;
+                purged += n;
+            }
+            if next == 0 {
+                return Ok(purged);
+            }
+            cursor = next;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store on a connection that is never made (nothing listens on port 1).
+    fn unconnected() -> RedisStore {
+        let client = redis::Client::open("redis://127.0.0.1:1").expect("a valid URL");
+        let conn = ConnectionManager::new_lazy_with_config(client, ConnectionManagerConfig::new())
+            .expect("a lazy connection");
+        RedisStore::from_connection(conn)
+    }
+
+    #[tokio::test]
+    async fn hash_names_are_unambiguous() {
+        let store = unconnected();
+        let a = RecordKey::new("op", "a:1", "k");
+        let b = RecordKey::new("op", "a", "1:k");
+        assert_ne!(store.hash_name(&a), store.hash_name(&b));
+        assert_eq!(store.hash_name(&a), "idem:op:3:a:1:k");
+        let store = store.with_prefix("svc");
+        assert_eq!(store.hash_name(&b), "svc:op:1:a:1:k");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_server_is_unavailable_within_the_call_timeout() {
+        let store = unconnected().with_call_timeout(Duration::from_millis(300));
+        let started = std::time::Instant::now();
+        let k = RecordKey::new("op", "c", "k");
+        assert!(matches!(
+            store.get(&k, 0).await,
+            Err(StoreError::Unavailable(_))
+        ));
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn scan_patterns_are_escaped() {
+        assert_eq!(escape_pattern("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+        assert_eq!(escape_pattern("idem"), "idem");
+    }
+
+    #[test]
+    fn unreadable_hashes_are_corrupt_not_panics() {
+        let mut hash = HashMap::new();
+        hash.insert("state".to_owned(), b"processing".to_vec());
+        assert!(matches!(decode(&hash), Err(StoreError::Corrupt(_))));
+        hash.insert("operation_id".to_owned(), b"not an id".to_vec());
+        assert!(matches!(decode(&hash), Err(StoreError::Corrupt(_))));
+        assert!(matches!(decode(&HashMap::new()), Ok(None)));
+        assert!(matches!(
+            fields(Value::Array(vec![Value::Int(1)])),
+            Err(StoreError::Corrupt(_))
+        ));
+        assert!(matches!(
+            flagged(Value::Int(3)),
+            Err(StoreError::Corrupt(_))
+        ));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn passes_the_conformance_suite() {
+        let Some(url) = crate::store::conformance::redis::url_or_skip("the Redis store").await
+        else {
+            return;
+        };
+        crate::store::conformance::run(|| {
+            let url = url.clone();
+            async move { crate::store::conformance::redis::scratch_store(&url).await }
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn foreign_values_under_record_names_are_corrupt() {
+        let Some(url) = crate::store::conformance::redis::url_or_skip("the Redis store").await
+        else {
+            return;
+        };
+        let store = crate::store::conformance::redis::scratch_store(&url).await;
+        let mut conn = store.connection().clone();
+        let k = RecordKey::new("op", "c", "string");
+        let _: () = redis::cmd("SET")
+            .arg(store.hash_name(&k))
+            .arg("not a record")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let new = crate::store::conformance::new_record("sha256:a", 1);
+        assert!(matches!(
+            store.get(&k, 1).await,
+            Err(StoreError::Corrupt(_))
+        ));
+        assert!(matches!(
+            store.begin(&k, &new, 1).await,
+            Err(StoreError::Corrupt(_))
+        ));
+        let h = RecordKey::new("op", "c", "hash");
+        let _: () = redis::cmd("HSET")
+            .arg(store.hash_name(&h))
+            .arg("state")
+            .arg("completed")
+            .arg("expires_at")
+            .arg("99999999999999")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(matches!(
+            store.get(&h, 1).await,
+            Err(StoreError::Corrupt(_))
+        ));
+        assert!(matches!(
+            store.begin(&h, &new, 1).await,
+            Err(StoreError::Corrupt(_))
+        ));
+        // Purging skips what is not a record and deletes nothing it cannot read.
+        assert_eq!(store.purge_expired(u64::MAX / 2).await.unwrap(), 1);
+        let left: bool = redis::cmd("EXISTS")
+            .arg(store.hash_name(&k))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(left, "a value that is not a record is left alone");
+    }
+}
