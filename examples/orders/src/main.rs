@@ -67,8 +67,9 @@ enum StoreArg {
     /// Records and orders in PostgreSQL (`DATABASE_URL`), in one transaction; any number
     /// of processes may share the database.
     Postgres,
-    /// Records in Redis (`REDIS_URL`), orders in PostgreSQL (`DATABASE_URL`); not
-    /// transactional. Not available in this build yet.
+    /// Records in Redis (`REDIS_URL`; run it with `maxmemory-policy noeviction`), orders
+    /// in PostgreSQL (`DATABASE_URL`); not transactional: the handler writes the order
+    /// itself. Any number of processes may share them.
     Redis,
 }
 

@@ -36,8 +36,8 @@ pub enum Backend {
         /// The SQLite file of the orders.
         db: PathBuf,
     },
-    /// Records in Redis, orders in PostgreSQL; not transactional. Not available yet: the
-    /// Redis store is not part of this build.
+    /// Records in Redis, orders in PostgreSQL; not transactional. Any number of instances
+    /// may share them.
     Redis {
         /// The Redis server, such as `redis://127.0.0.1:6379`.
         redis_url: String,
@@ -77,9 +77,6 @@ pub enum OpenError {
     /// The orders database cannot be used.
     #[error("the orders database: {0}")]
     Orders(#[from] db::MigrateError),
-    /// The backend is not part of this build.
-    #[error("{0}")]
-    Unavailable(&'static str),
 }
 
 /// What the service needs to start.
@@ -120,8 +117,7 @@ impl Service {
     ///
     /// # Errors
     ///
-    /// When the store or the orders database cannot be opened, or the backend is not
-    /// part of this build.
+    /// When the store or the orders database cannot be opened.
     pub async fn open(config: &Config) -> Result<Service, OpenError> {
         let identity = || idem::identity::header(CLIENT_ID_HEADER);
         let demo = Demo {
@@ -151,16 +147,15 @@ impl Service {
                 let orders = Orders::open_sqlite(db).await?;
                 Ok(Service::with_store(idem::MemoryStore::new(), orders, demo))
             }
-            // Not transactional either. With the Redis store (facade feature `redis`) this
-            // arm becomes:
-            //     Backend::Redis { redis_url, database_url } => {
-            //         let store = idem::RedisStore::connect(redis_url).await?;
-            //         let orders = Orders::connect_postgres(database_url).await?;
-            //         Ok(Service::with_store(store, orders, demo))
-            //     }
-            Backend::Redis { .. } => Err(OpenError::Unavailable(
-                "the Redis store is not part of this build yet: use --store memory, sqlite or postgres",
-            )),
+            // Not transactional either: Redis cannot commit with PostgreSQL.
+            Backend::Redis {
+                redis_url,
+                database_url,
+            } => {
+                let store = idem::RedisStore::connect(redis_url).await?;
+                let orders = Orders::connect_postgres(database_url).await?;
+                Ok(Service::with_store(store, orders, demo))
+            }
         }
     }
 

@@ -1,5 +1,6 @@
-//! Many instances, one truth: three `orders --store postgres` processes on one database,
-//! each key sent to all three at the same moment, make one order per key.
+//! Many instances, one truth: three `orders` processes on one store (`--store postgres`,
+//! `--store redis`), each key sent to all three at the same moment, make one order per
+//! key.
 
 mod common;
 
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{Reply, Service, client, order, try_post};
 use idem_runtime::store::conformance::postgres::scratch_url;
+use idem_runtime::store::conformance::redis::url_or_skip;
 use reqwest::StatusCode;
 use tokio::sync::Semaphore;
 
@@ -31,6 +33,29 @@ async fn three_processes_on_one_database_make_one_order_per_key() {
         return;
     };
     let services: Vec<Service> = (0..3).map(|_| Service::postgres(&url, &[])).collect();
+    three_processes_one_order_per_key(&services, &url, "k-inst").await;
+}
+
+/// The same with the records in Redis and the orders in PostgreSQL (not transactional):
+/// Redis's atomic registration is what lets one attempt run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_on_redis_make_one_order_per_key() {
+    let what = "three orders processes on one Redis and one PostgreSQL database";
+    let Some(redis_url) = url_or_skip(what).await else {
+        return;
+    };
+    let Some(url) = scratch_url(what).await else {
+        return;
+    };
+    let services: Vec<Service> = (0..3).map(|_| Service::redis(&redis_url, &url)).collect();
+    // The Redis server is shared between runs: the keys are new each time.
+    let prefix = format!("k-inst-{}", uuid::Uuid::new_v4().simple());
+    three_processes_one_order_per_key(&services, &url, &prefix).await;
+}
+
+/// Sends each of [`KEYS`] keys (`<prefix>-NNN`) to the three `services` at once, and
+/// checks the answers and the orders table at `url`.
+async fn three_processes_one_order_per_key(services: &[Service], url: &str, prefix: &str) {
     let urls: Arc<[String]> = services.iter().map(|s| s.url.clone()).collect();
     let http = client();
     let started = Instant::now();
@@ -39,9 +64,9 @@ async fn three_processes_on_one_database_make_one_order_per_key() {
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..KEYS {
         let (gate, urls, http) = (gate.clone(), urls.clone(), http.clone());
+        let key = format!("{prefix}-{i:03}");
         tasks.spawn(async move {
             let _permit = gate.acquire_owned().await.unwrap();
-            let key = format!("k-inst-{i:03}");
             let body = order(1000 + i64::try_from(i).unwrap());
             // The same key to the three processes at the same moment, over real sockets.
             let (a, b, c) = tokio::join!(
@@ -99,7 +124,7 @@ async fn three_processes_on_one_database_make_one_order_per_key() {
     assert!(took < Duration::from_secs(60), "took {took:?}");
 
     // The orders table, read directly.
-    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
     let rows: Vec<(String, String)> =
         sqlx::query_as("SELECT idempotency_key, id FROM orders ORDER BY idempotency_key")
             .fetch_all(&pool)

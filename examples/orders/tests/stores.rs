@@ -1,6 +1,6 @@
-//! `orders --store …`: each store as a user starts it, and the path that `--store redis`
-//! will take (records outside the orders database, orders in PostgreSQL, written through
-//! the pool), run here with the records in memory.
+//! `orders --store …`: each store as a user starts it, and the path of `--store redis`
+//! (records outside the orders database, orders in PostgreSQL, written through the pool)
+//! also with the records in memory, in-process.
 
 mod common;
 
@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::{Reply, Service, client, order, post, temp_db, try_post};
 use idem_runtime::store::conformance::postgres::scratch_url;
+use idem_runtime::store::conformance::redis::url_or_skip;
 use orders::Service as OrdersService;
 use orders::api::Demo;
 use orders::db::Orders;
@@ -96,7 +97,8 @@ async fn postgres_stores_records_and_orders_in_the_database() {
 }
 
 /// Records outside the orders database and orders in PostgreSQL, written through the
-/// pool: what `--store redis` runs, with the records in memory here.
+/// pool: what `--store redis` runs, with the records in memory here (and the demo's
+/// outage, which needs the service in-process).
 #[tokio::test]
 async fn records_elsewhere_orders_in_postgres_through_the_pool() {
     let Some(url) = scratch_url("records in memory, orders in PostgreSQL").await else {
@@ -135,20 +137,36 @@ async fn records_elsewhere_orders_in_postgres_through_the_pool() {
         .unwrap();
 }
 
-/// `--store redis` says at start that it is not available yet, rather than pretending.
+/// `--store redis`: the records in Redis, the order in PostgreSQL, read back from there.
+/// (The server is shared between runs, so the key is new each time.)
+#[tokio::test]
+async fn redis_stores_records_in_redis_and_orders_in_postgres() {
+    let what = "orders --store redis";
+    let Some(redis_url) = url_or_skip(what).await else {
+        return;
+    };
+    let Some(url) = scratch_url(what).await else {
+        return;
+    };
+    let http = client();
+    let service = Service::redis(&redis_url, &url);
+    let key = format!("k-redis-{}", uuid::Uuid::new_v4().simple());
+    order_replay_and_read(&http, &service.url, &key).await;
+    assert_eq!(count_pg(&url).await, 1);
+}
+
+/// `--store redis` on a server that does not answer fails at start, naming the store.
 #[test]
-fn redis_is_refused_at_start_with_a_clear_message() {
+fn redis_unreachable_fails_at_start() {
     let out = Command::new(env!("CARGO_BIN_EXE_orders"))
         .args(["--addr", "127.0.0.1:0", "--store", "redis"])
+        .env("REDIS_URL", "redis://127.0.0.1:1")
         .env("DATABASE_URL", "postgres://127.0.0.1:1/none")
         .output()
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("the Redis store is not part of this build yet"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("--store redis: idem's store"), "{stderr}");
     assert!(out.stdout.is_empty(), "it never listened");
 }
 

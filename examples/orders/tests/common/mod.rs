@@ -44,8 +44,17 @@ impl Service {
         Service::spawn(&["--store", "postgres"], &env)
     }
 
+    /// `orders --store redis`: records at `redis_url` (`REDIS_URL`), orders at
+    /// `database_url` (`DATABASE_URL`).
+    pub fn redis(redis_url: &str, database_url: &str) -> Service {
+        Service::spawn(
+            &["--store", "redis"],
+            &[("REDIS_URL", redis_url), ("DATABASE_URL", database_url)],
+        )
+    }
+
     /// `orders --addr 127.0.0.1:0 <args>`, with `env` (and no inherited
-    /// `IDEM_FAULT_POINT` or `DATABASE_URL`); returns once the service printed the
+    /// `IDEM_FAULT_POINT`, `DATABASE_URL` or `REDIS_URL`); returns once the service printed the
     /// address it listens on.
     ///
     /// # Panics
@@ -59,6 +68,7 @@ impl Service {
             .env("RUST_LOG", "warn")
             .env_remove("IDEM_FAULT_POINT")
             .env_remove("DATABASE_URL")
+            .env_remove("REDIS_URL")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
