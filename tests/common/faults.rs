@@ -40,6 +40,8 @@ impl Call {
 struct Faults {
     failing: Mutex<HashMap<Call, bool>>,
     counts: Mutex<HashMap<Call, usize>>,
+    /// How long `begin` waits after the inner store answered (a slow round trip back).
+    begin_delay: Mutex<std::time::Duration>,
 }
 
 /// Wraps a store; every call is counted, and a call set to fail returns
@@ -80,6 +82,13 @@ impl<S: Store> FaultyStore<S> {
     /// From now on, `call` reaches the inner store again.
     pub fn heal(&self, call: Call) {
         self.faults.failing.lock().unwrap().insert(call, false);
+    }
+
+    /// From now on, `begin` answers `delay` after the inner store wrote the record, as
+    /// a server that is slow to answer (or a pool that was slow to give a connection,
+    /// with times computed before the wait).
+    pub fn delay_begin(&self, delay: std::time::Duration) {
+        *self.faults.begin_delay.lock().unwrap() = delay;
     }
 
     /// How many times `call` was made (failed calls included).
@@ -126,7 +135,12 @@ impl<S: Store> Store for FaultyStore<S> {
         now: UnixMillis,
     ) -> Result<Begin, StoreError> {
         self.enter(Call::Begin)?;
-        self.inner.begin(key, new, now).await
+        let begun = self.inner.begin(key, new, now).await;
+        let delay = *self.faults.begin_delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        begun
     }
 
     async fn get(&self, key: &RecordKey, now: UnixMillis) -> Result<Option<Record>, StoreError> {

@@ -288,7 +288,7 @@ impl Held {
                 self.log_lease_lost("commit");
                 answer::attempt_rolled_back(
                     self.operation_id,
-                    "lost its lease to another attempt before it could commit",
+                    "lost its lease before it could commit (the lease ran out, or recovery took the record over)",
                     OperationState::Processing,
                     1,
                 )
@@ -684,7 +684,7 @@ impl Held {
             attempt = self.attempt,
             step,
             outcome = "lease_lost",
-            "idem: the lease was lost (another attempt took the record over); this attempt's result is not recorded"
+            "idem: the lease was lost (it ran out, or recovery took the record over); this attempt's result is not recorded"
         );
     }
 

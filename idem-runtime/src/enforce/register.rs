@@ -67,6 +67,30 @@ where
         };
         let record = match idem.store().begin(key, &new, now).await {
             Ok(Begin::Started(record)) => {
+                // A registration that waited (for a connection, a slow or returning
+                // server) may have written a lease that has run out already, and another
+                // instance may take the record over as if this attempt had died. Renew it
+                // before the handler runs: the renewal succeeds only while this token
+                // still owns the record, so a takeover that came first fences this attempt
+                // out before it does anything, and one that comes later finds a live lease.
+                if started.elapsed() >= lease_len / 3 {
+                    let now = unix_now();
+                    let until = now
+                        .saturating_add(u64::try_from(lease_len.as_millis()).unwrap_or(u64::MAX));
+                    match idem.store().renew(key, new.lease.token, until, now).await {
+                        Ok(()) => {}
+                        // Taken over meanwhile: the record is someone else's; look again.
+                        Err(StoreError::LeaseLost) => continue,
+                        Err(error) => {
+                            return Registered::Answer(answer::store_unavailable(
+                                idem,
+                                contract,
+                                Some(record.operation_id),
+                                &error,
+                            ));
+                        }
+                    }
+                }
                 tracing::debug!(
                     operation = %contract.operation,
                     operation_id = %record.operation_id,
