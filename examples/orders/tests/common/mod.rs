@@ -47,10 +47,14 @@ impl Service {
     /// `orders --store redis`: records at `redis_url` (`REDIS_URL`), orders at
     /// `database_url` (`DATABASE_URL`).
     pub fn redis(redis_url: &str, database_url: &str) -> Service {
-        Service::spawn(
-            &["--store", "redis"],
-            &[("REDIS_URL", redis_url), ("DATABASE_URL", database_url)],
-        )
+        Service::redis_with(redis_url, database_url, &[])
+    }
+
+    /// [`Service::redis`] with more of the environment (a fault point).
+    pub fn redis_with(redis_url: &str, database_url: &str, env: &[(&str, &str)]) -> Service {
+        let mut env = env.to_vec();
+        env.extend([("REDIS_URL", redis_url), ("DATABASE_URL", database_url)]);
+        Service::spawn(&["--store", "redis"], &env)
     }
 
     /// `orders --addr 127.0.0.1:0 <args>`, with `env` (and no inherited
