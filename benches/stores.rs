@@ -24,7 +24,9 @@
 //! medians of requests per second and of p99 latency, with `idem / min` on new keys and
 //! `replay / bare`. The load generator shares the machine's cores with the server, so the
 //! figures are ratios, not capacity. Set `IDEM_BENCH_ROUNDS` (default 3) and
-//! `IDEM_BENCH_SECONDS` (default 5) to change them.
+//! `IDEM_BENCH_SECONDS` (default 5) to change them, and `IDEM_BENCH_ONLY` (run names as
+//! printed, comma-separated: `"memory idem,memory idem replay"`) to keep only some runs,
+//! for a profile.
 //!
 //! PostgreSQL (`IDEM_TEST_DATABASE_URL`, by default the local server) and Redis
 //! (`IDEM_TEST_REDIS_URL`, likewise) are used through the conformance suite's scratch
