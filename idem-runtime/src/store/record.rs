@@ -49,13 +49,14 @@ impl fmt::Debug for RecordKey {
     }
 }
 
-/// The owner of a lease: 128 random bits, made fresh for every attempt and every
-/// takeover.
+/// The owner of a lease: a random UUIDv4 (122 random bits), made fresh for every attempt
+/// and every takeover.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OwnerToken(u128);
 
 impl OwnerToken {
-    /// A new random token (from the operating system's random source, through `uuid`).
+    /// A new random token: a UUIDv4 from a cryptographically secure generator seeded by
+    /// the operating system (`rand`'s thread-local generator, through `uuid`).
     pub fn random() -> OwnerToken {
         OwnerToken(uuid::Uuid::new_v4().as_u128())
     }
