@@ -27,7 +27,7 @@
 //!
 //! Registration is one script that inserts the record when the key is free (or its TTL has
 //! passed) and reclaims it when it is released with the same fingerprint; it answers with
-//! the record either way, so a replay costs one round trip. `complete`, `release`, `renew`,
+//! the record it found, so a replay costs one round trip. `complete`, `release`, `renew`,
 //! `park_unknown` and `take_over` are each one script that compares the owner token (and,
 //! where the rule needs it, the lease's end) and writes only if it matches: Redis runs a
 //! script alone, so the comparison and the write are one step, and an owner whose lease
@@ -116,8 +116,10 @@ end
 ";
 
 /// `begin`. ARGV: now, operation id, fingerprint, token, lease end, TTL end, holds until,
-/// transactional, margin. Returns `{1, fields}` when the caller holds the key, `{0,
-/// fields}` when it exists and may not be taken (`Record::begin_over`).
+/// transactional, margin. Returns `{2}` when a new record was written (exactly
+/// `Record::started`, which the caller builds itself), `{1, fields}` when a released
+/// record was reclaimed, `{0, fields}` when it exists and may not be taken
+/// (`Record::begin_over`).
 const BEGIN: &str = r"
 local now = ARGV[1]
 local cur = redis.call('HMGET', KEYS[1], 'expires_at', 'state', 'fingerprint')
@@ -128,7 +130,7 @@ if (not cur[1]) or tonumber(cur[1]) <= tonumber(now) then
     'state', 'processing', 'attempt', '1', 'token', ARGV[4], 'lease_until', ARGV[5],
     'created_at', now, 'expires_at', exp, 'transactional', ARGV[8])
   expire(KEYS[1], exp, ARGV[9])
-  return {1, redis.call('HGETALL', KEYS[1])}
+  return {2}
 end
 if cur[2] == 'released' and cur[3] == ARGV[3] then
   local exp = later(later(cur[1], ARGV[5]), ARGV[7])
@@ -517,8 +519,8 @@ fn decode(fields: &HashMap<String, Vec<u8>>) -> Result<Option<Record>, StoreErro
     }))
 }
 
-/// A script's `{flag, fields}` answer: whether the caller won, and the record.
-fn flagged(value: Value) -> Result<(bool, Option<Record>), StoreError> {
+/// A script's `{flag}` or `{flag, fields}` answer: the flag, and the record if sent.
+fn flagged(value: Value) -> Result<(i64, Option<Record>), StoreError> {
     let corrupt = || StoreError::Corrupt("a script answered in an unexpected shape".into());
     let Value::Array(mut items) = value else {
         return Err(corrupt());
@@ -528,8 +530,10 @@ fn flagged(value: Value) -> Result<(bool, Option<Record>), StoreError> {
         2 => decode(&fields(items.pop().ok_or_else(corrupt)?)?)?,
         _ => return Err(corrupt()),
     };
-    let won = matches!(items.first(), Some(Value::Int(1)));
-    Ok((won, record))
+    match items.first() {
+        Some(Value::Int(flag)) => Ok((*flag, record)),
+        _ => Err(corrupt()),
+    }
 }
 
 /// `SCAN` patterns treat `*`, `?`, `[`, `]` and `\` specially.
@@ -566,10 +570,11 @@ impl Store for RedisStore {
             .arg(EXPIRY_MARGIN_MS);
         let answer: Value = self.bounded(invocation.invoke_async(&mut conn)).await?;
         match flagged(answer)? {
-            (true, Some(record)) => Ok(Begin::Started(record)),
-            (false, Some(record)) => Ok(Begin::Exists(record)),
-            (_, None) => Err(StoreError::Corrupt(
-                "the record vanished inside its own script".into(),
+            (2, None) => Ok(Begin::Started(Record::started(new, now))),
+            (1, Some(record)) => Ok(Begin::Started(record)),
+            (0, Some(record)) => Ok(Begin::Exists(record)),
+            _ => Err(StoreError::Corrupt(
+                "the registration script answered in an unexpected shape".into(),
             )),
         }
     }
@@ -660,11 +665,11 @@ impl Store for RedisStore {
             .arg(EXPIRY_MARGIN_MS);
         let answer: Value = self.bounded(invocation.invoke_async(&mut conn)).await?;
         match flagged(answer)? {
-            (true, Some(record)) => Ok(record),
-            (true, None) => Err(StoreError::Corrupt(
-                "the record vanished inside its own script".into(),
+            (1, Some(record)) => Ok(record),
+            (0, None) => Err(StoreError::LeaseLost),
+            _ => Err(StoreError::Corrupt(
+                "the takeover script answered in an unexpected shape".into(),
             )),
-            (false, _) => Err(StoreError::LeaseLost),
         }
     }
 
