@@ -56,7 +56,7 @@
 //! - [`transaction`]: the transactional mode, where a handler's business writes and the
 //!   key's final state commit in one transaction ([`SqliteTx`], `PgTx`).
 //! - [`store`]: the store trait and its backends ([`MemoryStore`], [`SqliteStore`],
-//!   `PostgresStore` with the feature `postgres`).
+//!   `PostgresStore` with the feature `postgres`, `RedisStore` with the feature `redis`).
 //! - [`model`]: the contract as data, its rules ([`check()`](fn@check)) and its JSON Schema.
 //!
 //! The README lists every answer; [`problem`] every problem type.
