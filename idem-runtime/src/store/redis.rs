@@ -56,12 +56,17 @@
 //! - **Eviction.** Run Redis with `maxmemory-policy noeviction` (the default). Any other
 //!   policy lets Redis drop a record under memory pressure before its TTL: the retry that
 //!   follows finds no record and runs the operation a second time. With `noeviction` a
-//!   full Redis refuses writes instead, and idem answers 503 (fail closed).
+//!   full Redis refuses writes instead, and idem answers 503 (fail closed): no new key is
+//!   registered, so no handler runs; an attempt already running cannot store its result,
+//!   answers 503 `store-unavailable`, and its key is decided by recovery once there is
+//!   room.
 //!   [`RedisStore::connect`] logs a warning when the server says it evicts.
 //! - **Durability and failover.** A record lives as long as Redis keeps it: without
 //!   persistence (`appendonly yes`, `appendfsync always` for the strictest) a restart
 //!   forgets completed keys, and an asynchronous replica promoted after a failover may lack
-//!   the last writes. Either turns a retry of a forgotten key into a new operation. Use
+//!   the last writes. Either turns a retry of a forgotten key into a new operation (an
+//!   attempt running across the restart finds its record gone, answers 503
+//!   `attempt-timed-out`, and its retry runs again). Use
 //!   the PostgreSQL store where that is not acceptable.
 //! - **One server.** Every script touches one key, but [`Store::purge_expired`] scans one
 //!   server: a primary (with replicas or Sentinel) is supported, Redis Cluster is not.
@@ -126,11 +131,15 @@ const BEGIN: &str = r"
 local now = ARGV[1]
 local cur = redis.call('HMGET', KEYS[1], 'expires_at', 'state', 'fingerprint')
 if (not cur[1]) or tonumber(cur[1]) <= tonumber(now) then
-  redis.call('DEL', KEYS[1])
+  -- HSET first, not DEL: a full server (noeviction) refuses a script's first write that
+  -- may grow memory, and lets every write after any first write through.
   local exp = later(later(ARGV[6], ARGV[5]), ARGV[7])
   redis.call('HSET', KEYS[1], 'operation_id', ARGV[2], 'fingerprint', ARGV[3],
     'state', 'processing', 'attempt', '1', 'token', ARGV[4], 'lease_until', ARGV[5],
     'created_at', now, 'expires_at', exp, 'transactional', ARGV[8], 'prefix', ARGV[10])
+  if cur[1] then
+    redis.call('HDEL', KEYS[1], 'status', 'headers', 'body', 'reason')
+  end
   expire(KEYS[1], exp, ARGV[9])
   return {2}
 end
@@ -315,6 +324,12 @@ impl RedisStore {
         .map_err(|_| StoreError::unavailable("the Redis server did not answer in time"))?
         .map_err(StoreError::unavailable)?;
         let store = RedisStore::from_connection(conn);
+        // The connection alone proves little: a server that wants a password accepts it
+        // without one and refuses every command after (`NOAUTH`).
+        let mut conn = store.conn.clone();
+        let _: Value = store
+            .bounded(redis::cmd("PING").query_async(&mut conn))
+            .await?;
         store.warn_if_evicting().await;
         Ok(store)
     }
