@@ -845,3 +845,104 @@ async fn a_killed_connection_is_re_established_under_load() {
     eprintln!("{ok} registrations, {failed} unavailable around the kill");
     assert!(ok > 0);
 }
+
+// ---------------------------------------------------------------------------------------
+// More: a server that stalls past the call timeout; a server without CONFIG.
+
+/// Calls that time out while the server is paused leave their answers to arrive late on
+/// the shared connection: no later call may receive an answer meant for another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_after_timeouts_go_to_their_own_calls() {
+    let Some(binary) = redis_server() else { return };
+    let redis = OwnRedis::start(&binary, &[]);
+    let store = idem::RedisStore::connect(&redis.url())
+        .await
+        .unwrap()
+        .with_call_timeout(Duration::from_millis(150));
+    let keys: Vec<RecordKey> = (0..8)
+        .map(|i| RecordKey::new("op", "c", format!("k{i}")))
+        .collect();
+    for (i, k) in keys.iter().enumerate() {
+        store
+            .begin(k, &new_record(&format!("sha256:{i}"), T0), T0)
+            .await
+            .unwrap();
+    }
+    let mut admin = redis.admin(None).await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(2_000)
+        .arg("ALL")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    // Every call times out; their answers come once the pause ends.
+    let paused = Instant::now();
+    let mut timed_out = 0;
+    for (i, k) in keys.iter().enumerate() {
+        let answer = if i % 2 == 0 {
+            store.get(k, T0).await.map(|_| ())
+        } else {
+            store
+                .begin(
+                    &RecordKey::new("op", "c", format!("late{i}")),
+                    &new_record("sha256:late", T0),
+                    T0,
+                )
+                .await
+                .map(|_| ())
+        };
+        if matches!(answer, Err(StoreError::Unavailable(_))) {
+            timed_out += 1;
+        }
+    }
+    assert!(
+        paused.elapsed() < Duration::from_millis(1_900),
+        "all within the pause"
+    );
+    assert_eq!(
+        timed_out,
+        keys.len(),
+        "the paused server timed every call out"
+    );
+    tokio::time::sleep(Duration::from_millis(2_100).saturating_sub(paused.elapsed())).await;
+    // Each call now gets its own answer, many times over and concurrently.
+    for _ in 0..20 {
+        let reads = keys.iter().map(|k| store.get(k, T0));
+        let records = futures_util::future::join_all(reads).await;
+        for (i, record) in records.into_iter().enumerate() {
+            let record = record.unwrap().expect("kept");
+            assert_eq!(record.fingerprint, format!("sha256:{i}"), "k{i}");
+        }
+    }
+    // A late registration either happened or did not: it is the late one, never another.
+    for i in (1..8).step_by(2) {
+        if let Some(record) = store
+            .get(&RecordKey::new("op", "c", format!("late{i}")), T0)
+            .await
+            .unwrap()
+        {
+            assert_eq!(record.fingerprint, "sha256:late");
+        }
+    }
+}
+
+/// A managed service that refuses `CONFIG`: connect still works (no eviction check), and
+/// so does everything else.
+#[tokio::test]
+async fn a_server_without_config_is_not_checked_but_works() {
+    let Some(binary) = redis_server() else { return };
+    let redis = OwnRedis::start(&binary, &["--rename-command", "CONFIG", ""]);
+    let store = idem::RedisStore::connect(&redis.url()).await.unwrap();
+    let k = RecordKey::new("op", "c", "k");
+    let new = new_record("sha256:a", T0);
+    store.begin(&k, &new, T0).await.unwrap();
+    store
+        .complete(&k, new.lease.token, &ok_response(), T0)
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.get(&k, T0).await.unwrap().unwrap().state,
+        RecordState::Completed { .. }
+    ));
+}

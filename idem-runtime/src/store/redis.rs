@@ -807,6 +807,25 @@ mod tests {
         .await;
     }
 
+    /// RESP3 answers `HGETALL` with a map, not a flat array: the whole suite again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn passes_the_conformance_suite_over_resp3() {
+        let Some(url) = crate::store::conformance::redis::url_or_skip("the Redis store").await
+        else {
+            return;
+        };
+        let url = if url.contains('?') {
+            format!("{url}&protocol=resp3")
+        } else {
+            format!("{}/?protocol=resp3", url.trim_end_matches('/'))
+        };
+        crate::store::conformance::run(|| {
+            let url = url.clone();
+            async move { crate::store::conformance::redis::scratch_store(&url).await }
+        })
+        .await;
+    }
+
     #[tokio::test]
     async fn foreign_values_under_record_names_are_corrupt() {
         let Some(url) = crate::store::conformance::redis::url_or_skip("the Redis store").await
