@@ -21,7 +21,9 @@
 //! the columns of the SQL stores: `operation_id`, `fingerprint`, `state`, `attempt`,
 //! `token` and `lease_until` while processing, `created_at`, `expires_at` (unix
 //! milliseconds, decimal), `transactional` (`0`), `status`, `headers` (JSON, as the SQL
-//! stores write them) and `body` once completed, `reason` once parked.
+//! stores write them) and `body` once completed, `reason` once parked; `prefix` (the
+//! store's prefix, so that [`Store::purge_expired`] deletes only its own records: the
+//! names of prefix `a:b` also start with `a:`).
 //!
 //! # Atomicity and fencing
 //!
@@ -54,12 +56,17 @@
 //! - **Eviction.** Run Redis with `maxmemory-policy noeviction` (the default). Any other
 //!   policy lets Redis drop a record under memory pressure before its TTL: the retry that
 //!   follows finds no record and runs the operation a second time. With `noeviction` a
-//!   full Redis refuses writes instead, and idem answers 503 (fail closed).
+//!   full Redis refuses writes instead, and idem answers 503 (fail closed): no new key is
+//!   registered, so no handler runs; an attempt already running cannot store its result,
+//!   answers 503 `store-unavailable`, and its key is decided by recovery once there is
+//!   room.
 //!   [`RedisStore::connect`] logs a warning when the server says it evicts.
 //! - **Durability and failover.** A record lives as long as Redis keeps it: without
 //!   persistence (`appendonly yes`, `appendfsync always` for the strictest) a restart
 //!   forgets completed keys, and an asynchronous replica promoted after a failover may lack
-//!   the last writes. Either turns a retry of a forgotten key into a new operation. Use
+//!   the last writes. Either turns a retry of a forgotten key into a new operation (an
+//!   attempt running across the restart finds its record gone, answers 503
+//!   `attempt-timed-out`, and its retry runs again). Use
 //!   the PostgreSQL store where that is not acceptable.
 //! - **One server.** Every script touches one key, but [`Store::purge_expired`] scans one
 //!   server: a primary (with replicas or Sentinel) is supported, Redis Cluster is not.
@@ -116,7 +123,7 @@ end
 ";
 
 /// `begin`. ARGV: now, operation id, fingerprint, token, lease end, TTL end, holds until,
-/// transactional, margin. Returns `{2}` when a new record was written (exactly
+/// transactional, margin, prefix. Returns `{2}` when a new record was written (exactly
 /// `Record::started`, which the caller builds itself), `{1, fields}` when a released
 /// record was reclaimed, `{0, fields}` when it exists and may not be taken
 /// (`Record::begin_over`).
@@ -124,11 +131,15 @@ const BEGIN: &str = r"
 local now = ARGV[1]
 local cur = redis.call('HMGET', KEYS[1], 'expires_at', 'state', 'fingerprint')
 if (not cur[1]) or tonumber(cur[1]) <= tonumber(now) then
-  redis.call('DEL', KEYS[1])
+  -- HSET first, not DEL: a full server (noeviction) refuses a script's first write that
+  -- may grow memory, and lets every write after any first write through.
   local exp = later(later(ARGV[6], ARGV[5]), ARGV[7])
   redis.call('HSET', KEYS[1], 'operation_id', ARGV[2], 'fingerprint', ARGV[3],
     'state', 'processing', 'attempt', '1', 'token', ARGV[4], 'lease_until', ARGV[5],
-    'created_at', now, 'expires_at', exp, 'transactional', ARGV[8])
+    'created_at', now, 'expires_at', exp, 'transactional', ARGV[8], 'prefix', ARGV[10])
+  if cur[1] then
+    redis.call('HDEL', KEYS[1], 'status', 'headers', 'body', 'reason')
+  end
   expire(KEYS[1], exp, ARGV[9])
   return {2}
 end
@@ -208,13 +219,16 @@ expire(KEYS[1], exp, ARGV[5])
 return {1, redis.call('HGETALL', KEYS[1])}
 ";
 
-/// `purge_expired`, for one batch of names. ARGV: now. Returns how many were deleted.
+/// `purge_expired`, for one batch of names. ARGV: now, prefix. Deletes only the records
+/// this prefix wrote (`SCAN` for `a:*` also finds prefix `a:b`'s names). Returns how many
+/// were deleted.
 const PURGE: &str = r"
 local n = 0
 for _, key in ipairs(KEYS) do
   if redis.call('TYPE', key).ok == 'hash' then
-    local exp = redis.call('HGET', key, 'expires_at')
-    if exp and tonumber(exp) <= tonumber(ARGV[1]) then
+    local cur = redis.call('HMGET', key, 'expires_at', 'prefix')
+    local exp = cur[1]
+    if exp and cur[2] == ARGV[2] and tonumber(exp) <= tonumber(ARGV[1]) then
       redis.call('DEL', key)
       n = n + 1
     end
@@ -310,6 +324,12 @@ impl RedisStore {
         .map_err(|_| StoreError::unavailable("the Redis server did not answer in time"))?
         .map_err(StoreError::unavailable)?;
         let store = RedisStore::from_connection(conn);
+        // The connection alone proves little: a server that wants a password accepts it
+        // without one and refuses every command after (`NOAUTH`).
+        let mut conn = store.conn.clone();
+        let _: Value = store
+            .bounded(redis::cmd("PING").query_async(&mut conn))
+            .await?;
         store.warn_if_evicting().await;
         Ok(store)
     }
@@ -328,7 +348,13 @@ impl RedisStore {
 
     /// The same store, naming its hashes `<prefix>:…`: several services (or tests) can
     /// share one Redis database without seeing each other's keys. Any text works; the
-    /// characters `SCAN` patterns treat specially are escaped where it matters.
+    /// characters `SCAN` patterns treat specially are escaped where it matters, and
+    /// [`Store::purge_expired`] deletes only records written under this very prefix.
+    ///
+    /// On one database, do not give one service a prefix that is another's followed by
+    /// `:` (`a` and `a:b:3`): the names are then not always distinct (prefix `a`,
+    /// operation `b`, client `x:1`, key `c:k` and prefix `a:b:3`, operation `x`, client
+    /// `c`, key `k` are both `a:b:3:x:1:c:k`).
     #[must_use]
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> RedisStore {
         self.prefix = prefix.into();
@@ -567,7 +593,8 @@ impl Store for RedisStore {
             .arg(new.expires_at)
             .arg(new.holds_until)
             .arg(if new.transactional { "1" } else { "0" })
-            .arg(EXPIRY_MARGIN_MS);
+            .arg(EXPIRY_MARGIN_MS)
+            .arg(&self.prefix);
         let answer: Value = self.bounded(invocation.invoke_async(&mut conn)).await?;
         match flagged(answer)? {
             (2, None) => Ok(Begin::Started(Record::started(new, now))),
@@ -679,7 +706,8 @@ impl Store for RedisStore {
         let mut cursor: u64 = 0;
         let mut purged = 0;
         loop {
-            let (next, names): (u64, Vec<String>) = self
+            // Names as bytes: a foreign name that is not UTF-8 must not fail the purge.
+            let (next, names): (u64, Vec<Vec<u8>>) = self
                 .bounded(
                     redis::cmd("SCAN")
                         .arg(cursor)
@@ -695,7 +723,7 @@ impl Store for RedisStore {
                 for name in &names {
                     invocation.key(name);
                 }
-                invocation.arg(now);
+                invocation.arg(now).arg(&self.prefix);
                 let n: u64 = self.bounded(invocation.invoke_async(&mut conn)).await?;
                 purged += n;
             }
@@ -779,6 +807,25 @@ mod tests {
         .await;
     }
 
+    /// RESP3 answers `HGETALL` with a map, not a flat array: the whole suite again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn passes_the_conformance_suite_over_resp3() {
+        let Some(url) = crate::store::conformance::redis::url_or_skip("the Redis store").await
+        else {
+            return;
+        };
+        let url = if url.contains('?') {
+            format!("{url}&protocol=resp3")
+        } else {
+            format!("{}/?protocol=resp3", url.trim_end_matches('/'))
+        };
+        crate::store::conformance::run(|| {
+            let url = url.clone();
+            async move { crate::store::conformance::redis::scratch_store(&url).await }
+        })
+        .await;
+    }
+
     #[tokio::test]
     async fn foreign_values_under_record_names_are_corrupt() {
         let Some(url) = crate::store::conformance::redis::url_or_skip("the Redis store").await
@@ -821,13 +868,279 @@ mod tests {
             store.begin(&h, &new, 1).await,
             Err(StoreError::Corrupt(_))
         ));
-        // Purging skips what is not a record and deletes nothing it cannot read.
-        assert_eq!(store.purge_expired(u64::MAX / 2).await.unwrap(), 1);
+        // Purging skips what is not a record and deletes nothing it cannot read, nor a
+        // hash this store did not write (it has no `prefix` field).
+        assert_eq!(store.purge_expired(u64::MAX / 2).await.unwrap(), 0);
         let left: bool = redis::cmd("EXISTS")
             .arg(store.hash_name(&k))
             .query_async(&mut conn)
             .await
             .unwrap();
         assert!(left, "a value that is not a record is left alone");
+    }
+}
+
+/// Hostile deployments on the shared test server, each under scratch prefixes of its own.
+#[cfg(test)]
+mod hostile {
+    use super::*;
+    use crate::store::conformance::redis::{scratch_prefix, url_or_skip};
+    use crate::store::conformance::{T0, TTL, new_record};
+    use http::{HeaderName, HeaderValue};
+
+    async fn store(url: &str, prefix: &str) -> RedisStore {
+        RedisStore::connect(url)
+            .await
+            .expect("the Redis test server")
+            .with_prefix(prefix)
+    }
+
+    async fn exists(store: &RedisStore, name: &str) -> bool {
+        let mut conn = store.connection().clone();
+        redis::cmd("EXISTS")
+            .arg(name)
+            .query_async(&mut conn)
+            .await
+            .unwrap()
+    }
+
+    fn response(body: &[u8]) -> StoredResponse {
+        StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: Bytes::copy_from_slice(body),
+        }
+    }
+
+    #[tokio::test]
+    async fn prefixes_that_extend_another_with_a_colon_can_share_names() {
+        // The limit `with_prefix` documents, shown.
+        let a = unconnected_with("a");
+        let b = unconnected_with("a:b:3");
+        assert_eq!(
+            a.hash_name(&RecordKey::new("b", "x:1", "c:k")),
+            b.hash_name(&RecordKey::new("x", "c", "k"))
+        );
+    }
+
+    fn unconnected_with(prefix: &str) -> RedisStore {
+        let client = redis::Client::open("redis://127.0.0.1:1").expect("a valid URL");
+        let conn = ConnectionManager::new_lazy_with_config(client, ConnectionManagerConfig::new())
+            .expect("a lazy connection");
+        RedisStore::from_connection(conn).with_prefix(prefix)
+    }
+
+    /// Clients and keys full of the characters Redis patterns, hash tags and the name
+    /// layout care about: every pair is its own record, completed and replayed as its own.
+    #[tokio::test]
+    async fn hostile_clients_and_keys_are_independent_records() {
+        let Some(url) = url_or_skip("hostile Redis keys").await else {
+            return;
+        };
+        let store = store(&url, &scratch_prefix()).await;
+        let long = "k".repeat(254) + "*";
+        let clients = [
+            "a", "a:1", "a:", ":", "*", "?", "[a-z]", "\\", "a b", "{tag}", "{", "}", "\\*", "2:ab",
+        ];
+        let keys = [
+            "k",
+            "1:k",
+            ":k",
+            "k:",
+            "*",
+            "?",
+            "[",
+            "]",
+            "[k]",
+            "\\",
+            "a b",
+            "{tag}",
+            "{}",
+            "\\*",
+            long.as_str(),
+        ];
+        let mut all = Vec::new();
+        for client in clients {
+            for key in keys {
+                all.push(RecordKey::new("op", client, key));
+            }
+        }
+        let mut names: Vec<String> = all.iter().map(|k| store.hash_name(k)).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), all.len(), "every pair has a name of its own");
+        for (i, k) in all.iter().enumerate() {
+            let new = new_record(&format!("sha256:{i}"), T0);
+            let Begin::Started(record) = store.begin(k, &new, T0).await.unwrap() else {
+                panic!("{k:?} is new");
+            };
+            let RecordState::Processing { lease } = record.state else {
+                panic!("{k:?} is processing");
+            };
+            store
+                .complete(k, lease.token, &response(format!("{i}").as_bytes()), T0)
+                .await
+                .unwrap();
+        }
+        for (i, k) in all.iter().enumerate() {
+            let record = store.get(k, T0 + 1).await.unwrap().expect("kept");
+            assert_eq!(record.fingerprint, format!("sha256:{i}"), "{k:?}");
+            let RecordState::Completed { response } = record.state else {
+                panic!("{k:?} is completed");
+            };
+            assert_eq!(response.body, format!("{i}").as_bytes(), "{k:?}");
+        }
+        // Nothing has expired: purging deletes nothing, whatever the names hold.
+        assert_eq!(store.purge_expired(T0 + 1).await.unwrap(), 0);
+        for name in &names {
+            assert!(exists(&store, name).await, "{name}");
+        }
+        assert_eq!(
+            store.purge_expired(T0 + TTL).await.unwrap(),
+            all.len() as u64
+        );
+    }
+
+    /// A store purging `p` never deletes what stores under `p:b`, `p*`, `p?`, `p[`, `p\`
+    /// wrote, expired or not; each of them deletes only its own.
+    #[tokio::test]
+    async fn purging_a_prefix_never_deletes_another_prefixs_records() {
+        let Some(url) = url_or_skip("Redis prefixes").await else {
+            return;
+        };
+        let base = scratch_prefix();
+        let prefixes = [
+            base.clone(),
+            format!("{base}:b"),
+            format!("{base}:op"),
+            format!("{base}*"),
+            format!("{base}?"),
+            format!("{base}["),
+            format!("{base}\\"),
+            format!("{base}:"),
+        ];
+        let mut stores = Vec::new();
+        for prefix in &prefixes {
+            let s = store(&url, prefix).await;
+            let k = RecordKey::new("op", "c", "k");
+            s.begin(&k, &new_record("sha256:a", T0), T0).await.unwrap();
+            stores.push((s.hash_name(&k), s));
+        }
+        for (i, (_, purging)) in stores.iter().enumerate() {
+            assert_eq!(
+                purging.purge_expired(T0 + TTL).await.unwrap(),
+                1,
+                "{} deletes its own record only",
+                prefixes[i]
+            );
+            for (j, (name, other)) in stores.iter().enumerate() {
+                assert_eq!(
+                    exists(other, name).await,
+                    j > i,
+                    "{name} after purging {}",
+                    prefixes[i]
+                );
+            }
+        }
+    }
+
+    /// A name under the prefix that is not UTF-8 (written by something else) does not
+    /// make every purge fail.
+    #[tokio::test]
+    async fn a_foreign_name_that_is_not_utf8_does_not_stop_the_purge() {
+        let Some(url) = url_or_skip("Redis binary names").await else {
+            return;
+        };
+        let store = store(&url, &scratch_prefix()).await;
+        let mut name = format!("{}:", store.prefix).into_bytes();
+        name.extend_from_slice(b"\xff\xfe");
+        let mut conn = store.connection().clone();
+        let _: () = redis::cmd("HSET")
+            .arg(&name)
+            .arg("expires_at")
+            .arg("1")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let k = RecordKey::new("op", "c", "k");
+        store
+            .begin(&k, &new_record("sha256:a", T0), T0)
+            .await
+            .unwrap();
+        assert_eq!(store.purge_expired(T0 + TTL).await.unwrap(), 1);
+        let left: bool = redis::cmd("EXISTS")
+            .arg(&name)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(left, "a hash idem did not write is left alone");
+        let _: () = redis::cmd("DEL")
+            .arg(&name)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+
+    /// A result of exactly the default limit, with every byte value in the body and a
+    /// header value that is not UTF-8, comes back byte for byte; one byte more is refused
+    /// before anything is written.
+    #[tokio::test]
+    async fn a_result_at_the_limit_round_trips_byte_for_byte() {
+        let Some(url) = url_or_skip("large Redis results").await else {
+            return;
+        };
+        let store = store(&url, &scratch_prefix()).await;
+        let headers = vec![
+            (
+                HeaderName::from_static("x-raw"),
+                HeaderValue::from_bytes(b"\x80\xff \xe9t\xe9 \"{}\"").unwrap(),
+            ),
+            (
+                HeaderName::from_static("content-type"),
+                HeaderValue::from_static("application/octet-stream"),
+            ),
+        ];
+        let head: usize = headers
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len())
+            .sum();
+        let body: Vec<u8> = (0..DEFAULT_MAX_RESULT - head)
+            .map(|i| u8::try_from(i % 251).unwrap())
+            .collect();
+        let big = StoredResponse {
+            status: 200,
+            headers,
+            body: Bytes::from(body),
+        };
+        assert_eq!(big.size(), DEFAULT_MAX_RESULT);
+        let k = RecordKey::new("op", "c", "big");
+        let new = new_record("sha256:a", T0);
+        store.begin(&k, &new, T0).await.unwrap();
+        let mut over = big.clone();
+        over.body = Bytes::from([big.body.as_ref(), b"x"].concat());
+        assert!(matches!(
+            store.complete(&k, new.lease.token, &over, T0).await,
+            Err(StoreError::TooLarge { .. })
+        ));
+        store.complete(&k, new.lease.token, &big, T0).await.unwrap();
+        let record = store.get(&k, T0).await.unwrap().unwrap();
+        let RecordState::Completed { response } = record.state else {
+            panic!("completed");
+        };
+        assert_eq!(response.status, 200);
+        assert_eq!(response.headers, big.headers);
+        assert!(
+            response.body == big.body,
+            "the body comes back byte for byte"
+        );
+        // And through the registration script's answer (a replay).
+        let Begin::Exists(again) = store
+            .begin(&k, &new_record("sha256:a", T0), T0)
+            .await
+            .unwrap()
+        else {
+            panic!("exists");
+        };
+        assert_eq!(again.state, RecordState::Completed { response: big });
     }
 }
