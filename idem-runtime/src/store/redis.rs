@@ -16,8 +16,10 @@
 //! # Layout
 //!
 //! One Redis hash per key, named `<prefix>:<operation>:<client length>:<client>:<key>`
-//! (prefix `idem` unless [`RedisStore::with_prefix`] says otherwise; the client's length
-//! makes the name unambiguous whatever bytes the client and the key hold). Its fields are
+//! (prefix `idem` unless [`RedisStore::with_prefix`] says otherwise). The name is
+//! unambiguous whatever the parts hold: `%` and `:` in the prefix and the operation are
+//! written `%25` and `%3A`, so that the first two `:` end them, and the client's length
+//! says where the client ends and the key begins. Its fields are
 //! the columns of the SQL stores: `operation_id`, `fingerprint`, `state`, `attempt`,
 //! `token` and `lease_until` while processing, `created_at`, `expires_at` (unix
 //! milliseconds, decimal), `transactional` (`0`), `status`, `headers` (JSON, as the SQL
@@ -351,10 +353,6 @@ impl RedisStore {
     /// characters `SCAN` patterns treat specially are escaped where it matters, and
     /// [`Store::purge_expired`] deletes only records written under this very prefix.
     ///
-    /// On one database, do not give one service a prefix that is another's followed by
-    /// `:` (`a` and `a:b:3`): the names are then not always distinct (prefix `a`,
-    /// operation `b`, client `x:1`, key `c:k` and prefix `a:b:3`, operation `x`, client
-    /// `c`, key `k` are both `a:b:3:x:1:c:k`).
     #[must_use]
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> RedisStore {
         self.prefix = prefix.into();
@@ -385,12 +383,13 @@ impl RedisStore {
         &self.conn
     }
 
-    /// The name of the hash that holds `key`'s record.
+    /// The name of the hash that holds `key`'s record (the layout of the
+    /// [module docs](self)).
     pub fn hash_name(&self, key: &RecordKey) -> String {
         format!(
             "{}:{}:{}:{}:{}",
-            self.prefix,
-            key.operation,
+            segment(&self.prefix),
+            segment(&key.operation),
             key.client.len(),
             key.client,
             key.key
@@ -562,6 +561,15 @@ fn flagged(value: Value) -> Result<(i64, Option<Record>), StoreError> {
     }
 }
 
+/// A part of a hash name that must not contain `:`: `%` and `:` percent-encoded.
+fn segment(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains([':', '%']) {
+        std::borrow::Cow::Owned(text.replace('%', "%25").replace(':', "%3A"))
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}
+
 /// `SCAN` patterns treat `*`, `?`, `[`, `]` and `\` specially.
 fn escape_pattern(text: &str) -> String {
     let mut escaped = String::with_capacity(text.len());
@@ -702,7 +710,7 @@ impl Store for RedisStore {
 
     async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
         let mut conn = self.conn.clone();
-        let pattern = format!("{}:*", escape_pattern(&self.prefix));
+        let pattern = format!("{}:*", escape_pattern(&segment(&self.prefix)));
         let mut cursor: u64 = 0;
         let mut purged = 0;
         loop {
@@ -913,13 +921,25 @@ mod hostile {
     }
 
     #[tokio::test]
-    async fn prefixes_that_extend_another_with_a_colon_can_share_names() {
-        // The limit `with_prefix` documents, shown.
+    async fn prefixes_that_extend_another_with_a_colon_have_their_own_names() {
         let a = unconnected_with("a");
         let b = unconnected_with("a:b:3");
-        assert_eq!(
+        assert_ne!(
             a.hash_name(&RecordKey::new("b", "x:1", "c:k")),
             b.hash_name(&RecordKey::new("x", "c", "k"))
+        );
+        assert_eq!(
+            b.hash_name(&RecordKey::new("x", "c", "k")),
+            "a%3Ab%3A3:x:1:c:k"
+        );
+        let percent = unconnected_with("a%3Ab");
+        assert_ne!(
+            percent.hash_name(&RecordKey::new("x", "c", "k")),
+            unconnected_with("a:b").hash_name(&RecordKey::new("x", "c", "k"))
+        );
+        assert_eq!(
+            unconnected_with("a").hash_name(&RecordKey::new("o:p", "c", "k")),
+            "a:o%3Ap:1:c:k"
         );
     }
 
