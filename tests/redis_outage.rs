@@ -12,205 +12,24 @@
 mod common;
 
 use std::collections::HashMap;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::{Path as UrlPath, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use serde::Deserialize;
-use serde_json::json;
-
-use common::answer::{Answer, send};
-use common::server::TestServer;
-
-/// The business data: the effect count of every idempotency key, and the order each
-/// operation made (what the reconcile function reads).
-#[derive(Clone, Default)]
-struct Books {
-    effects: Arc<Mutex<HashMap<String, u32>>>,
-    orders: Arc<Mutex<HashMap<String, u64>>>,
-}
-
-#[derive(Deserialize)]
-struct CreateOrder {
-    amount: u64,
-}
-
-fn created(amount: u64) -> Response {
-    (StatusCode::CREATED, Json(json!({ "amount": amount }))).into_response()
-}
-
-#[idem::contract(
-    key_scope = client,
-    fingerprint = [amount],
-    ttl = "1h",
-    deadline = ("20s", per_attempt = "2s"),
-    max_attempts = 10,
-    retryable = [503, timeout],
-    concurrency = conflict,
-    status_lookup = order_status(path = "/orders/operations/{key}"),
-    recovery = reconcile_order,
-)]
-async fn create_order(
-    State(books): State<Books>,
-    attempt: idem::Attempt,
-    Json(order): Json<CreateOrder>,
-) -> Response {
-    *books
-        .effects
-        .lock()
-        .unwrap()
-        .entry(attempt.key.clone())
-        .or_default() += 1;
-    books
-        .orders
-        .lock()
-        .unwrap()
-        .insert(attempt.operation_id.to_string(), order.amount);
-    created(order.amount)
-}
-
-async fn order_status(
-    lookup: idem::Lookup<create_order::Operation>,
-    UrlPath(key): UrlPath<String>,
-) -> idem::OperationStatus {
-    lookup.status(&key).await
-}
-
-async fn reconcile_order(books: Books, op: idem::UnknownOperation) -> idem::Resolution {
-    let order = books
-        .orders
-        .lock()
-        .unwrap()
-        .get(&op.operation_id.to_string())
-        .copied();
-    match order {
-        Some(amount) => idem::Resolution::applied(created(amount)),
-        None => idem::Resolution::NotApplied,
-    }
-}
-
-/// `redis-server` on the PATH or where Debian puts it.
-fn redis_server() -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
-        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/local/bin")])
-        .map(|dir| dir.join("redis-server"))
-        .find(|path| path.is_file())
-}
-
-/// A Redis server of the test's own; killed (SIGKILL) when dropped.
-struct OwnRedis {
-    binary: PathBuf,
-    dir: PathBuf,
-    port: u16,
-    child: Option<Child>,
-}
-
-impl OwnRedis {
-    fn start(binary: PathBuf, dir: &Path) -> OwnRedis {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
-        let mut redis = OwnRedis {
-            binary,
-            dir: dir.to_path_buf(),
-            port,
-            child: None,
-        };
-        redis.restart();
-        redis
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Starts the server on its port and files, and waits until it accepts connections.
-    fn restart(&mut self) {
-        let child = Command::new(&self.binary)
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-            ])
-            .args(["--maxmemory-policy", "noeviction", "--protected-mode", "no"])
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start redis-server");
-        self.child = Some(child);
-        let until = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < until, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// SIGKILL, and waits for the process to be gone.
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// `POST /orders` with `key`, as client `client-a`.
-async fn order(server: &TestServer, key: &str, amount: u64) -> Answer {
-    send(
-        server
-            .post("/orders", key)
-            .json(&json!({ "amount": amount })),
-    )
-    .await
-}
+use common::answer::Answer;
+use common::redis::{OwnRedis, order, redis_server, service};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_of_redis_under_load_fails_closed_and_loses_nothing() {
-    let Some(binary) = redis_server() else {
-        assert!(
-            !idem_runtime::store::conformance::skips_fail(),
-            "redis-server is not installed; under CI=true a skipped store test is a failure"
-        );
-        eprintln!("skipped: redis-server is not installed (apt-get install redis-server)");
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let mut redis = OwnRedis::start(binary, dir.path());
+    let Some(binary) = redis_server() else { return };
+    // Every acknowledged write on disk before the answer: a restart keeps what completed.
+    let durable = ["--appendonly", "yes", "--appendfsync", "always"];
+    let mut redis = OwnRedis::start(&binary, &durable);
     let store = idem::RedisStore::connect(&redis.url())
         .await
         .expect("connect to the test's own Redis")
         .with_call_timeout(Duration::from_millis(500));
-    let idem = idem::Idem::new(store, idem::identity::header("x-client-id"))
-        .with_unavailable_retry_after(Duration::from_secs(1));
-    let books = Books::default();
-    let router = Router::new()
-        .route("/orders", post(create_order))
-        .route("/orders/operations/{key}", get(order_status))
-        .with_state(books.clone())
-        .layer(idem.layer());
-    let server = Arc::new(TestServer::start(router).await);
+    let (server, books) = service(store).await;
+    let server = Arc::new(server);
 
     // The load: 8 clients, each sending new keys one after another, until told to stop.
     let answers: Arc<Mutex<Vec<(String, Answer, Instant)>>> = Arc::default();

@@ -18,5 +18,8 @@ pub mod orders;
 pub mod process;
 /// HTTP/1.1 written byte for byte on a socket (the hostile tests).
 pub mod raw;
+/// A Redis server of the test's own, and an orders service on the Redis store.
+#[cfg(feature = "redis")]
+pub mod redis;
 /// A real server on 127.0.0.1, and the requests of a client.
 pub mod server;

@@ -35,6 +35,10 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
+#[path = "../../../benches/common/wrk.rs"]
+mod wrk;
+use wrk::{median, wrk};
+
 #[derive(Deserialize)]
 struct CreateOrder {
     customer_id: String,
@@ -222,53 +226,6 @@ function request()
   }, '{"customer_id":"cus_42","amount_minor":1999}')
 end
 "#;
-
-/// Requests per second and p99 latency in milliseconds of one `wrk` run.
-fn wrk(url: &str, script: &Path, seconds: u64, run: usize) -> (f64, f64) {
-    let lua = std::fs::read_to_string(script).unwrap();
-    let script_run = script.with_extension(format!("{run}.lua"));
-    std::fs::write(&script_run, format!("run = \"{run}\"\n{lua}")).unwrap();
-    let out = Command::new("wrk")
-        .args(["-t2", "-c32", &format!("-d{seconds}s"), "--latency", "-s"])
-        .arg(&script_run)
-        .arg(format!("{url}/orders"))
-        .output()
-        .expect("wrk runs (apt-get install wrk)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        !text.contains("Non-2xx"),
-        "a variant answered errors under load:\n{text}"
-    );
-    let rps = text
-        .lines()
-        .find_map(|l| l.strip_prefix("Requests/sec:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no Requests/sec in:\n{text}"));
-    let p99 = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("99%"))
-        .map(|v| latency_ms(v.trim()))
-        .unwrap_or(f64::NAN);
-    (rps, p99)
-}
-
-fn latency_ms(text: &str) -> f64 {
-    let (number, factor) = if let Some(v) = text.strip_suffix("us") {
-        (v, 0.001)
-    } else if let Some(v) = text.strip_suffix("ms") {
-        (v, 1.0)
-    } else if let Some(v) = text.strip_suffix('s') {
-        (v, 1000.0)
-    } else {
-        (text, f64::NAN)
-    };
-    number.parse::<f64>().map_or(f64::NAN, |n| n * factor)
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
 
 fn main() {
     if Command::new("wrk").arg("--version").output().is_err() {

@@ -51,6 +51,7 @@ where
     let mut wait_until: Option<Instant> = None;
     let mut last_id = None;
     let lease_len = idem.lease_for(contract);
+    let lease_ms = u64::try_from(lease_len.as_millis()).unwrap_or(u64::MAX);
     for _ in 0..MAX_ROUNDS {
         let now = unix_now();
         let started = Instant::now();
@@ -59,7 +60,7 @@ where
             fingerprint: fingerprint.to_owned(),
             lease: Lease {
                 token: OwnerToken::random(),
-                until: now.saturating_add(u64::try_from(lease_len.as_millis()).unwrap_or(u64::MAX)),
+                until: now.saturating_add(lease_ms),
             },
             expires_at: now.saturating_add(contract.ttl.as_millis()),
             transactional,
@@ -75,8 +76,7 @@ where
                 // out before it does anything, and one that comes later finds a live lease.
                 if started.elapsed() >= lease_len / 3 {
                     let now = unix_now();
-                    let until = now
-                        .saturating_add(u64::try_from(lease_len.as_millis()).unwrap_or(u64::MAX));
+                    let until = now.saturating_add(lease_ms);
                     match idem.store().renew(key, new.lease.token, until, now).await {
                         Ok(()) => {}
                         // Taken over meanwhile: the record is someone else's; look again.
