@@ -182,3 +182,45 @@ fn postgres_without_database_url_names_the_variable() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("set DATABASE_URL"), "{stderr}");
 }
+
+/// Malformed values of the store flags: an unknown store, an empty or malformed Redis URL,
+/// a URL that is not UTF-8 text on the command line: each is refused with a message that
+/// names the flag or the store, the exit status is an error, and the service never
+/// listens.
+#[test]
+fn malformed_store_flags_are_refused_before_listening() {
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_orders"))
+            .args(["--addr", "127.0.0.1:0"])
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env_remove("REDIS_URL")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} must fail");
+        assert!(out.stdout.is_empty(), "{args:?} never listened");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let pg = ("DATABASE_URL", "postgres://127.0.0.1:1/none");
+    let stderr = run(&["--store", "mongodb"], &[]);
+    assert!(
+        stderr.contains("invalid value 'mongodb' for '--store"),
+        "{stderr}"
+    );
+    let stderr = run(&["--store", ""], &[]);
+    assert!(stderr.contains("--store"), "{stderr}");
+    for url in [
+        "",
+        "not a url",
+        "http://127.0.0.1:6379",
+        "redis://[::1",
+        "redis://\u{1F4A5}",
+    ] {
+        let stderr = run(&["--store", "redis", "--redis-url", url], &[pg]);
+        assert!(
+            stderr.contains("--store redis: idem's store"),
+            "{url:?}: {stderr}"
+        );
+    }
+}

@@ -767,6 +767,28 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn malformed_urls_are_unavailable_not_panics() {
+        let long = format!("redis://{}:6379", "h".repeat(100_000));
+        for url in [
+            "",
+            "not a url",
+            "http://127.0.0.1:6379",
+            "redis://[::1",
+            "redis://127.0.0.1:99999",
+            long.as_str(),
+        ] {
+            assert!(
+                matches!(
+                    RedisStore::connect(url).await,
+                    Err(StoreError::Unavailable(_))
+                ),
+                "{:.60}",
+                url
+            );
+        }
+    }
+
+    #[tokio::test]
     async fn an_unreachable_server_is_unavailable_within_the_call_timeout() {
         let store = unconnected().with_call_timeout(Duration::from_millis(300));
         let started = std::time::Instant::now();
