@@ -99,7 +99,11 @@ impl<C: Contracted> Lookup<C> {
             Ok(key) => key,
             Err(error) => return OperationStatus::InvalidKey(error),
         };
-        let key = RecordKey::new(contract.operation.as_ref(), self.client, key);
+        let key = std::sync::Arc::new(RecordKey::new(
+            contract.operation.as_ref(),
+            self.client,
+            key,
+        ));
         let mut recoverer = Some(move || self.recoverer);
         let unavailable = |error: &dyn std::fmt::Display| {
             tracing::error!(

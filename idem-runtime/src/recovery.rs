@@ -25,6 +25,7 @@
 //! cancel it halfway.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
 use axum::response::Response;
 use futures_util::FutureExt;
@@ -67,7 +68,7 @@ fn manual_reason(contract: &Contract) -> String {
 pub(crate) async fn recover<F>(
     idem: &Idem,
     contract: &'static Contract,
-    key: &RecordKey,
+    key: &Arc<RecordKey>,
     record: &Record,
     make_recoverer: &mut Option<F>,
 ) -> Recovered

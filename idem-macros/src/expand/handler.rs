@@ -201,6 +201,12 @@ fn rewrite(paths: &Paths, contract: &Contract, func: ItemFn) -> TokenStream {
         quote!(#last)
     };
 
+    // The attempt is copied out of the guard only for a handler that takes it.
+    let take_current = args
+        .iter()
+        .any(|arg| is_attempt(&arg.ty))
+        .then(|| quote!(let #current = #p::Guard::current(&#guard);));
+
     let asyncness = &sig.asyncness;
     let fn_token = &sig.fn_token;
     let generics = &sig.generics;
@@ -211,8 +217,7 @@ fn rewrite(paths: &Paths, contract: &Contract, func: ItemFn) -> TokenStream {
         #vis #asyncness #fn_token #ident #generics (#(#outer_inputs),*) -> #p::Response #where_clause {
             #inner
             let (#last_binding, #guard) = #p::Enforced::into_parts(#enforced);
-            #[allow(unused_variables)]
-            let #current = #p::Guard::current(&#guard);
+            #take_current
             #p::Guard::run(#guard, #inner_ident(#(#call_args),*)).await
         }
     }

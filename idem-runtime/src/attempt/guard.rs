@@ -23,37 +23,47 @@ use crate::answer;
 pub struct Guard {
     /// `None` once [`Guard::run`] took the attempt.
     attempt: Option<Held>,
-    current: Attempt,
+    operation_id: OperationId,
+    number: u32,
 }
 
 impl Guard {
     pub(crate) fn new(attempt: Held) -> Guard {
-        let current = Attempt {
-            operation: attempt.key.operation.clone(),
-            operation_id: attempt.operation_id,
-            client: attempt.key.client.clone(),
-            key: attempt.key.key.clone(),
-            number: attempt.attempt,
-        };
         Guard {
+            operation_id: attempt.operation_id,
+            number: attempt.attempt,
             attempt: Some(attempt),
-            current,
         }
     }
 
     /// The operation's id.
     pub fn operation_id(&self) -> OperationId {
-        self.current.operation_id
+        self.operation_id
     }
 
     /// This attempt's number (1 for the first).
     pub fn attempt(&self) -> u32 {
-        self.current.number
+        self.number
     }
 
     /// The attempt, as the handler sees it (the `idem::Attempt` argument).
     pub fn current(&self) -> Attempt {
-        self.current.clone()
+        let (operation, client, key) = match &self.attempt {
+            Some(held) => (
+                held.key.operation.clone(),
+                held.key.client.clone(),
+                held.key.key.clone(),
+            ),
+            // `run` consumes the guard, so a guard always holds its attempt.
+            None => Default::default(),
+        };
+        Attempt {
+            operation,
+            operation_id: self.operation_id,
+            client,
+            key,
+            number: self.number,
+        }
     }
 
     /// Runs `handler` to its end on a task of its own, detached from the connection, within
@@ -93,7 +103,7 @@ impl Guard {
         F::Output: IntoResponse + Send,
     {
         let Some(attempt) = self.attempt.take() else {
-            return answer::attempt_failed(self.current.operation_id, "had already run", 1);
+            return answer::attempt_failed(self.operation_id, "had already run", 1);
         };
         let span = tracing::info_span!(
             "idem.attempt",
@@ -135,7 +145,7 @@ impl Guard {
                 );
                 let left = until.saturating_duration_since(tokio::time::Instant::now());
                 answer::attempt_failed(
-                    self.current.operation_id,
+                    self.operation_id,
                     "failed while its answer was settled",
                     left.as_secs().saturating_add(1),
                 )
@@ -160,8 +170,8 @@ impl Drop for Guard {
 impl fmt::Debug for Guard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Guard")
-            .field("operation_id", &self.current.operation_id)
-            .field("attempt", &self.current.number)
+            .field("operation_id", &self.operation_id)
+            .field("attempt", &self.number)
             .finish_non_exhaustive()
     }
 }

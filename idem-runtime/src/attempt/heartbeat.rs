@@ -26,7 +26,12 @@ pub(crate) struct Heartbeat {
 
 impl Heartbeat {
     /// Starts renewing `token`'s lease of `key` for `lease` at a time.
-    pub(crate) fn start(idem: &Idem, key: RecordKey, token: OwnerToken, lease: Duration) -> Self {
+    pub(crate) fn start(
+        idem: &Idem,
+        key: Arc<RecordKey>,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Self {
         let paused = Arc::new(AtomicBool::new(false));
         let idem = idem.clone();
         let pause = Arc::clone(&paused);

@@ -19,7 +19,6 @@ mod current;
 mod guard;
 mod heartbeat;
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -84,7 +83,7 @@ pub(crate) type AttemptTx = std::convert::Infallible;
 pub(crate) struct Held {
     pub(crate) idem: Idem,
     pub(crate) contract: &'static Contract,
-    pub(crate) key: RecordKey,
+    pub(crate) key: Arc<RecordKey>,
     pub(crate) token: OwnerToken,
     /// When the attempt's time ends (the contract's lease: its per-attempt timeout, or
     /// else its deadline), on the monotonic clock. The lease in the store is shorter and
@@ -112,7 +111,7 @@ impl Held {
     pub(crate) fn start(
         idem: &Idem,
         contract: &'static Contract,
-        key: &RecordKey,
+        key: &Arc<RecordKey>,
         token: OwnerToken,
         started: Instant,
         operation_id: OperationId,
@@ -121,14 +120,14 @@ impl Held {
         Held {
             idem: idem.clone(),
             contract,
-            key: key.clone(),
+            key: Arc::clone(key),
             token,
             deadline: started + contract.lease().to_std(),
             operation_id,
             attempt,
             tx: None,
             _alive: idem.running().enter(token),
-            heartbeat: Heartbeat::start(idem, key.clone(), token, idem.lease_for(contract)),
+            heartbeat: Heartbeat::start(idem, Arc::clone(key), token, idem.lease_for(contract)),
         }
     }
 

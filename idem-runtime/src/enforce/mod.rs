@@ -207,7 +207,7 @@ where
             .await
             .map_err(|rejection| answer::with_fresh_id(rejection.into_response()))?;
 
-        let key = RecordKey::new(contract.operation.as_ref(), client, key);
+        let key = std::sync::Arc::new(RecordKey::new(contract.operation.as_ref(), client, key));
 
         // The right to begin the transaction is taken before anything is registered: with
         // SQLite's one writer the wait happens here, where a client that gives up leaves

@@ -1,6 +1,7 @@
 //! Registration: claim the key, or answer from what the store knows (step 6 of the
 //! list in [`super`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::response::Response;
@@ -39,7 +40,7 @@ pub(crate) enum Registered {
 pub(crate) async fn register<F>(
     idem: &Idem,
     contract: &'static Contract,
-    key: &RecordKey,
+    key: &Arc<RecordKey>,
     fingerprint: &str,
     transactional: bool,
     make_recoverer: F,

@@ -1,32 +1,56 @@
 //! The in-memory store: one process, nothing survives a restart.
+//!
+//! Records are kept compact, because a service keeps every completed key for the whole
+//! TTL (a day of traffic): one table per operation, so the operation's name is kept once;
+//! the client and the key in one allocation; the fingerprint as its 32 bytes; a result as
+//! one buffer holding its status, headers and body, which a replay slices without copying.
+//! The tables are split into [`SHARDS`] shards, each under its own lock: a shard that
+//! grows is rehashed under its lock, and with many small shards that pause stays short
+//! (with the map's default of 4 × cores shards, a table of a million records stalled
+//! every request to a shard for tens of milliseconds as it doubled).
+
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
+use http::{HeaderName, HeaderValue};
 
 use super::{
     Begin, DEFAULT_MAX_RESULT, Lease, NewRecord, OwnerToken, Record, RecordKey, RecordState, Store,
     StoreError, StoredResponse, UnixMillis, check_size,
 };
+use crate::OperationId;
 
-/// A [`Store`] in a concurrent hash map ([`dashmap`]): the default for tests and
-/// single-process services.
+/// How many shards (each a hash map under its own lock) one operation's table has.
+pub const SHARDS: usize = 256;
+
+/// A [`Store`] in memory: the default for tests and single-process services.
 ///
 /// Every change happens under the lock of the key's shard, so `begin` is one atomic
-/// insert-if-absent (the map's entry API) and every other change one compare-and-set.
-/// Records are lost when the process ends: use `SqliteStore` (feature `sqlite`) for a
-/// service that must replay results after a restart. Expired records stay in memory until
+/// insert-if-absent and every other change one compare-and-set. Records are lost when the
+/// process ends: use `SqliteStore` (feature `sqlite`) for a service that must replay
+/// results after a restart. Expired records stay in memory until
 /// [`Store::purge_expired`] (or [`crate::Idem::spawn_purger`]) removes them.
+///
+/// A completed record takes about 300 bytes besides its result's body and headers (see
+/// `BENCHMARKS.md`, "memory per record").
 #[derive(Debug)]
 pub struct MemoryStore {
-    records: DashMap<RecordKey, Record>,
+    /// One table per operation, by the operation's name.
+    tables: RwLock<HashMap<Box<str>, Arc<Table>>>,
     max_result: usize,
 }
+
+/// The records of one operation, by [`compact_key`].
+type Table = DashMap<Box<[u8]>, Slot>;
 
 impl Default for MemoryStore {
     fn default() -> MemoryStore {
         MemoryStore {
-            records: DashMap::new(),
+            tables: RwLock::default(),
             max_result: DEFAULT_MAX_RESULT,
         }
     }
@@ -49,22 +73,52 @@ impl MemoryStore {
 
     /// How many records the store holds, expired ones included.
     pub fn len(&self) -> usize {
-        self.records.len()
+        self.tables_now().iter().map(|t| t.len()).sum()
     }
 
     /// Whether the store holds no record.
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.len() == 0
     }
 
-    /// Applies `change` to the record of `key` under its shard's lock.
+    /// The tables as they are now.
+    fn tables_now(&self) -> Vec<Arc<Table>> {
+        let tables = self.tables.read().unwrap_or_else(PoisonError::into_inner);
+        tables.values().cloned().collect()
+    }
+
+    /// The table of `operation`, if it has one.
+    fn table(&self, operation: &str) -> Option<Arc<Table>> {
+        let tables = self.tables.read().unwrap_or_else(PoisonError::into_inner);
+        tables.get(operation).cloned()
+    }
+
+    /// The table of `operation`, made if it has none yet.
+    fn table_or_new(&self, operation: &str) -> Arc<Table> {
+        if let Some(table) = self.table(operation) {
+            return table;
+        }
+        let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(
+            tables
+                .entry(operation.into())
+                .or_insert_with(|| Arc::new(DashMap::with_shard_amount(SHARDS))),
+        )
+    }
+
+    /// Applies `change` to the slot of `key` under its shard's lock; `LeaseLost` when the
+    /// key has no record.
     fn update<T>(
         &self,
         key: &RecordKey,
-        change: impl FnOnce(&mut Record) -> Result<T, StoreError>,
+        change: impl FnOnce(&mut Slot) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        match self.records.get_mut(key) {
-            Some(mut record) => change(&mut record),
+        let Some(table) = self.table(&key.operation) else {
+            return Err(StoreError::LeaseLost);
+        };
+        let name = compact_key(key);
+        match table.get_mut(&*name) {
+            Some(mut slot) => change(&mut slot),
             None => Err(StoreError::LeaseLost),
         }
     }
@@ -78,28 +132,34 @@ impl Store for MemoryStore {
         new: &NewRecord,
         now: UnixMillis,
     ) -> Result<Begin, StoreError> {
-        Ok(match self.records.entry(key.clone()) {
+        let table = self.table_or_new(&key.operation);
+        Ok(match table.entry(compact_key(key)) {
             Entry::Vacant(vacant) => {
                 let record = Record::started(new, now);
-                vacant.insert(record.clone());
+                vacant.insert(Slot::from_record(&record));
                 Begin::Started(record)
             }
-            Entry::Occupied(mut occupied) => match occupied.get().begin_over(new, now) {
-                Some(record) => {
-                    occupied.insert(record.clone());
-                    Begin::Started(record)
+            Entry::Occupied(mut occupied) => {
+                let current = occupied.get().to_record()?;
+                match current.begin_over(new, now) {
+                    Some(record) => {
+                        occupied.insert(Slot::from_record(&record));
+                        Begin::Started(record)
+                    }
+                    None => Begin::Exists(current),
                 }
-                None => Begin::Exists(occupied.get().clone()),
-            },
+            }
         })
     }
 
     async fn get(&self, key: &RecordKey, now: UnixMillis) -> Result<Option<Record>, StoreError> {
-        Ok(self
-            .records
-            .get(key)
-            .filter(|r| !r.is_expired(now))
-            .map(|r| r.clone()))
+        let Some(table) = self.table(&key.operation) else {
+            return Ok(None);
+        };
+        match table.get(&*compact_key(key)) {
+            Some(slot) if !slot.is_expired(now) => slot.to_record().map(Some),
+            _ => Ok(None),
+        }
     }
 
     async fn complete(
@@ -110,13 +170,12 @@ impl Store for MemoryStore {
         now: UnixMillis,
     ) -> Result<(), StoreError> {
         check_size(response, self.max_result)?;
-        self.update(key, |record| {
-            if !record.is_live_owner(token, now) {
+        let encoded = encode_response(response)?;
+        self.update(key, |slot| {
+            if !slot.is_live_owner(token, now) {
                 return Err(StoreError::LeaseLost);
             }
-            record.state = RecordState::Completed {
-                response: response.clone(),
-            };
+            slot.state = SlotState::Completed(encoded);
             Ok(())
         })
     }
@@ -127,11 +186,11 @@ impl Store for MemoryStore {
         token: OwnerToken,
         now: UnixMillis,
     ) -> Result<(), StoreError> {
-        self.update(key, |record| {
-            if !record.is_live_owner(token, now) {
+        self.update(key, |slot| {
+            if !slot.is_live_owner(token, now) {
                 return Err(StoreError::LeaseLost);
             }
-            record.state = RecordState::Released;
+            slot.state = SlotState::Released;
             Ok(())
         })
     }
@@ -141,14 +200,13 @@ impl Store for MemoryStore {
         key: &RecordKey,
         token: OwnerToken,
         until: UnixMillis,
-        now: UnixMillis,
+        _now: UnixMillis,
     ) -> Result<(), StoreError> {
-        self.update(key, |record| {
-            let _ = now;
-            if record.lease().is_none_or(|l| l.token != token) {
+        self.update(key, |slot| {
+            if slot.lease().is_none_or(|l| l.token != token) {
                 return Err(StoreError::LeaseLost);
             }
-            *record = record.renewed(until);
+            *slot = Slot::from_record(&slot.to_record()?.renewed(until));
             Ok(())
         })
     }
@@ -160,13 +218,11 @@ impl Store for MemoryStore {
         reason: &str,
         _now: UnixMillis,
     ) -> Result<(), StoreError> {
-        self.update(key, |record| {
-            if record.lease().is_none_or(|l| l.token != token) {
+        self.update(key, |slot| {
+            if slot.lease().is_none_or(|l| l.token != token) {
                 return Err(StoreError::LeaseLost);
             }
-            record.state = RecordState::Unknown {
-                reason: reason.to_owned(),
-            };
+            slot.state = SlotState::Unknown(reason.into());
             Ok(())
         })
     }
@@ -178,26 +234,270 @@ impl Store for MemoryStore {
         new_lease: Lease,
         now: UnixMillis,
     ) -> Result<Record, StoreError> {
-        self.update(key, |record| {
-            let ended = record
+        self.update(key, |slot| {
+            let ended = slot
                 .lease()
                 .is_some_and(|l| l.token == expected && !l.is_live(now));
-            if !ended || record.is_expired(now) {
+            if !ended || slot.is_expired(now) {
                 return Err(StoreError::LeaseLost);
             }
-            *record = record.leased(new_lease);
-            Ok(record.clone())
+            let record = slot.to_record()?.leased(new_lease);
+            *slot = Slot::from_record(&record);
+            Ok(record)
         })
     }
 
     async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
         let mut purged = 0;
-        self.records.retain(|_, record| {
-            let keep = !record.is_expired(now);
-            purged += u64::from(!keep);
-            keep
-        });
+        for table in self.tables_now() {
+            table.retain(|_, slot| {
+                let keep = !slot.is_expired(now);
+                purged += u64::from(!keep);
+                keep
+            });
+        }
         Ok(purged)
+    }
+}
+
+/// The client and the key of `key` as one byte string: the client's length (4 bytes,
+/// little-endian), the client, then the key. Two different pairs never share a string.
+fn compact_key(key: &RecordKey) -> Box<[u8]> {
+    let client = key.client.as_bytes();
+    let len = u32::try_from(client.len()).unwrap_or(u32::MAX);
+    let mut out = Vec::with_capacity(4 + client.len() + key.key.len());
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(client);
+    out.extend_from_slice(key.key.as_bytes());
+    out.into_boxed_slice()
+}
+
+/// A [`Record`] as the table keeps it.
+#[derive(Debug)]
+struct Slot {
+    operation_id: OperationId,
+    created_at: UnixMillis,
+    expires_at: UnixMillis,
+    fingerprint: Digest,
+    attempt: u32,
+    transactional: bool,
+    state: SlotState,
+}
+
+/// A fingerprint: the 32 bytes of a `sha256:<64 lowercase hex digits>` one (the form
+/// idem computes), any other text as it is.
+#[derive(Debug)]
+enum Digest {
+    Sha256([u8; 32]),
+    Text(Box<str>),
+}
+
+/// [`RecordState`] as the table keeps it.
+#[derive(Debug)]
+enum SlotState {
+    Processing {
+        token: [u64; 2],
+        until: UnixMillis,
+    },
+    /// The result, as [`encode_response`] writes it.
+    Completed(Bytes),
+    Released,
+    Unknown(Box<str>),
+}
+
+impl Slot {
+    fn from_record(record: &Record) -> Slot {
+        let state = match &record.state {
+            RecordState::Processing { lease } => {
+                let token = lease.token.as_u128();
+                SlotState::Processing {
+                    // Two halves keep the slot 8-byte aligned (a `u128` would make it 16).
+                    token: [(token >> 64) as u64, token as u64],
+                    until: lease.until,
+                }
+            }
+            RecordState::Completed { response } => match encode_response(response) {
+                Ok(encoded) => SlotState::Completed(encoded),
+                // Only a result too large to frame (over 4 GiB of headers) fails, and
+                // `complete` refuses those before they reach a slot.
+                Err(_) => SlotState::Unknown("the stored result could not be kept".into()),
+            },
+            RecordState::Released => SlotState::Released,
+            RecordState::Unknown { reason } => SlotState::Unknown(reason.as_str().into()),
+        };
+        Slot {
+            operation_id: record.operation_id,
+            created_at: record.created_at,
+            expires_at: record.expires_at,
+            fingerprint: Digest::of(&record.fingerprint),
+            attempt: record.attempt,
+            transactional: record.transactional,
+            state,
+        }
+    }
+
+    fn to_record(&self) -> Result<Record, StoreError> {
+        let state = match &self.state {
+            SlotState::Processing { .. } => RecordState::Processing {
+                lease: self.lease().unwrap_or(Lease {
+                    token: OwnerToken::from_u128(0),
+                    until: 0,
+                }),
+            },
+            SlotState::Completed(encoded) => RecordState::Completed {
+                response: decode_response(encoded)?,
+            },
+            SlotState::Released => RecordState::Released,
+            SlotState::Unknown(reason) => RecordState::Unknown {
+                reason: reason.to_string(),
+            },
+        };
+        Ok(Record {
+            operation_id: self.operation_id,
+            fingerprint: self.fingerprint.to_string(),
+            attempt: self.attempt,
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+            state,
+            transactional: self.transactional,
+        })
+    }
+
+    const fn is_expired(&self, now: UnixMillis) -> bool {
+        self.expires_at <= now
+    }
+
+    fn lease(&self) -> Option<Lease> {
+        match self.state {
+            SlotState::Processing {
+                token: [high, low],
+                until,
+            } => Some(Lease {
+                token: OwnerToken::from_u128((u128::from(high) << 64) | u128::from(low)),
+                until,
+            }),
+            _ => None,
+        }
+    }
+
+    /// [`Record::is_live_owner`].
+    fn is_live_owner(&self, token: OwnerToken, now: UnixMillis) -> bool {
+        self.lease()
+            .is_some_and(|l| l.token == token && l.is_live(now))
+    }
+}
+
+impl Digest {
+    const PREFIX: &'static str = "sha256:";
+
+    fn of(text: &str) -> Digest {
+        let lower_hex = |s: &str| {
+            s.len() == 64
+                && s.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        };
+        if let Some(hex_digits) = text.strip_prefix(Self::PREFIX)
+            && lower_hex(hex_digits)
+        {
+            let mut bytes = [0; 32];
+            if hex::decode_to_slice(hex_digits, &mut bytes).is_ok() {
+                return Digest::Sha256(bytes);
+            }
+        }
+        Digest::Text(text.into())
+    }
+}
+
+impl std::fmt::Display for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Digest::Sha256(bytes) => {
+                let mut hex_digits = [0; 64];
+                // 32 bytes always fit 64 digits.
+                let _ = hex::encode_to_slice(bytes, &mut hex_digits);
+                f.write_str(Self::PREFIX)?;
+                f.write_str(std::str::from_utf8(&hex_digits).map_err(|_| std::fmt::Error)?)
+            }
+            Digest::Text(text) => f.write_str(text),
+        }
+    }
+}
+
+/// A result as one buffer: the status (2 bytes), the number of headers (4 bytes), each
+/// header as its name's length (4 bytes), the name, its value's length (4 bytes) and the
+/// value, then the body. Lengths are little-endian. `TooLarge` only for a header list or
+/// header longer than 4 GiB.
+fn encode_response(response: &StoredResponse) -> Result<Bytes, StoreError> {
+    let too_large = || StoreError::TooLarge {
+        size: response.size(),
+        limit: u32::MAX as usize,
+    };
+    let len = |n: usize| u32::try_from(n).map_err(|_| too_large());
+    let size = 6 + response.headers.len() * 8 + response.size();
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(&response.status.to_le_bytes());
+    out.extend_from_slice(&len(response.headers.len())?.to_le_bytes());
+    for (name, value) in &response.headers {
+        out.extend_from_slice(&len(name.as_str().len())?.to_le_bytes());
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(&len(value.len())?.to_le_bytes());
+        out.extend_from_slice(value.as_bytes());
+    }
+    out.extend_from_slice(&response.body);
+    // Exactly `size` bytes: the buffer is kept without spare capacity.
+    Ok(Bytes::from(out))
+}
+
+/// The result that [`encode_response`] wrote; the header values and the body are slices
+/// of `encoded`, not copies.
+fn decode_response(encoded: &Bytes) -> Result<StoredResponse, StoreError> {
+    let mut cursor = Cursor { encoded, at: 0 };
+    let status = cursor.take(2)?;
+    let status = u16::from_le_bytes([encoded[status.start], encoded[status.start + 1]]);
+    let count = cursor.length()?;
+    let mut headers = Vec::with_capacity(count.min(64));
+    for _ in 0..count {
+        let name = cursor.length().and_then(|n| cursor.take(n))?;
+        let name = HeaderName::from_bytes(&encoded[name])
+            .map_err(|_| StoreError::Corrupt("a stored header name".into()))?;
+        let value = cursor.length().and_then(|n| cursor.take(n))?;
+        let value = HeaderValue::from_maybe_shared(encoded.slice(value))
+            .map_err(|_| StoreError::Corrupt("a stored header value".into()))?;
+        headers.push((name, value));
+    }
+    let body = encoded.slice(cursor.at..);
+    Ok(StoredResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// A reading position in an encoded result.
+struct Cursor<'a> {
+    encoded: &'a Bytes,
+    at: usize,
+}
+
+impl Cursor<'_> {
+    /// The range of the next `n` bytes; `Corrupt` past the end.
+    fn take(&mut self, n: usize) -> Result<std::ops::Range<usize>, StoreError> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&end| end <= self.encoded.len())
+            .ok_or_else(|| StoreError::Corrupt("a stored result is cut short".into()))?;
+        let range = self.at..end;
+        self.at = end;
+        Ok(range)
+    }
+
+    /// The next 4-byte little-endian length.
+    fn length(&mut self) -> Result<usize, StoreError> {
+        let range = self.take(4)?;
+        let mut bytes = [0; 4];
+        bytes.copy_from_slice(&self.encoded[range]);
+        Ok(u32::from_le_bytes(bytes) as usize)
     }
 }
 
@@ -208,5 +508,120 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn passes_the_conformance_suite() {
         crate::store::conformance::run(|| async { MemoryStore::new() }).await;
+    }
+
+    fn response() -> StoredResponse {
+        StoredResponse {
+            status: 201,
+            headers: vec![
+                (
+                    HeaderName::from_static("location"),
+                    HeaderValue::from_static("/orders/ord_1"),
+                ),
+                (
+                    HeaderName::from_static("x-custom"),
+                    HeaderValue::from_bytes(b"\xe9t\xe9").unwrap(),
+                ),
+                (
+                    HeaderName::from_static("link"),
+                    HeaderValue::from_static("</a>"),
+                ),
+                (
+                    HeaderName::from_static("link"),
+                    HeaderValue::from_static(""),
+                ),
+            ],
+            body: Bytes::from_static(b"{\"id\":\"ord_1\"}\n"),
+        }
+    }
+
+    #[test]
+    fn results_round_trip_byte_for_byte() {
+        let stored = response();
+        let encoded = encode_response(&stored).unwrap();
+        assert_eq!(encoded.len(), 6 + 4 * 8 + stored.size());
+        assert_eq!(decode_response(&encoded).unwrap(), stored);
+        let empty = StoredResponse {
+            status: 204,
+            headers: Vec::new(),
+            body: Bytes::new(),
+        };
+        assert_eq!(
+            decode_response(&encode_response(&empty).unwrap()).unwrap(),
+            empty
+        );
+    }
+
+    #[test]
+    fn a_cut_result_is_corrupt_not_a_panic() {
+        let encoded = encode_response(&response()).unwrap();
+        // Every prefix that ends inside the header list is refused; one that ends in the
+        // body is a shorter body (the body has no length of its own).
+        let headers_end = encoded.len() - response().body.len();
+        for cut in 0..headers_end {
+            let result = decode_response(&encoded.slice(..cut));
+            assert!(
+                matches!(result, Err(StoreError::Corrupt(_))),
+                "cut at {cut}"
+            );
+        }
+        let mut huge = encoded.to_vec();
+        huge[2..6].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            decode_response(&Bytes::from(huge)),
+            Err(StoreError::Corrupt(_))
+        ));
+    }
+
+    #[test]
+    fn fingerprints_are_kept_as_written() {
+        let sha = format!("sha256:{}", "0123456789abcdef".repeat(4));
+        assert!(matches!(Digest::of(&sha), Digest::Sha256(_)));
+        assert_eq!(Digest::of(&sha).to_string(), sha);
+        let upper = sha.to_uppercase().replace("SHA256", "sha256");
+        for other in ["", "sha256:", "md5:abc", upper.as_str(), &sha[..70]] {
+            assert!(matches!(Digest::of(other), Digest::Text(_)), "{other}");
+            assert_eq!(Digest::of(other).to_string(), other);
+        }
+    }
+
+    #[test]
+    fn a_slot_is_small() {
+        // The table holds the key's box (16 bytes) and the slot inline: keep both small.
+        assert!(
+            std::mem::size_of::<Slot>() <= 120,
+            "{}",
+            std::mem::size_of::<Slot>()
+        );
+    }
+
+    #[tokio::test]
+    async fn operations_have_tables_of_their_own() {
+        let store = MemoryStore::new();
+        let new = NewRecord {
+            operation_id: OperationId::new(),
+            fingerprint: "f".into(),
+            lease: Lease {
+                token: OwnerToken::random(),
+                until: 2_000,
+            },
+            expires_at: 10_000,
+            transactional: false,
+            holds_until: 2_000,
+        };
+        for operation in ["a", "b"] {
+            let key = RecordKey::new(operation, "c", "k");
+            assert!(matches!(
+                store.begin(&key, &new, 1_000).await.unwrap(),
+                Begin::Started(_)
+            ));
+        }
+        assert_eq!(store.len(), 2);
+        // A client whose name ends like another's key: `ab` + `c` against `a` + `bc`.
+        let first = RecordKey::new("a", "ab", "c");
+        let second = RecordKey::new("a", "a", "bc");
+        assert_ne!(compact_key(&first), compact_key(&second));
+        assert_eq!(store.purge_expired(20_000).await.unwrap(), 2);
+        assert!(store.is_empty());
     }
 }
