@@ -792,7 +792,13 @@ fn main() {
         for (i, run) in runs.iter_mut().enumerate() {
             let script = if run.replay { &replays } else { &new_keys };
             let orders_before = memory_orders.len();
-            let (rps, p99) = wrk(&variants[run.variant].url, script, seconds, round * 100 + i);
+            let (rps, p99) = wrk(
+                &variants[run.variant].url,
+                script,
+                seconds,
+                32,
+                round * 100 + i,
+            );
             eprintln!(
                 "round {} {}: {rps:.0} req/s, p99 {p99:.2} ms",
                 round + 1,

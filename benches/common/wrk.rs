@@ -1,17 +1,31 @@
 //! The `wrk` driver the loopback benchmarks share (`benches/stores.rs` of the root crate,
-//! `examples/orders/benches/modes.rs`): one timed run of a Lua script, its requests per
-//! second and p99 latency, and the median of rounds.
+//! `examples/orders/benches/modes.rs`, `idem-bench`): one timed run of a Lua script, its
+//! requests per second and p99 latency, and the median of rounds.
 
 use std::path::Path;
 use std::process::Command;
 
-/// Requests per second and p99 latency in milliseconds of one `wrk` run.
-pub fn wrk(url: &str, script: &Path, seconds: u64, run: usize) -> (f64, f64) {
-    let lua = std::fs::read_to_string(script).unwrap();
+/// Requests per second and p99 latency in milliseconds of one `wrk -t2` run of `seconds`
+/// over `connections` connections. The script sees a global `run` (the decimal `run`), so
+/// that keys made of it are new in every run.
+///
+/// # Panics
+///
+/// When wrk cannot run, prints no rate (a script error), or counts a non-2xx answer: the
+/// panic message carries wrk's output.
+pub fn wrk(url: &str, script: &Path, seconds: u64, connections: usize, run: usize) -> (f64, f64) {
+    let lua = std::fs::read_to_string(script).expect("the Lua script is readable");
     let script_run = script.with_extension(format!("{run}.lua"));
-    std::fs::write(&script_run, format!("run = \"{run}\"\n{lua}")).unwrap();
+    std::fs::write(&script_run, format!("run = \"{run}\"\n{lua}"))
+        .expect("the run's Lua script is written beside the script");
     let out = Command::new("wrk")
-        .args(["-t2", "-c32", &format!("-d{seconds}s"), "--latency", "-s"])
+        .args([
+            "-t2",
+            &format!("-c{connections}"),
+            &format!("-d{seconds}s"),
+            "--latency",
+            "-s",
+        ])
         .arg(&script_run)
         .arg(format!("{url}/orders"))
         .output()
@@ -26,7 +40,12 @@ pub fn wrk(url: &str, script: &Path, seconds: u64, run: usize) -> (f64, f64) {
         .lines()
         .find_map(|l| l.strip_prefix("Requests/sec:"))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no Requests/sec in:\n{text}"));
+        .unwrap_or_else(|| {
+            panic!(
+                "no Requests/sec in:\n{text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
     let p99 = text
         .lines()
         .find_map(|l| l.trim().strip_prefix("99%"))

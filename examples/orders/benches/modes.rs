@@ -344,7 +344,7 @@ fn main() {
     let mut results: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); variants.len()];
     for round in 0..rounds {
         for (i, (name, _, url)) in variants.iter().enumerate() {
-            let (rps, p99) = wrk(url, &script, seconds, round * 100 + i);
+            let (rps, p99) = wrk(url, &script, seconds, 32, round * 100 + i);
             eprintln!(
                 "round {} {name}: {rps:.0} req/s, p99 {p99:.2} ms",
                 round + 1
