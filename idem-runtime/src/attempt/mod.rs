@@ -17,7 +17,6 @@
 
 mod current;
 mod guard;
-mod heartbeat;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +27,6 @@ use tokio::time::Instant;
 
 pub use self::current::Attempt;
 pub use self::guard::Guard;
-use self::heartbeat::Heartbeat;
 use crate::answer::{self, with_operation_id};
 use crate::idem::running::Alive;
 use crate::replay::{Captured, capture, replay, select_headers};
@@ -87,21 +85,15 @@ pub(crate) struct Held {
     pub(crate) token: OwnerToken,
     /// When the attempt's time ends (the contract's lease: its per-attempt timeout, or
     /// else its deadline), on the monotonic clock. The lease in the store is shorter and
-    /// renewed meanwhile ([`Heartbeat`]).
+    /// renewed meanwhile ([`crate::idem::running::Running`]).
     pub(crate) deadline: Instant,
     pub(crate) operation_id: OperationId,
     pub(crate) attempt: u32,
     /// The attempt's transaction, in the transactional mode.
     pub(crate) tx: Option<AttemptTx>,
-    /// Holds the lease, even past its end, for as long as this attempt is alive
-    /// ([`crate::idem::running::Running`]).
+    /// Holds the lease, even past its end, and renews it in the store, for as long as
+    /// this attempt is alive ([`crate::idem::running::Running`]).
     _alive: Alive,
-    /// Renews the lease in the store while the attempt is alive (until dropped).
-    #[cfg_attr(
-        not(any(feature = "sqlite", feature = "postgres")),
-        allow(dead_code, reason = "paused only in the transactional mode")
-    )]
-    heartbeat: Heartbeat,
 }
 
 impl Held {
@@ -126,8 +118,9 @@ impl Held {
             operation_id,
             attempt,
             tx: None,
-            _alive: idem.running().enter(token),
-            heartbeat: Heartbeat::start(idem, Arc::clone(key), token, idem.lease_for(contract)),
+            _alive: idem
+                .running()
+                .enter(idem, key, token, idem.lease_for(contract), started),
         }
     }
 
@@ -137,7 +130,7 @@ impl Held {
     #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) fn attach(&mut self, tx: AttemptTx) {
         if tx.fences_by_lock() {
-            self.heartbeat.pause();
+            self.idem.running().pause(self.token);
         }
         self.tx = Some(tx);
     }
