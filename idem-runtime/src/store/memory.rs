@@ -35,8 +35,8 @@ pub const SHARDS: usize = 256;
 /// results after a restart. Expired records stay in memory until
 /// [`Store::purge_expired`] (or [`crate::Idem::spawn_purger`]) removes them.
 ///
-/// A completed record takes about 300 bytes besides its result's body and headers (see
-/// `BENCHMARKS.md`, "memory per record").
+/// A record's slot is at most 120 bytes, beside one allocation for the client and the key
+/// and one for a completed result (its status, headers and body, exactly sized).
 #[derive(Debug)]
 pub struct MemoryStore {
     /// One table per operation, by the operation's name.
