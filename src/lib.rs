@@ -91,7 +91,7 @@ pub use idem_runtime::{
     DEFAULT_UNAVAILABLE_RETRY_AFTER, IDEMPOTENT_REPLAYED_HEADER, Idem, IdemLayer, IdemService,
     Lookup, MIN_HEARTBEAT_LEASE, MemoryStore, OPERATION_ID_HEADER, OperationId, OperationReport,
     OperationStatus, Resolution, Store, StoreError, UnknownOperation, enforce, fingerprint,
-    identity, problem, recovery, store,
+    identity, problem, recovery, store, telemetry,
 };
 #[cfg(feature = "postgres")]
 pub use idem_runtime::{PgTx, PostgresStore};

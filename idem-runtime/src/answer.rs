@@ -8,6 +8,7 @@ use idem_contract::{Contract, KeyError};
 use crate::operation_id::OPERATION_ID_HEADER;
 use crate::problem::{Problem, ProblemType};
 use crate::store::{OperationState, Record, RecordKey, StoreError};
+use crate::telemetry::{self, Outcome};
 use crate::{Idem, OperationId};
 
 /// Sets the `Operation-Id` header.
@@ -301,7 +302,7 @@ pub(crate) fn accepted(contract: &Contract, key: &RecordKey, id: OperationId) ->
     if let Some(location) = location.and_then(|l| HeaderValue::try_from(l).ok()) {
         headers.insert(header::LOCATION, location);
     }
-    with_operation_id(response, id)
+    telemetry::tagged(with_operation_id(response, id), Outcome::Accepted)
 }
 
 #[cfg(test)]

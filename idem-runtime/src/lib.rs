@@ -104,7 +104,7 @@
 #![warn(missing_docs)]
 
 // The modules import one way, a request's path through them, from the store up:
-// operation_id, store, problem, identity, fault, reconcile, operation, wire, idem,
+// operation_id, store, problem, telemetry, identity, fault, reconcile, operation, wire, idem,
 // answer, replay, transaction, attempt, recovery, enforce, lookup, layer (and
 // fingerprint beside them). `tests/layering.rs` checks it.
 mod answer;
@@ -123,6 +123,7 @@ mod reconcile;
 pub mod recovery;
 mod replay;
 pub mod store;
+pub mod telemetry;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod transaction;
 mod wire;

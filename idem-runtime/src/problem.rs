@@ -126,6 +126,8 @@ impl IntoResponse for Problem {
         if let Some(id) = self.operation_id {
             headers.insert(OPERATION_ID_HEADER, id.header_value());
         }
+        // The case, for the attempt's telemetry (`crate::telemetry`).
+        response.extensions_mut().insert(self.kind);
         response
     }
 }

@@ -30,6 +30,7 @@ use std::sync::Arc;
 use axum::response::Response;
 use futures_util::FutureExt;
 use idem_contract::{Contract, Recovery};
+use tracing::Instrument;
 
 use crate::Idem;
 use crate::answer;
@@ -137,7 +138,7 @@ where
         return Recovered::Answer(attempt.park(&reason).await);
     };
     let operation_id = attempt.operation_id;
-    match tokio::spawn(decide(attempt, reconcile, op)).await {
+    match tokio::spawn(decide(attempt, reconcile, op).in_current_span()).await {
         Ok(recovered) => recovered,
         Err(_) => Recovered::Answer(answer::recovery_pending(
             idem,

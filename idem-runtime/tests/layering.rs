@@ -12,6 +12,7 @@ const ORDER: &[&str] = &[
     "operation_id",
     "store",
     "problem",
+    "telemetry",
     "identity",
     "fault",
     "fingerprint",

@@ -13,6 +13,7 @@ use super::current::Attempt;
 use super::{Ended, Held};
 use crate::OperationId;
 use crate::answer;
+use crate::telemetry::AttemptTelemetry;
 
 /// The attempt that holds a contracted operation's key, handed to the handler's code by
 /// [`Enforced::into_parts`](crate::enforce::Enforced::into_parts).
@@ -25,6 +26,8 @@ pub struct Guard {
     attempt: Option<Held>,
     operation_id: OperationId,
     number: u32,
+    /// The attempt's span and metrics, from the extraction on (`crate::telemetry`).
+    telemetry: Option<AttemptTelemetry>,
 }
 
 impl Guard {
@@ -33,7 +36,13 @@ impl Guard {
             operation_id: attempt.operation_id,
             number: attempt.attempt,
             attempt: Some(attempt),
+            telemetry: None,
         }
+    }
+
+    /// Carries the attempt's telemetry into the handler's run.
+    pub(crate) fn observe(&mut self, telemetry: AttemptTelemetry) {
+        self.telemetry = Some(telemetry);
     }
 
     /// The operation's id.
@@ -105,28 +114,37 @@ impl Guard {
         let Some(attempt) = self.attempt.take() else {
             return answer::attempt_failed(self.operation_id, "had already run", 1);
         };
-        let span = tracing::info_span!(
-            "idem.attempt",
-            operation = %attempt.contract.operation,
-            operation_id = %attempt.operation_id,
-            attempt = attempt.attempt,
-        );
+        // The attempt's span covers the handler and the settlement, and ends on the task,
+        // so that a client that hangs up does not cut it short.
+        let telemetry = self.telemetry.take();
+        let span = telemetry
+            .as_ref()
+            .map_or_else(tracing::Span::none, |t| t.span().clone());
         let until = attempt.handler_deadline();
         let task = tokio::spawn(
             async move {
-                let ran =
-                    tokio::time::timeout_at(until, AssertUnwindSafe(handler).catch_unwind()).await;
-                let response = match ran {
-                    Ok(Ok(output)) => {
-                        std::panic::catch_unwind(AssertUnwindSafe(|| output.into_response()))
+                let response = async {
+                    let ran =
+                        tokio::time::timeout_at(until, AssertUnwindSafe(handler).catch_unwind())
+                            .await;
+                    let response = match ran {
+                        Ok(Ok(output)) => {
+                            std::panic::catch_unwind(AssertUnwindSafe(|| output.into_response()))
+                        }
+                        Ok(Err(panic)) => Err(panic),
+                        Err(_elapsed) => return attempt.settle_ended(Ended::TimedOut).await,
+                    };
+                    match response {
+                        Ok(response) => attempt.settle(response).await,
+                        Err(_panic) => attempt.settle_ended(Ended::Panicked).await,
                     }
-                    Ok(Err(panic)) => Err(panic),
-                    Err(_elapsed) => return attempt.settle_ended(Ended::TimedOut).await,
-                };
-                match response {
-                    Ok(response) => attempt.settle(response).await,
-                    Err(_panic) => attempt.settle_ended(Ended::Panicked).await,
                 }
+                .await;
+                if let Some(telemetry) = telemetry {
+                    let (id, number) = (attempt.operation_id, attempt.attempt);
+                    telemetry.settled(&response, attempt.settled(), id, number);
+                }
+                response
             }
             .instrument(span.clone()),
         );
@@ -157,6 +175,7 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         let Some(a) = &self.attempt else { return };
+        // (Its telemetry, dropped unfinished, ends as `unknown`, `cancelled`.)
         tracing::warn!(
             operation = %a.contract.operation,
             operation_id = %a.operation_id,

@@ -18,7 +18,7 @@
 mod current;
 mod guard;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::response::Response;
@@ -33,6 +33,7 @@ use crate::replay::{Captured, capture, replay, select_headers};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::store::OperationState;
 use crate::store::{OwnerToken, RecordKey, StoreError, StoredResponse, unix_now};
+use crate::telemetry::{self, FinalOutcome, Outcome};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::transaction::{CommitError, RolledBack, TxControl};
 use crate::{Idem, OperationId, fault};
@@ -91,6 +92,8 @@ pub(crate) struct Held {
     pub(crate) attempt: u32,
     /// The attempt's transaction, in the transactional mode.
     pub(crate) tx: Option<AttemptTx>,
+    /// How the settlement ended, first recorded first ([`Held::settled`]).
+    settled: OnceLock<Outcome>,
     /// Holds the lease, even past its end, and renews it in the store, for as long as
     /// this attempt is alive ([`crate::idem::running::Running`]).
     _alive: Alive,
@@ -118,6 +121,7 @@ impl Held {
             operation_id,
             attempt,
             tx: None,
+            settled: OnceLock::new(),
             _alive: idem
                 .running()
                 .enter(idem, key, token, idem.lease_for(contract), started),
@@ -174,7 +178,7 @@ impl Held {
             // before its effect.
             return match self.store_release().await {
                 Ok(()) => {
-                    self.log_outcome("released", status);
+                    self.log_outcome(Outcome::Released, status);
                     with_operation_id(response, self.operation_id)
                 }
                 Err(error) => self.write_failed("release", &error),
@@ -209,7 +213,7 @@ impl Held {
         match self.store_complete(&stored).await {
             Ok(()) => {
                 fault::point("after_complete");
-                self.log_outcome("completed", status);
+                self.log_outcome(Outcome::Executed, status);
                 with_operation_id(response, self.operation_id)
             }
             Err(StoreError::TooLarge { size, limit }) => {
@@ -227,9 +231,9 @@ impl Held {
         let status = response.status().as_u16();
         if self.contract.is_retryable_status(status) || (500..600).contains(&status) {
             let outcome = if (500..600).contains(&status) {
-                "rolled_back"
+                Outcome::RolledBack
             } else {
-                "released"
+                Outcome::Released
             };
             self.log_outcome(outcome, status);
             return self
@@ -272,7 +276,7 @@ impl Held {
             .await
         {
             Ok(()) => {
-                self.log_outcome("committed", status);
+                self.log_outcome(Outcome::Executed, status);
                 let response = Response::from_parts(parts, axum::body::Body::from(body));
                 with_operation_id(response, self.operation_id)
             }
@@ -299,7 +303,7 @@ impl Held {
                     // rolled them back): it is recorded alone, and replayed.
                     return match self.store_complete(&stored).await {
                         Ok(()) => {
-                            self.log_outcome("completed", status);
+                            self.log_outcome(Outcome::Executed, status);
                             let response =
                                 Response::from_parts(parts, axum::body::Body::from(body));
                             with_operation_id(response, self.operation_id)
@@ -373,7 +377,7 @@ impl Held {
             .await
         {
             RolledBack::Released => {
-                self.log_outcome("released", 0);
+                self.log_outcome(Outcome::Released, 0);
                 return answer(OperationState::Released);
             }
             RolledBack::LeaseLost => {
@@ -510,8 +514,9 @@ impl Held {
             outcome = "too_large",
             "idem: the result is too large to store; the operation is parked as unknown"
         );
-        if let Err(error) = self.store_park(reason).await {
-            self.log_store_failure("park", &error);
+        match self.store_park(reason).await {
+            Ok(()) => self.parked(response.status().as_u16()),
+            Err(error) => self.log_store_failure("park", &error),
         }
         with_operation_id(response, self.operation_id)
     }
@@ -542,8 +547,16 @@ impl Held {
         };
         match self.store_complete(&stored).await {
             Ok(()) => {
-                self.log_outcome("recovered", status);
-                replay(&stored, self.operation_id)
+                self.log_outcome(Outcome::Recovered, status);
+                telemetry::operation_ended(
+                    None,
+                    &self.contract.operation,
+                    FinalOutcome::Recovered,
+                    self.operation_id,
+                    self.attempt,
+                    status,
+                );
+                telemetry::tagged(replay(&stored, self.operation_id), Outcome::Recovered)
             }
             Err(StoreError::TooLarge { size, limit }) => {
                 let reason = format!(
@@ -568,7 +581,9 @@ impl Held {
                     outcome = "unknown",
                     "idem: the operation is parked as unknown for an operator"
                 );
-                answer::outcome_unknown(self.operation_id, reason)
+                self.parked(409);
+                let answer = answer::outcome_unknown(self.operation_id, reason);
+                telemetry::tagged(answer, Outcome::Parked)
             }
             Err(error) => self.write_failed("park", &error),
         }
@@ -603,7 +618,7 @@ impl Held {
     pub(crate) async fn release(&self) -> Result<(), StoreError> {
         let released = self.store_release().await;
         match &released {
-            Ok(()) => self.log_outcome("released", 0),
+            Ok(()) => self.log_outcome(Outcome::Released, 0),
             Err(error) => self.log_store_failure("release", error),
         }
         released
@@ -635,15 +650,39 @@ impl Held {
         }
     }
 
-    fn log_outcome(&self, outcome: &'static str, status: u16) {
-        tracing::info!(
+    /// Records how the attempt settled: the first outcome recorded is the attempt's
+    /// ([`Held::settled`]); the event says each step.
+    fn log_outcome(&self, outcome: Outcome, status: u16) {
+        let _ = self.settled.set(outcome);
+        tracing::debug!(
             operation = %self.contract.operation,
             operation_id = %self.operation_id,
             attempt = self.attempt,
             status,
-            outcome,
+            outcome = outcome.as_str(),
             "idem: attempt settled"
         );
+    }
+
+    /// The operation is parked as unknown (its final state until an operator acts):
+    /// `status` is what the client got.
+    fn parked(&self, status: u16) {
+        let _ = self.settled.set(Outcome::Parked);
+        telemetry::operation_ended(
+            None,
+            &self.contract.operation,
+            FinalOutcome::Parked,
+            self.operation_id,
+            self.attempt,
+            status,
+        );
+    }
+
+    /// How the settlement ended, as far as it recorded one (`crate::telemetry`): the
+    /// handler's answer stored (`executed`), a released key, a rollback, a parked
+    /// operation. `None` when idem answered with a problem of its own.
+    pub(crate) fn settled(&self) -> Option<Outcome> {
+        self.settled.get().copied()
     }
 
     fn log_ended(&self, ended: Ended) {

@@ -48,6 +48,7 @@ use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
 use axum::response::{IntoResponse, Response};
 use http::HeaderMap;
 use idem_contract::{Contract, Fingerprint, KeyScope, KeySource};
+use tracing::Instrument;
 
 use self::register::{Registered, register};
 use crate::Idem;
@@ -57,6 +58,7 @@ use crate::fingerprint::{self, jcs::Value};
 use crate::operation::Recover;
 pub use crate::replay::IDEMPOTENT_REPLAYED_HEADER;
 use crate::store::RecordKey;
+use crate::telemetry::AttemptTelemetry;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::transaction::TxSlot;
 use crate::wire::Wire;
@@ -95,7 +97,41 @@ where
 {
     type Rejection = Response;
 
+    /// Runs the steps of the [module docs](self) in the attempt's span
+    /// ([`crate::telemetry`]), which the guard carries on into the handler's run.
     async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
+        let mut telemetry = AttemptTelemetry::start(C::CONTRACT, &request);
+        let span = telemetry.span().clone();
+        match extract::<S, E, M, C>(request, state, &mut telemetry)
+            .instrument(span)
+            .await
+        {
+            Ok(mut enforced) => {
+                telemetry.registered(enforced.guard.operation_id(), enforced.guard.attempt());
+                enforced.guard.observe(telemetry);
+                Ok(enforced)
+            }
+            Err(response) => {
+                telemetry.answered(&response);
+                Err(response)
+            }
+        }
+    }
+}
+
+/// The extraction of [`Enforced`], step by step (see the module docs).
+async fn extract<S, E, M, C>(
+    request: Request,
+    state: &S,
+    telemetry: &mut AttemptTelemetry,
+) -> Result<Enforced<E, C>, Response>
+where
+    E: FromRequest<S, M> + Send,
+    C: Recover<S>,
+    S: Send + Sync,
+{
+    // (The steps keep the indentation they had as the body of `from_request`.)
+    {
         let contract: &'static Contract = C::CONTRACT;
         let (mut parts, body) = request.into_parts();
         let Some(idem) = parts.extensions.get::<Idem>().cloned() else {
@@ -105,6 +141,7 @@ where
             .names()
             .claim::<C>()
             .map_err(|other| answer::operation_name_taken(contract, other))?;
+        telemetry.set_metrics(&claim.metrics);
         let wire = claim
             .wire
             .as_ref()

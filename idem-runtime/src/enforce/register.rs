@@ -108,7 +108,10 @@ where
                     record.attempt,
                 ));
             }
-            Ok(Begin::Exists(record)) => record,
+            Ok(Begin::Exists(record)) => {
+                crate::telemetry::found_record(record.operation_id, record.attempt);
+                record
+            }
             Err(error) => {
                 return Registered::Answer(answer::store_unavailable(
                     idem, contract, last_id, &error,
@@ -118,23 +121,10 @@ where
         let id = record.operation_id;
         last_id = Some(id);
         if record.fingerprint != fingerprint {
-            tracing::info!(
-                operation = %contract.operation,
-                operation_id = %id,
-                outcome = "fingerprint_mismatch",
-                "idem: key reused with different content"
-            );
             return Registered::Answer(answer::fingerprint_mismatch(&record));
         }
         match &record.state {
             RecordState::Completed { response } => {
-                tracing::info!(
-                    operation = %contract.operation,
-                    operation_id = %id,
-                    status = response.status,
-                    outcome = "replayed",
-                    "idem: stored result replayed"
-                );
                 return Registered::Answer(replay(response, id));
             }
             RecordState::Unknown { reason } => {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 
 use crate::operation::Contracted;
+use crate::telemetry::OperationMetrics;
 use crate::wire::{self, Wire};
 
 /// What one operation's claim holds: its type, and its body fields under their wire names
@@ -21,6 +22,8 @@ pub(crate) struct Claim {
     id: TypeId,
     type_name: &'static str,
     pub(crate) wire: Arc<Result<Wire, String>>,
+    /// The operation's metric keys (`crate::telemetry`).
+    pub(crate) metrics: Arc<OperationMetrics>,
 }
 
 /// The operation names claimed under one `Idem` handle, each with the type that claimed it.
@@ -46,6 +49,7 @@ impl Names {
                     id,
                     type_name: type_name::<C>(),
                     wire: Arc::new(wire::resolve(contract, C::body_fields(), C::query_fields())),
+                    metrics: Arc::new(OperationMetrics::new(name)),
                 })
                 .clone(),
         };
