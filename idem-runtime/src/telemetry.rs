@@ -354,14 +354,14 @@ pub(crate) fn tagged(mut response: Response, outcome: Outcome) -> Response {
     response
 }
 
-/// Records on the current span (the attempt's, during registration) the record that a
-/// request found: its id, and this request's number as a resend of it.
-pub(crate) fn found_record(operation_id: OperationId, attempts: u32) {
+/// Records on the current span (the attempt's, during registration) that the request
+/// found a record of `attempts` attempts: it is a resend, at least the next one. (Its
+/// operation id is recorded with the answer, which carries it.)
+pub(crate) fn found_record(attempts: u32) {
     let span = Span::current();
     if span.is_disabled() {
         return;
     }
-    span.record(FIELD_OPERATION_ID, tracing::field::display(operation_id));
     record_number(&span, attempts.saturating_add(1));
 }
 
@@ -415,6 +415,8 @@ pub(crate) struct AttemptTelemetry {
     started: Instant,
     operation: &'static str,
     metrics: Option<Arc<OperationMetrics>>,
+    /// Whether the span has its operation id (recorded once: a log shows every record).
+    has_id: bool,
     finished: bool,
 }
 
@@ -442,6 +444,7 @@ impl AttemptTelemetry {
             started: Instant::now(),
             operation,
             metrics: None,
+            has_id: false,
             finished: false,
         }
     }
@@ -457,10 +460,11 @@ impl AttemptTelemetry {
     }
 
     /// The attempt registered the key (as attempt `number` of `operation_id`).
-    pub(crate) fn registered(&self, operation_id: OperationId, number: u32) {
+    pub(crate) fn registered(&mut self, operation_id: OperationId, number: u32) {
         if self.span.is_disabled() {
             return;
         }
+        self.has_id = true;
         self.span
             .record(FIELD_OPERATION_ID, tracing::field::display(operation_id));
         record_number(&self.span, number);
@@ -527,10 +531,11 @@ impl AttemptTelemetry {
             .or_else(|| problem_of(response).map(ProblemType::slug))
             .or_else(|| failed_status(outcome, status));
         if !self.span.is_disabled() {
-            if let Some(id) = response
-                .headers()
-                .get(OPERATION_ID_HEADER)
-                .and_then(|v| v.to_str().ok())
+            if !self.has_id
+                && let Some(id) = response
+                    .headers()
+                    .get(OPERATION_ID_HEADER)
+                    .and_then(|v| v.to_str().ok())
             {
                 self.span.record(FIELD_OPERATION_ID, id);
             }

@@ -109,7 +109,7 @@ where
                 ));
             }
             Ok(Begin::Exists(record)) => {
-                crate::telemetry::found_record(record.operation_id, record.attempt);
+                crate::telemetry::found_record(record.attempt);
                 record
             }
             Err(error) => {
