@@ -455,6 +455,24 @@ async fn create_flaky_order(
     (StatusCode::CREATED, Json(json!({ "amount": order.amount }))).into_response()
 }
 
+#[idem::contract(
+    key_scope = client,
+    fingerprint = [amount, card],
+    ttl = "1h",
+    deadline = "10s",
+    max_attempts = 4,
+    retryable = [503],
+    concurrency = conflict,
+    status_lookup = order_status(path = "/orders/operations/{key}"),
+    recovery = manual("https://runbooks.example.com/orders"),
+)]
+async fn create_crashing_order(Json(order): Json<CreateOrder>) -> StatusCode {
+    if order.amount > 0 {
+        panic!("the handler dies between its effect and its answer");
+    }
+    StatusCode::CREATED
+}
+
 async fn order_status(
     lookup: idem::Lookup<create_order::Operation>,
     Path(key): Path<String>,
@@ -468,6 +486,7 @@ async fn start(app: App) -> TestServer {
         .route("/orders/{region}", post(create_order))
         .route("/slow-orders", post(create_slow_order))
         .route("/flaky-orders", post(create_flaky_order))
+        .route("/crashing-orders", post(create_crashing_order))
         .route("/orders/operations/{key}", axum::routing::get(order_status))
         .with_state(app)
         .layer(idem.layer());
@@ -728,5 +747,80 @@ async fn a_released_attempt_then_the_retry_and_a_rejection() {
     );
     assert_eq!(finals[0].fields[telemetry::FIELD_ATTEMPT], "2");
 
+    telemetry.assert_clean(key);
+}
+
+/// An attempt that dies is `unknown` (not final); the retry recovers it, and manual
+/// recovery parks it: `parked`, the operation's one final outcome; a later request is
+/// `awaiting_operator`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_outcome_is_parked_once() {
+    let telemetry = installed();
+    let server = start(App::default()).await;
+    let key = "key-KEY-SECRET-crash";
+
+    let died = post_order(&server, "/crashing-orders", Some(key), 5).await;
+    died.problem(503, "attempt-failed");
+    let parked = post_order(&server, "/crashing-orders", Some(key), 5).await;
+    parked.problem(409, "operation-outcome-unknown");
+    let again = post_order(&server, "/crashing-orders", Some(key), 5).await;
+    again.problem(409, "operation-outcome-unknown");
+    server.stop().await;
+    let id = died.operation_id();
+    assert_eq!(parked.operation_id(), id);
+
+    let attempts = telemetry.attempts("create_crashing_order");
+    let outcomes: Vec<_> = attempts
+        .iter()
+        .map(|(_, s)| {
+            (
+                field(s, telemetry::FIELD_OUTCOME),
+                field(s, telemetry::FIELD_ERROR_TYPE),
+                field(s, telemetry::FIELD_ATTEMPT),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (Some("unknown"), Some("attempt-failed"), Some("1")),
+            (Some("parked"), Some("operation-outcome-unknown"), Some("2")),
+            (
+                Some("awaiting_operator"),
+                Some("operation-outcome-unknown"),
+                Some("3")
+            ),
+        ]
+    );
+    for (_, span) in &attempts {
+        assert_eq!(field(span, telemetry::FIELD_OPERATION_ID), Some(id));
+    }
+    let finals = telemetry.events(telemetry::EVENT_OPERATION_END, "create_crashing_order");
+    assert_eq!(finals.len(), 1, "{finals:#?}");
+    assert_eq!(
+        finals[0].fields[telemetry::FIELD_OPERATION_OUTCOME],
+        "parked"
+    );
+    assert_eq!(finals[0].fields[telemetry::FIELD_OPERATION_ID], id);
+    // Recovery ran within the retry's attempt, and said so there.
+    assert_eq!(finals[0].span, Some(attempts[1].0));
+    assert_eq!(
+        telemetry.counter(
+            telemetry::METRIC_OPERATIONS,
+            "create_crashing_order",
+            "parked"
+        ),
+        1
+    );
+    let count =
+        |outcome| telemetry.counter(telemetry::METRIC_ATTEMPTS, "create_crashing_order", outcome);
+    assert_eq!(
+        (
+            count("unknown"),
+            count("parked"),
+            count("awaiting_operator")
+        ),
+        (1, 1, 1)
+    );
     telemetry.assert_clean(key);
 }

@@ -641,3 +641,80 @@ fn status_str(status: u16) -> &'static str {
         _ => "5xx",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use axum::response::IntoResponse;
+
+    use super::*;
+    use crate::problem::Problem;
+
+    #[test]
+    fn outcomes_are_a_closed_set_of_distinct_snake_case_values() {
+        let values: HashSet<_> = Outcome::ALL.iter().map(|o| o.as_str()).collect();
+        assert_eq!(values.len(), Outcome::ALL.len());
+        for (i, outcome) in Outcome::ALL.iter().enumerate() {
+            assert_eq!(outcome.index(), i, "ALL is in the order of the enum");
+            assert!(
+                outcome
+                    .as_str()
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '_')
+            );
+        }
+        let finals: HashSet<_> = FinalOutcome::ALL.iter().map(|o| o.as_str()).collect();
+        assert_eq!(finals.len(), FinalOutcome::ALL.len());
+    }
+
+    #[test]
+    fn every_problem_has_an_outcome() {
+        for kind in ProblemType::ALL {
+            let expected = match kind.slug() {
+                "fingerprint-mismatch" => Outcome::Mismatch,
+                "operation-in-progress" => Outcome::Conflict,
+                "operation-outcome-unknown" => Outcome::AwaitingOperator,
+                "attempt-timed-out" | "attempt-failed" => Outcome::Unknown,
+                "attempt-rolled-back" | "result-too-large" => Outcome::RolledBack,
+                "recovery-pending" => Outcome::RecoveryPending,
+                "store-unavailable" => Outcome::StoreUnavailable,
+                _ => Outcome::Rejected,
+            };
+            assert_eq!(Outcome::of_problem(*kind), expected, "{}", kind.slug());
+        }
+    }
+
+    #[test]
+    fn problems_carry_their_case_and_answers_their_class() {
+        let response = Problem::new(ProblemType::StoreUnavailable, "down").into_response();
+        assert_eq!(problem_of(&response), Some(ProblemType::StoreUnavailable));
+        assert_eq!(failed_status(Outcome::Released, 429), Some("429"));
+        assert_eq!(failed_status(Outcome::RolledBack, 599), Some("5xx"));
+        assert_eq!(failed_status(Outcome::Replayed, 404), None);
+        assert_eq!(failed_status(Outcome::Executed, 500), None);
+        let tagged = tagged(().into_response(), Outcome::Accepted);
+        assert_eq!(
+            tagged.extensions().get::<Outcome>(),
+            Some(&Outcome::Accepted)
+        );
+    }
+
+    #[test]
+    fn metric_keys_name_the_operation_and_each_outcome() {
+        let keys = OperationMetrics::new("create_order");
+        assert_eq!(keys.attempts.len(), Outcome::ALL.len());
+        assert_eq!(keys.durations.len(), Outcome::ALL.len());
+        assert_eq!(keys.finals.len(), FinalOutcome::ALL.len());
+        let key = &keys.attempts[Outcome::Mismatch.index()];
+        assert_eq!(key.name(), METRIC_ATTEMPTS);
+        let labels: Vec<_> = key.labels().map(|l| (l.key(), l.value())).collect();
+        assert_eq!(
+            labels,
+            [
+                (LABEL_OPERATION, "create_order"),
+                (LABEL_OUTCOME, "mismatch")
+            ]
+        );
+    }
+}
