@@ -354,6 +354,10 @@ fn is_v7(uuid: &str) -> bool {
 
 /// The client's identity, from its bearer token (as an application would: the token
 /// names the customer).
+#[allow(
+    clippy::result_large_err,
+    reason = "the shape of a client identity: a response is what it refuses with"
+)]
 fn identity(parts: &Parts) -> Result<String, axum::response::Response> {
     match parts.headers.get("authorization").map(|v| v.to_str()) {
         Some(Ok(BEARER)) => Ok(CLIENT_ID.to_owned()),

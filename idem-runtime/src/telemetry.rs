@@ -62,8 +62,16 @@
 //! bound: two replays in a row both say 2. `http.request.resend_count` follows it, and is
 //! absent on a first attempt (OpenTelemetry: "MUST NOT be set for the first request").
 //!
+//! `idem.attempt` names both the span and the attempt number's attribute: a span's name
+//! is no attribute, and no attribute name is also a namespace of others (OpenTelemetry's
+//! naming rule), hence `idem.duration_s` and `idem.final_outcome` rather than
+//! `idem.attempt.duration` or `idem.operation.outcome`.
+//!
 //! Spans are recorded through [`tracing`]; export them to OpenTelemetry with
-//! `tracing-opentelemetry` (the span's fields become its attributes). Metrics go through
+//! `tracing-opentelemetry` (the span's fields become its attributes; an event becomes a
+//! span event named by its message, its fields its attributes: find the final outcome
+//! by `idem.final_outcome`). The repository's `examples/telemetry` exports both spans
+//! and metrics over OTLP. Metrics go through
 //! the [`metrics`] facade: install any recorder (Prometheus, OpenTelemetry, …) and call
 //! [`describe_metrics`] once for their help texts. With no subscriber and no recorder
 //! installed, a request pays a clock read and a few disabled-callsite checks, and
