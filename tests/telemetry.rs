@@ -828,3 +828,111 @@ async fn an_unknown_outcome_is_parked_once() {
     );
     telemetry.assert_clean(key);
 }
+
+#[derive(Deserialize)]
+struct TxOrder {
+    amount: i64,
+    /// What the handler does after its write (not significant: a retry may differ).
+    #[serde(default)]
+    mode: String,
+}
+
+#[idem::contract(
+    key_scope = client,
+    fingerprint = [amount],
+    ttl = "1h",
+    deadline = "10s",
+    max_attempts = 4,
+    retryable = [503],
+    concurrency = conflict,
+    status_lookup = order_status(path = "/orders/operations/{key}"),
+    recovery = manual("https://runbooks.example.com/orders"),
+)]
+async fn create_tx_order(
+    attempt: idem::Attempt,
+    tx: idem::SqliteTx,
+    Json(order): Json<TxOrder>,
+) -> axum::response::Response {
+    {
+        let mut conn = tx.conn().await.expect("the attempt's transaction");
+        sqlx::query("INSERT INTO orders (operation_id, amount) VALUES (?, ?)")
+            .bind(attempt.operation_id.to_string())
+            .bind(order.amount)
+            .execute(&mut *conn)
+            .await
+            .expect("the business write");
+    }
+    match order.mode.as_str() {
+        "503" => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+        "500" => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        "panic" => panic!("the handler fails after its write"),
+        _ => StatusCode::CREATED.into_response(),
+    }
+}
+
+/// The transactional mode: a retryable status is `released`, a 5xx or a panic
+/// `rolled_back` (nothing took effect, no final state), the commit `executed`, once final.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_transactional_mode_releases_rolls_back_and_commits() {
+    let telemetry = installed();
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem::SqliteStore::open(dir.path().join("orders.db"))
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE orders (operation_id TEXT PRIMARY KEY, amount BIGINT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let idem = Idem::transactional(store, identity);
+    let router = Router::new()
+        .route("/tx-orders", post(create_tx_order))
+        .layer(idem.layer());
+    let server = TestServer::start(router).await;
+    let send_tx = |key: &'static str, mode: &'static str| {
+        let request = server
+            .http
+            .post(server.url("/tx-orders"))
+            .header("authorization", BEARER)
+            .header("cookie", COOKIE)
+            .header("idempotency-key", key)
+            .json(&json!({ "amount": 9, "mode": mode }));
+        send(request)
+    };
+    assert_eq!(send_tx("key-KEY-SECRET-tx-a", "503").await.status, 503);
+    assert_eq!(send_tx("key-KEY-SECRET-tx-a", "ok").await.status, 201);
+    assert_eq!(send_tx("key-KEY-SECRET-tx-b", "500").await.status, 500);
+    send_tx("key-KEY-SECRET-tx-b", "panic")
+        .await
+        .problem(503, "attempt-rolled-back");
+    server.stop().await;
+
+    let attempts = telemetry.attempts("create_tx_order");
+    let outcomes: Vec<_> = attempts
+        .iter()
+        .map(|(_, s)| {
+            (
+                field(s, telemetry::FIELD_OUTCOME),
+                field(s, telemetry::FIELD_ERROR_TYPE),
+                field(s, telemetry::FIELD_ATTEMPT),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (Some("released"), Some("503"), Some("1")),
+            (Some("executed"), None, Some("2")),
+            (Some("rolled_back"), Some("500"), Some("1")),
+            (Some("rolled_back"), Some("attempt-rolled-back"), Some("2")),
+        ]
+    );
+    let finals = telemetry.events(telemetry::EVENT_OPERATION_END, "create_tx_order");
+    assert_eq!(finals.len(), 1, "only the commit is final: {finals:#?}");
+    assert_eq!(finals[0].fields[telemetry::FIELD_ATTEMPT], "2");
+    let count = |outcome| telemetry.counter(telemetry::METRIC_ATTEMPTS, "create_tx_order", outcome);
+    assert_eq!(
+        (count("released"), count("executed"), count("rolled_back")),
+        (1, 1, 2)
+    );
+    telemetry.assert_clean("key-KEY-SECRET-tx-a");
+}

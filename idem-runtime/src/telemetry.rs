@@ -169,10 +169,12 @@ pub enum Outcome {
     /// `mismatch`: 422 `fingerprint-mismatch`, the key with other significant content.
     Mismatch,
     /// `released`: the handler answered a status the contract declares retryable; the
-    /// key was released so that a retry runs again.
+    /// key was released (in the transactional mode, after the rollback) so that a retry
+    /// runs again.
     Released,
-    /// `rolled_back`: the transactional mode rolled the attempt back (a 5xx, a panic,
-    /// its time ran out, a result too large): nothing took effect.
+    /// `rolled_back`: the transactional mode rolled the attempt back (a 5xx the
+    /// contract does not declare retryable, a panic, its time ran out, a result too
+    /// large): nothing took effect.
     RolledBack,
     /// `unknown`: the attempt ended without a recorded outcome (its time ran out, it
     /// panicked or answered a 5xx, its lease was lost, the request was dropped): the

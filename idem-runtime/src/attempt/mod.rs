@@ -230,10 +230,12 @@ impl Held {
     async fn settle_in_transaction(&self, tx: &AttemptTx, response: Response) -> Response {
         let status = response.status().as_u16();
         if self.contract.is_retryable_status(status) || (500..600).contains(&status) {
-            let outcome = if (500..600).contains(&status) {
-                Outcome::RolledBack
-            } else {
+            // A status the contract declares retryable is `released`, as without a
+            // transaction; another 5xx is `rolled_back`.
+            let outcome = if self.contract.is_retryable_status(status) {
                 Outcome::Released
+            } else {
+                Outcome::RolledBack
             };
             self.log_outcome(outcome, status);
             return self
