@@ -936,3 +936,51 @@ async fn the_transactional_mode_releases_rolls_back_and_commits() {
     );
     telemetry.assert_clean("key-KEY-SECRET-tx-a");
 }
+
+#[idem::contract(
+    key_scope = client,
+    fingerprint = [amount, card],
+    ttl = "1h",
+    deadline = "10s",
+    max_attempts = 4,
+    retryable = [503],
+    concurrency = conflict,
+    status_lookup = order_status(path = "/orders/operations/{key}"),
+    recovery = manual("https://runbooks.example.com/orders"),
+)]
+async fn create_large_order(Json(order): Json<CreateOrder>) -> impl IntoResponse {
+    (StatusCode::CREATED, "x".repeat(order.amount as usize))
+}
+
+/// A result too large to store goes out as it is, and parks the operation: `parked`,
+/// `error.type` `result-too-large`, the one final outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_too_large_to_store_parks_the_operation() {
+    let telemetry = installed();
+    let idem = Idem::new(MemoryStore::new(), identity).with_max_stored_body(16);
+    let router = Router::new()
+        .route("/large-orders", post(create_large_order))
+        .layer(idem.layer());
+    let server = TestServer::start(router).await;
+    let key = "key-KEY-SECRET-large";
+    let sent = post_order(&server, "/large-orders", Some(key), 64).await;
+    assert_eq!((sent.status, sent.body.len()), (201, 64));
+    server.stop().await;
+
+    let attempts = telemetry.attempts("create_large_order");
+    assert_eq!(attempts.len(), 1, "{attempts:#?}");
+    let span = &attempts[0].1;
+    assert_eq!(field(span, telemetry::FIELD_OUTCOME), Some("parked"));
+    assert_eq!(
+        field(span, telemetry::FIELD_ERROR_TYPE),
+        Some("result-too-large")
+    );
+    assert_eq!(field(span, telemetry::FIELD_STATUS_CODE), Some("201"));
+    let finals = telemetry.events(telemetry::EVENT_OPERATION_END, "create_large_order");
+    assert_eq!(finals.len(), 1, "{finals:#?}");
+    assert_eq!(
+        finals[0].fields[telemetry::FIELD_OPERATION_OUTCOME],
+        "parked"
+    );
+    telemetry.assert_clean(key);
+}

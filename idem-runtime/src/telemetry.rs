@@ -495,7 +495,7 @@ impl AttemptTelemetry {
             })
             .or_else(|| problem_of(response).map(Outcome::of_problem))
             .unwrap_or(Outcome::Rejected);
-        self.finish(outcome, response, None);
+        self.finish(outcome, response);
     }
 
     /// The attempt `number` of `operation_id` ran the handler and settled its answer;
@@ -511,7 +511,7 @@ impl AttemptTelemetry {
         // handler built), the operation is completed.
         if settled == Some(Outcome::Executed) {
             let status = response.status().as_u16();
-            self.finish(Outcome::Executed, response, None);
+            self.finish(Outcome::Executed, response);
             operation_ended(
                 self.metrics.as_deref(),
                 self.operation,
@@ -522,23 +522,27 @@ impl AttemptTelemetry {
             );
             return;
         }
-        // Idem answered with a problem of its own (the attempt failed, timed out, was
-        // rolled back, the store failed), or else the handler's answer went out as it
-        // is (released, rolled back, parked as too large to store).
-        let outcome = problem_of(response)
-            .map(Outcome::of_problem)
+        // Else: the answer says what it stands for (a result too large to store went
+        // out as it is), or idem answered with a problem of its own (the attempt failed,
+        // timed out, was rolled back, the store failed), or the handler's answer went
+        // out as it is (released, rolled back).
+        let outcome = response
+            .extensions()
+            .get::<Outcome>()
+            .copied()
+            .or_else(|| problem_of(response).map(Outcome::of_problem))
             .or(settled)
             .unwrap_or(Outcome::Unknown);
-        let error = (outcome == Outcome::Parked).then_some("result-too-large");
-        self.finish(outcome, response, error);
+        self.finish(outcome, response);
     }
 
-    fn finish(&mut self, outcome: Outcome, response: &Response, error: Option<&'static str>) {
+    fn finish(&mut self, outcome: Outcome, response: &Response) {
         self.finished = true;
         let status = response.status().as_u16();
         let seconds = self.started.elapsed().as_secs_f64();
-        let error = error
-            .or_else(|| problem_of(response).map(ProblemType::slug))
+        let error = problem_of(response)
+            .map(ProblemType::slug)
+            .or_else(|| (outcome == Outcome::Parked).then_some("result-too-large"))
             .or_else(|| failed_status(outcome, status));
         if !self.span.is_disabled() {
             if !self.has_id

@@ -516,11 +516,18 @@ impl Held {
             outcome = "too_large",
             "idem: the result is too large to store; the operation is parked as unknown"
         );
-        match self.store_park(reason).await {
-            Ok(()) => self.parked(response.status().as_u16()),
-            Err(error) => self.log_store_failure("park", &error),
-        }
-        with_operation_id(response, self.operation_id)
+        let outcome = match self.store_park(reason).await {
+            Ok(()) => {
+                self.parked(response.status().as_u16());
+                Outcome::Parked
+            }
+            Err(error) => {
+                self.log_store_failure("park", &error);
+                Outcome::Unknown
+            }
+        };
+        // (The answer is the result itself, which says neither.)
+        telemetry::tagged(with_operation_id(response, self.operation_id), outcome)
     }
 
     /// Stores `response` as the result whatever its status (recovery found the operation
