@@ -70,12 +70,19 @@
 //! Spans are recorded through [`tracing`]; export them to OpenTelemetry with
 //! `tracing-opentelemetry` (the span's fields become its attributes; an event becomes a
 //! span event named by its message, its fields its attributes: find the final outcome
-//! by `idem.final_outcome`). The repository's `examples/telemetry` exports both spans
-//! and metrics over OTLP. Metrics go through
-//! the [`metrics`] facade: install any recorder (Prometheus, OpenTelemetry, …) and call
-//! [`describe_metrics`] once for their help texts. With no subscriber and no recorder
-//! installed, a request pays a clock read and a few disabled-callsite checks, and
-//! allocates nothing for telemetry.
+//! by `idem.final_outcome`). Metrics go through the [`metrics`] facade: install any
+//! recorder (Prometheus, OpenTelemetry, …) and call [`describe_metrics`] once for their
+//! help texts. The repository's `examples/telemetry` exports both over OTLP.
+//!
+//! Besides these, idem logs a warning or an error at each step that goes wrong (a store
+//! failure, a panic, a lost lease, recovery), with fields of their own (`operation`,
+//! `operation_id`, `step`, …); inside an attempt they are events of its span.
+//!
+//! **Cost.** With no subscriber and no recorder installed, a request pays a clock read,
+//! a few disabled-callsite checks and calls to the no-op recorder; a new key and a
+//! replay allocate nothing for telemetry (the metric keys are made once per operation).
+//! A problem answer carries its case in the response's extensions, for the span: one
+//! small allocation, on answers that are not the common path.
 //!
 //! # What is never recorded
 //!
@@ -88,8 +95,9 @@
 //! template (not the path, whose parameters may be personal), the method, statuses and
 //! the closed sets of outcomes and error classes. Two things come from the application
 //! and are logged as given: the reason a reconcile function returns, and store errors'
-//! messages. The integration test `tests/telemetry.rs` of the `idem` package checks the
-//! captured spans and events for bodies, keys, tokens and header values.
+//! messages. The integration test `tests/telemetry.rs` of the `idem` package checks every
+//! captured span, event and metric for bodies, keys, tokens, the client identity and
+//! header values.
 
 use std::sync::Arc;
 use std::time::Instant;
