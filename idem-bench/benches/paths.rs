@@ -9,7 +9,9 @@
 //! | `store::register` | `MemoryStore::begin` of a new key (the atomic insert-if-absent alone) |
 //! | `store::complete` | `MemoryStore::begin` then `complete` with the handler's 201 (the record as a completed key keeps it) |
 //! | `store::replay_read` | `MemoryStore::get` of a completed key (what a replay reads) |
-//! | `fingerprint::fields_1kib` | the fingerprint `[customer_id, amount_minor]` of a 1 KiB JSON body (`idem-runtime`'s bench `fingerprint` compares it with plain SHA-256) |
+//!
+//! The fingerprint of a 1 KiB body, against plain SHA-256, is `idem-runtime`'s bench
+//! `fingerprint` (`cargo bench -p idem-runtime --bench fingerprint`).
 //!
 //! divan's `AllocProfiler` is the global allocator here, so each row also gives the
 //! allocations (count and bytes) per iteration. After divan's table, `main` prints a
@@ -31,7 +33,6 @@ use axum::body::Body;
 use axum::http::{HeaderValue, Request, StatusCode, header};
 use bytes::Bytes;
 use futures_util::FutureExt;
-use idem::model::{FieldPath, Fingerprint};
 use idem::store::{Begin, Lease, NewRecord, OwnerToken, RecordKey, StoredResponse};
 use idem::{MemoryStore, OperationId, Store};
 use idem_bench::load::BODY;
@@ -223,41 +224,6 @@ mod store {
             let record = store.get(&key, NOW).now_or_never().expect("ready");
             black_box(record.expect("read").expect("a record"));
         });
-    }
-}
-
-mod fingerprint {
-    use super::*;
-
-    #[divan::bench]
-    fn fields_1kib(bencher: divan::Bencher) {
-        let spec = Fingerprint::Fields(
-            vec![
-                FieldPath::from_static("customer_id"),
-                FieldPath::from_static("amount_minor"),
-            ]
-            .into(),
-        );
-        let body = kib_body();
-        bencher.bench(|| idem::fingerprint::compute(black_box(&spec), black_box(&body)));
-    }
-
-    /// A 1024-byte order (the shape of `idem-runtime`'s bench `fingerprint`).
-    fn kib_body() -> Vec<u8> {
-        let items: Vec<String> = (1..=8)
-            .map(|i| {
-                format!(
-                    r#"{{"sku":"sku-{i:04}","quantity":{i},"unit_price_minor":{}}}"#,
-                    1000 + i * 37
-                )
-            })
-            .collect();
-        let head = format!(
-            r#"{{"customer_id":"cus_42","amount_minor":1999,"currency":"EUR","items":[{}],"note":""#,
-            items.join(",")
-        );
-        let pad = 1024 - head.len() - 2;
-        format!("{head}{}\"}}", "x".repeat(pad)).into_bytes()
     }
 }
 
