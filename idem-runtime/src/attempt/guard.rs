@@ -10,6 +10,7 @@ use futures_util::FutureExt;
 use tracing::Instrument;
 
 use super::current::Attempt;
+use super::detach::Detach;
 use super::{Ended, Held};
 use crate::OperationId;
 use crate::answer;
@@ -75,7 +76,7 @@ impl Guard {
         }
     }
 
-    /// Runs `handler` to its end on a task of its own, detached from the connection, within
+    /// Runs `handler` to its end, detached from the connection, within
     /// the attempt's time (the contract's lease: its per-attempt timeout, or else its
     /// deadline, counted from registration, less a margin of a tenth of it, at most 1 s,
     /// kept to record the outcome), then settles its answer (the table of
@@ -102,10 +103,11 @@ impl Guard {
     ///   concurrency answer, recovery waits), so the operation never runs twice at once
     ///   here. Work the handler detaches (`spawn_blocking`, `spawn`) is not covered.
     ///
-    /// Because the handler runs on its own task, a client that hangs up (the typical lost
-    /// answer) does not cancel it: the attempt still ends and its result is stored, so the
-    /// client's retry is answered with the replay. Every answer carries the `Operation-Id`
-    /// header.
+    /// The handler is polled on the request's own task, but a client that hangs up (the
+    /// typical lost answer) does not cancel it: when the request's future is dropped first,
+    /// the rest of the attempt is spawned on the runtime and still runs to its end, so its
+    /// result is stored and the client's retry is answered with the replay. Every answer
+    /// carries the `Operation-Id` header.
     pub async fn run<F>(mut self, handler: F) -> Response
     where
         F: Future + Send + 'static,
@@ -114,51 +116,56 @@ impl Guard {
         let Some(attempt) = self.attempt.take() else {
             return answer::attempt_failed(self.operation_id, "had already run", 1);
         };
-        // The attempt's span covers the handler and the settlement, and ends on the task,
-        // so that a client that hangs up does not cut it short.
+        // The attempt's span covers the handler and the settlement, and its telemetry ends
+        // with the settlement (detached with it when the client hangs up first).
         let telemetry = self.telemetry.take();
         let span = telemetry
             .as_ref()
             .map_or_else(tracing::Span::none, |t| t.span().clone());
         let until = attempt.handler_deadline();
-        let task = tokio::spawn(
-            async move {
-                let response = async {
-                    let ran =
-                        tokio::time::timeout_at(until, AssertUnwindSafe(handler).catch_unwind())
-                            .await;
-                    let response = match ran {
-                        Ok(Ok(output)) => {
-                            std::panic::catch_unwind(AssertUnwindSafe(|| output.into_response()))
-                        }
-                        Ok(Err(panic)) => Err(panic),
-                        Err(_elapsed) => return attempt.settle_ended(Ended::TimedOut).await,
-                    };
-                    match response {
-                        Ok(response) => attempt.settle(response).await,
-                        Err(_panic) => attempt.settle_ended(Ended::Panicked).await,
+        let settled = async move {
+            let response = async {
+                let ran =
+                    tokio::time::timeout_at(until, AssertUnwindSafe(handler).catch_unwind()).await;
+                let response = match ran {
+                    Ok(Ok(output)) => {
+                        std::panic::catch_unwind(AssertUnwindSafe(|| output.into_response()))
                     }
-                }
-                .await;
-                if let Some(telemetry) = telemetry {
-                    let (id, number) = (attempt.operation_id, attempt.attempt);
-                    telemetry.settled(&response, attempt.settled(), id, number);
-                }
-                response
-            }
-            .instrument(span.clone()),
-        );
-        match task.await {
-            Ok(response) => response,
-            Err(error) => {
-                let outcome = if error.is_panic() {
-                    "panicked"
-                } else {
-                    "cancelled"
+                    Ok(Err(panic)) => Err(panic),
+                    Err(_elapsed) => return attempt.settle_ended(Ended::TimedOut).await,
                 };
+                match response {
+                    Ok(response) => attempt.settle(response).await,
+                    Err(_panic) => attempt.settle_ended(Ended::Panicked).await,
+                }
+            }
+            .await;
+            if let Some(telemetry) = telemetry {
+                let (id, number) = (attempt.operation_id, attempt.attempt);
+                telemetry.settled(&response, attempt.settled(), id, number);
+            }
+            response
+        }
+        .instrument(span.clone());
+        // Polled in place, and run to its end on the runtime if the connection closes
+        // first (`Detach`): the handler is never cancelled by a client that hangs up.
+        let settled = AssertUnwindSafe(settled).catch_unwind();
+        let ran = match Detach::new(settled) {
+            Some(detached) => detached.await,
+            None => {
+                return answer::attempt_failed(
+                    self.operation_id,
+                    "could not run: no tokio runtime",
+                    1,
+                );
+            }
+        };
+        match ran {
+            Ok(response) => response,
+            Err(_panic) => {
                 tracing::error!(
                     parent: &span,
-                    outcome,
+                    outcome = "panicked",
                     "idem: settling the attempt failed; the outcome is unknown until the lease ends and recovery decides"
                 );
                 let left = until.saturating_duration_since(tokio::time::Instant::now());

@@ -16,6 +16,7 @@
 //! mode: the attempt that holds the record now decides.
 
 mod current;
+mod detach;
 mod guard;
 
 use std::sync::{Arc, OnceLock};

@@ -172,9 +172,15 @@ fn of_body(body: &[u8], doc: Option<&Value>) -> String {
 
 fn hash(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);
+    let mut hex = [0u8; 64];
+    // 32 bytes always fit 64 hexadecimal digits; the digits are ASCII.
+    let digits = match hex::encode_to_slice(digest, &mut hex) {
+        Ok(()) => std::str::from_utf8(&hex).unwrap_or_default(),
+        Err(_) => "",
+    };
     let mut out = String::with_capacity(ALGORITHM_PREFIX.len() + 64);
     out.push_str(ALGORITHM_PREFIX);
-    out.push_str(&hex::encode(digest));
+    out.push_str(digits);
     out
 }
 

@@ -184,8 +184,11 @@ impl Idem {
     }
 
     /// The store.
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.inner.store
+    ///
+    /// A `&dyn Store` rather than the `Arc` the handle keeps: a call through the `Arc`
+    /// would go through `Store for Arc<T>` and box its future twice.
+    pub fn store(&self) -> &dyn Store {
+        &*self.inner.store
     }
 
     /// The store as a transactional store of the database `DB`, if the handle was made
