@@ -145,6 +145,7 @@ pub struct Resolution {
 
 /// How one attempt ended, as far as the record tells.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AttemptEnd {
     /// It holds the key under a lease that ends (or ended) at this time.
     Running {

@@ -374,6 +374,44 @@ impl SqliteStore {
         Ok(store)
     }
 
+    /// Opens the database file at `path` of a service that already uses it (its table
+    /// `idem_records` exists), as [`SqliteStore::open`] does but never creating the file
+    /// or the table: what an operator's tool (`idem ops`) opens. A table made by an
+    /// older version gets the columns it lacks, as `open` would add them.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the file is missing or cannot be opened, or holds
+    /// no table `idem_records`.
+    pub async fn open_existing(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        let path = path.as_ref();
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(false)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+            .map_err(|e| {
+                StoreError::unavailable(format!("cannot open {}: {e}", path.display()))
+            })?;
+        let tables: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'idem_records'",
+        )
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| StoreError::unavailable(format!("cannot read {}: {e}", path.display())))?;
+        pool.close().await;
+        if tables == 0 {
+            return Err(StoreError::unavailable(format!(
+                "{} holds no table `idem_records`: it is not the database of a service that uses idem's SQLite store",
+                path.display()
+            )));
+        }
+        SqliteStore::open(path).await
+    }
+
     /// A private in-memory database, for tests: one connection that lives as long as the
     /// store, since every connection to `:memory:` is a database of its own. Not for the
     /// transactional mode, which needs a second connection while an attempt's
