@@ -271,14 +271,22 @@ async fn show(args: ShowArgs) -> Result<(), Errors> {
     println!("client        {}", key.client);
     println!("key           {}", key.key);
     println!("operation id  {}", record.operation_id);
-    println!("state         {} ({})", record.state.kind(), detail(record, now));
+    println!(
+        "state         {} ({})",
+        record.state.kind(),
+        detail(record, now)
+    );
     println!("fingerprint   {}", record.fingerprint);
     println!("created       {}", time(record.created_at));
     println!("expires       {}", time(record.expires_at));
     println!("attempts:");
     for a in &shown.attempts {
         let began = a.began_at.map_or("(not recorded)".to_owned(), time);
-        println!("  #{:<3} began {began}  {}", a.attempt, ended(&a.ended, now));
+        println!(
+            "  #{:<3} began {began}  {}",
+            a.attempt,
+            ended(&a.ended, now)
+        );
     }
     if shown.resolutions.is_empty() {
         println!("resolutions:  none");
@@ -324,7 +332,10 @@ async fn resolve(args: ResolveArgs) -> Result<(), Errors> {
     let outcome = match (args.outcome, &args.response) {
         (ResolveArg::Completed, Some(file)) => ResolveAs::Completed(read_response(file)?),
         (ResolveArg::Completed, None) => {
-            return Err(Error::new("--as completed needs --response FILE: the result clients get from now on").into());
+            return Err(Error::new(
+                "--as completed needs --response FILE: the result clients get from now on",
+            )
+            .into());
         }
         (ResolveArg::NotApplied, Some(_)) => {
             return Err(Error::new(
@@ -370,11 +381,9 @@ async fn resolve(args: ResolveArgs) -> Result<(), Errors> {
             Ok(())
         }
         Err(StoreError::NotFound) => Err(not_found(&key).into()),
-        Err(StoreError::Changed(why)) => Err(Error::new(format!(
-            "{} was not resolved: {why}",
-            describe(&key)
-        ))
-        .into()),
+        Err(StoreError::Changed(why)) => {
+            Err(Error::new(format!("{} was not resolved: {why}", describe(&key))).into())
+        }
         Err(e) => Err(store_failed(&args.store, &e).into()),
     }
 }
@@ -485,7 +494,10 @@ fn check_text(flag: &str, text: &str, max: usize) -> Result<(), Error> {
             text.len()
         )));
     }
-    if text.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+    if text
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
         return Err(Error::new(format!(
             "{flag} holds a control character; write it without"
         )));
@@ -522,7 +534,9 @@ fn read_response(file: &Path) -> Result<StoredResponse, Error> {
         ))
     })?;
     let Value::Object(fields) = value else {
-        return Err(err("the response must be a JSON object with `status`, `headers` and `body`".into()));
+        return Err(err(
+            "the response must be a JSON object with `status`, `headers` and `body`".into(),
+        ));
     };
     for name in fields.keys() {
         if !["status", "headers", "body", "body_text"].contains(&name.as_str()) {
@@ -531,9 +545,9 @@ fn read_response(file: &Path) -> Result<StoredResponse, Error> {
             )));
         }
     }
-    let status = fields
-        .get("status")
-        .ok_or_else(|| err("`status` is missing: the HTTP status clients get, such as 201".into()))?;
+    let status = fields.get("status").ok_or_else(|| {
+        err("`status` is missing: the HTTP status clients get, such as 201".into())
+    })?;
     let status = status
         .as_u64()
         .and_then(|s| u16::try_from(s).ok())
@@ -556,7 +570,9 @@ fn read_response(file: &Path) -> Result<StoredResponse, Error> {
                         .iter()
                         .map(|v| v.as_str().ok_or(()))
                         .collect::<Result<_, _>>()
-                        .map_err(|()| err(format!("the values of header `{name}` must be strings")))?,
+                        .map_err(|()| {
+                            err(format!("the values of header `{name}` must be strings"))
+                        })?,
                     _ => {
                         return Err(err(format!(
                             "the value of header `{name}` must be a string or a list of strings"
@@ -564,8 +580,11 @@ fn read_response(file: &Path) -> Result<StoredResponse, Error> {
                     }
                 };
                 for v in values {
-                    let v = HeaderValue::from_str(v)
-                        .map_err(|_| err(format!("the value of header `{name}` is not a valid header value")))?;
+                    let v = HeaderValue::from_str(v).map_err(|_| {
+                        err(format!(
+                            "the value of header `{name}` is not a valid header value"
+                        ))
+                    })?;
                     headers.push((header.clone(), v));
                 }
             }
@@ -619,7 +638,10 @@ fn ended(end: &AttemptEnd, now: UnixMillis) -> String {
             format!("running, lease until {}", time(*lease_until))
         }
         AttemptEnd::Running { lease_until } => {
-            format!("lease ended {} without an outcome (not recovered yet)", time(*lease_until))
+            format!(
+                "lease ended {} without an outcome (not recovered yet)",
+                time(*lease_until)
+            )
         }
         AttemptEnd::LeaseEnded { at } => format!(
             "lease ended {} without an outcome; recovery took over",

@@ -393,9 +393,7 @@ impl SqliteStore {
             .max_connections(1)
             .connect_with(options)
             .await
-            .map_err(|e| {
-                StoreError::unavailable(format!("cannot open {}: {e}", path.display()))
-            })?;
+            .map_err(|e| StoreError::unavailable(format!("cannot open {}: {e}", path.display())))?;
         let tables: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'idem_records'",
         )
