@@ -47,8 +47,11 @@ pub struct MemoryStore {
     /// The history of the records that have one (`store::ops`), by operation and
     /// [`compact_key`]; locked only while the record's shard is (tables first), and only
     /// by reclaims, takeovers, resolutions and purges, never for a new key.
-    history: DashMap<(Box<str>, Box<[u8]>), Vec<Event>>,
+    history: DashMap<HistoryKey, Vec<Event>>,
 }
+
+/// A record's operation and [`compact_key`]: where its history is kept.
+type HistoryKey = (Box<str>, Box<[u8]>);
 
 /// The records of one operation, by [`compact_key`].
 type Table = DashMap<Box<[u8]>, Slot>;

@@ -73,7 +73,7 @@ impl ListQuery {
         if self.state.is_some_and(|s| s != record.state.kind()) {
             return false;
         }
-        if self.lease_ended && !record.lease().is_some_and(|l| !l.is_live(now)) {
+        if self.lease_ended && record.lease().is_none_or(|l| l.is_live(now)) {
             return false;
         }
         self.after

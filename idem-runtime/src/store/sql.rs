@@ -156,10 +156,13 @@ where
 
 /// The columns a resolution writes: the state, and the result's status, headers and
 /// body (NULLs when not applied).
+pub(super) type ResolutionColumns = (&'static str, Option<i64>, Option<String>, Option<Vec<u8>>);
+
+/// The [`ResolutionColumns`] of `resolve`, after the result's size check.
 pub(super) fn resolution_columns(
     resolve: &Resolve,
     max_result: usize,
-) -> Result<(&'static str, Option<i64>, Option<String>, Option<Vec<u8>>), StoreError> {
+) -> Result<ResolutionColumns, StoreError> {
     Ok(match &resolve.outcome {
         ResolveAs::Completed(response) => {
             check_size(response, max_result)?;
