@@ -313,6 +313,10 @@ async fn operate(store_args: &[&str], store: Arc<dyn Store>) {
         shown.contains("by ana: attempt 1 resolved as completed (status 201): \"order 42 is in the ledger\" (parked: \"no answer from the ledger\")"),
         "{shown}"
     );
+    assert!(
+        shown.contains("parked as unknown: no answer from the ledger; resolved by ana at"),
+        "the attempt says how it ended: {shown}"
+    );
     // resolved twice: refused, nothing changed
     let err = fails(&as_refs(&resolve("parked", &first)), 1);
     assert!(

@@ -175,7 +175,7 @@ pub struct ResolveArgs {
     /// Why, in your words (recorded and shown by `idem ops show`).
     #[arg(long, value_name = "TEXT")]
     pub reason: String,
-    /// Who decides [default: $USER].
+    /// Who decides [default: $USER, or else $LOGNAME].
     #[arg(long, value_name = "NAME")]
     pub by: Option<String>,
     /// The attempt `idem ops show` showed parked: refused if the operation ran again
@@ -282,11 +282,25 @@ async fn show(args: ShowArgs) -> Result<(), Errors> {
     println!("attempts:");
     for a in &shown.attempts {
         let began = a.began_at.map_or("(not recorded)".to_owned(), time);
-        println!(
-            "  #{:<3} began {began}  {}",
-            a.attempt,
-            ended(&a.ended, now)
-        );
+        let how = match shown
+            .resolutions
+            .iter()
+            .rev()
+            .find(|r| r.attempt == a.attempt)
+        {
+            Some(r) => format!(
+                "parked as unknown: {}; resolved by {} at {} as {}",
+                r.parked,
+                r.by,
+                time(r.at),
+                r.completed_status
+                    .map_or("not applied".to_owned(), |s| format!(
+                        "completed (status {s})"
+                    ))
+            ),
+            None => ended(&a.ended, now),
+        };
+        println!("  #{:<3} began {began}  {how}", a.attempt);
     }
     if shown.resolutions.is_empty() {
         println!("resolutions:  none");
@@ -321,9 +335,13 @@ async fn resolve(args: ResolveArgs) -> Result<(), Errors> {
     check_text("--reason", &args.reason, MAX_REASON)?;
     let by = match &args.by {
         Some(by) => by.clone(),
-        None => std::env::var("USER").map_err(|_| {
-            Error::new("say who resolves with --by NAME: $USER is not set (or not UTF-8)")
-        })?,
+        None => std::env::var("USER")
+            .or_else(|_| std::env::var("LOGNAME"))
+            .map_err(|_| {
+                Error::new(
+                    "say who resolves with --by NAME: neither $USER nor $LOGNAME is set (as UTF-8)",
+                )
+            })?,
     };
     check_text("--by", &by, MAX_BY)?;
     if args.expect_attempt == Some(0) {

@@ -265,10 +265,11 @@ impl Store for MemoryStore {
         let mut purged = 0;
         for (operation, table) in self.tables_named() {
             let mut gone = Vec::new();
+            let any_history = !self.history.is_empty();
             table.retain(|name, slot| {
                 let keep = !slot.is_expired(now);
                 purged += u64::from(!keep);
-                if !keep && !self.history.is_empty() {
+                if !keep && any_history {
                     gone.push(name.clone());
                 }
                 keep
