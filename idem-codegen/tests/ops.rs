@@ -126,6 +126,19 @@ async fn operate(store_args: &[&str], store: Arc<dyn Store>) {
     let json: serde_json::Value =
         serde_json::from_str(&succeeds(&as_refs(&run(&["list", "--json"])))).unwrap();
     assert_eq!(json.as_array().unwrap().len(), 4, "{json}");
+    let first: serde_json::Value = serde_json::from_str(&succeeds(&as_refs(&run(&[
+        "list", "--json", "--limit", "2",
+    ]))))
+    .unwrap();
+    let names: Vec<_> = first
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, ["done", "parked"], "in key order, at most --limit");
+    let cut = succeeds(&as_refs(&run(&["list", "--limit", "2"])));
+    assert!(cut.contains("the first 2 shown"), "{cut}");
     let none = succeeds(&as_refs(&run(&["list", "--operation", "other_op"])));
     assert!(none.contains("no operations found"), "{none}");
 

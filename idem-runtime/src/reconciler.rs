@@ -409,7 +409,10 @@ mod tests {
         // Both passes list (nearly) every record and contend for each one: the takeover's
         // compare-and-set decides who recovers it.
         for pass in [a, b] {
-            assert_eq!(pass.found, pass.recovered + pass.lost + pass.alive + pass.failed);
+            assert_eq!(
+                pass.found,
+                pass.recovered + pass.lost + pass.alive + pass.failed
+            );
         }
         assert_eq!(a.recovered + b.recovered, 30, "{a:?} {b:?}");
         assert_eq!(

@@ -112,8 +112,8 @@ pub struct ListArgs {
     /// Only this operation's records (the contract's operation name).
     #[arg(long, value_name = "NAME")]
     pub operation: Option<String>,
-    /// At most this many records (1 to 1000).
-    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    /// At most this many records (1 to 100000; read from the store 1000 at a time).
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub limit: u32,
     /// Print JSON (one array) instead of a table.
     #[arg(long)]
@@ -209,16 +209,28 @@ async fn list(args: ListArgs) -> Result<(), Errors> {
         check_text("--operation", op, MAX_NAME)?;
     }
     let store = open(&args.store).await?;
-    let query = ListQuery {
-        operation: args.operation.clone(),
-        state: args.state.map(OperationState::from),
-        limit: args.limit,
-        ..ListQuery::default()
-    };
-    let found = store
-        .list(&query, unix_now())
-        .await
-        .map_err(|e| store_failed(&args.store, &e))?;
+    let now = unix_now();
+    let mut found: Vec<Listed> = Vec::new();
+    // Page by page, each after the last key of the one before.
+    while found.len() < args.limit as usize {
+        let remaining = u32::try_from(args.limit as usize - found.len()).unwrap_or(u32::MAX);
+        let query = ListQuery {
+            operation: args.operation.clone(),
+            state: args.state.map(OperationState::from),
+            limit: remaining.min(idem_runtime::store::ops::MAX_LIST_LIMIT),
+            after: found.last().map(|l| l.key.clone()),
+            ..ListQuery::default()
+        };
+        let page = store
+            .list(&query, now)
+            .await
+            .map_err(|e| store_failed(&args.store, &e))?;
+        let last_page = page.len() < query.page() as usize;
+        found.extend(page);
+        if last_page {
+            break;
+        }
+    }
     if args.json {
         let all: Vec<Value> = found.iter().map(listed_json).collect();
         println!("{}", Value::Array(all));
@@ -246,7 +258,7 @@ async fn list(args: ListArgs) -> Result<(), Errors> {
     }
     if found.len() == args.limit as usize {
         println!(
-            "(the first {} shown: narrow with --operation and --state, or raise --limit up to 1000)",
+            "(the first {} shown: narrow with --operation and --state, or raise --limit)",
             args.limit
         );
     }
