@@ -182,6 +182,11 @@ impl Idem {
     /// returns is aborted or the runtime stops. Every instance of a service may run one:
     /// each ended lease is recovered by exactly one of them.
     pub fn spawn_reconciler(&self, every: Duration) -> tokio::task::JoinHandle<()> {
+        if self.recoverers().is_empty() {
+            tracing::warn!(
+                "idem: the reconciler has no operation to recover: register each with `Idem::recover_with` first"
+            );
+        }
         let idem = self.clone();
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);

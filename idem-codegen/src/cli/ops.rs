@@ -414,6 +414,13 @@ async fn resolve(args: ResolveArgs) -> Result<(), Errors> {
         Err(StoreError::Changed(why)) => {
             Err(Error::new(format!("{} was not resolved: {why}", describe(&key))).into())
         }
+        Err(StoreError::TooLarge { size, limit }) => Err(Error::in_file(
+            args.response.as_deref().unwrap_or(Path::new("-")),
+            format!(
+                "the response is {size} bytes (body and headers); the store keeps results of at most {limit} bytes"
+            ),
+        )
+        .into()),
         Err(e) => Err(store_failed(&args.store, &e).into()),
     }
 }
