@@ -90,8 +90,8 @@ pub use idem_runtime::{
     Attempt, DEFAULT_HEARTBEAT_LEASE, DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS,
     DEFAULT_UNAVAILABLE_RETRY_AFTER, IDEMPOTENT_REPLAYED_HEADER, Idem, IdemLayer, IdemService,
     Lookup, MIN_HEARTBEAT_LEASE, MemoryStore, OPERATION_ID_HEADER, OperationId, OperationReport,
-    OperationStatus, Resolution, Store, StoreError, UnknownOperation, enforce, fingerprint,
-    identity, problem, recovery, store, telemetry,
+    OperationStatus, Reconciled, Resolution, Store, StoreError, UnknownOperation, enforce,
+    fingerprint, identity, problem, reconciler, recovery, store, telemetry,
 };
 #[cfg(feature = "postgres")]
 pub use idem_runtime::{PgTx, PostgresStore};

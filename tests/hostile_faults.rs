@@ -648,3 +648,73 @@ fn sqlite_crash_with_an_attempt_in_flight_then_restart() {
         (2, 1, 1)
     );
 }
+
+/// The process dies with an attempt in flight and restarts on the same SQLite file with
+/// the reconciler running: without any request, once the lease has ended, the reconciler
+/// takes the record over, asks the reconcile function once (nothing was written: not
+/// applied) and releases the key; the client's retry then runs as the next attempt. One
+/// effect, and `inspect` shows every attempt.
+#[test]
+fn sqlite_crash_then_the_reconciler_recovers_without_a_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("crash.db");
+    let app = App::default();
+
+    let doomed = process::runtime();
+    doomed.block_on(async {
+        let (f, _store) = sqlite_fixture(&path, app.clone()).await;
+        let request = slow_order(&f, "k-crash");
+        tokio::spawn(async move { request.send().await });
+        process::wait_until(|| app.runs.get() > 0).await;
+        std::mem::forget(f); // the process dies: no graceful shutdown
+    });
+    doomed.shutdown_background();
+    assert_eq!(app.effects(), 0, "the crash came before the effect");
+
+    let restarted = process::runtime();
+    restarted.block_on(async {
+        let store = SqliteStore::open(&path).await.unwrap();
+        let idem = Idem::new(store, identity::header("x-client-id"))
+            .recover_with::<reconciled::Operation, _>(&app);
+        let reconciler = idem.spawn_reconciler(Duration::from_millis(50));
+        let f = Fixture::serve(idem, app.clone()).await;
+        let released = async {
+            while f.state("reconciled", "k-crash").await != RecordState::Released {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(LEASE * 10, released)
+            .await
+            .expect("the reconciler releases the key without a request");
+        assert_eq!(app.reconciles.get(), 1, "one recovery call");
+        let retry = f.post("/orders", "k-crash", "ok").await;
+        assert_eq!(retry.status, 201, "{retry:?}");
+        assert!(!retry.replayed(), "not applied: the retry ran");
+        reconciler.abort();
+        let key = RecordKey::new("reconciled", "client-a", "k-crash");
+        let shown = f
+            .idem
+            .store()
+            .inspect(&key, unix_now())
+            .await
+            .unwrap()
+            .unwrap();
+        let ends: Vec<_> = shown.attempts.iter().map(|a| a.ended.clone()).collect();
+        assert!(
+            matches!(
+                ends.as_slice(),
+                [
+                    idem::store::AttemptEnd::LeaseEnded { .. },
+                    idem::store::AttemptEnd::Released,
+                    idem::store::AttemptEnd::Completed { status: 201 },
+                ]
+            ),
+            "{ends:?}"
+        );
+        f.server.stop().await;
+    });
+    assert_eq!(
+        (app.runs.get(), app.reconciles.get(), app.effects()),
+        (2, 1, 1)
+    );
+}

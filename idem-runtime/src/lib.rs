@@ -120,6 +120,7 @@ mod operation;
 mod operation_id;
 pub mod problem;
 mod reconcile;
+pub mod reconciler;
 pub mod recovery;
 mod replay;
 pub mod store;
@@ -140,6 +141,7 @@ pub use crate::idem::{
 pub use crate::layer::{IdemLayer, IdemService};
 pub use crate::lookup::{Lookup, OperationReport, OperationStatus};
 pub use crate::operation_id::{OPERATION_ID_HEADER, OperationId};
+pub use crate::reconciler::Reconciled;
 pub use crate::recovery::{
     Contracted, Reconcile, ReconcileWith, Recover, Recoverer, Resolution, UnknownOperation,
 };

@@ -2,7 +2,8 @@
 //!
 //! An attempt that ends without an answer (a crash, a panic, the server's deadline, a
 //! dropped connection) leaves its record *processing* under a lease. When the lease has
-//! ended, the next request with the key (or a status lookup) takes the lease over with
+//! ended, the next request with the key (or a status lookup, or the
+//! [reconciler](crate::reconciler) without waiting for either) takes the lease over with
 //! one compare-and-set, so exactly one caller recovers each ended lease, and asks the
 //! contract's recoverer. An attempt still at work under the same [`Idem`] handle (a
 //! handler blocking its thread past its lease) keeps its lease until it has ended: its
@@ -12,8 +13,8 @@
 //! |---|---|
 //! | [`Resolution::Applied`]`(response)` | the effect happened: `response` is stored as the result and replayed |
 //! | [`Resolution::NotApplied`] | the effect did not happen: the request runs the handler as the next attempt (a status lookup releases the key instead, so the client's next retry runs) |
-//! | [`Resolution::Unknown`]`(reason)` | parked as `unknown` with `reason`: 409 `operation-outcome-unknown` until an operator resolves it |
-//! | [`Resolution::CannotDecideNow`]`(reason)` | nothing is recorded and the lease ends at once: 503 `recovery-pending`, and the next retry or status lookup asks again |
+//! | [`Resolution::Unknown`]`(reason)` | parked as `unknown` with `reason`: 409 `operation-outcome-unknown` until an operator resolves it (`idem ops resolve`, [`Store::resolve`](crate::Store::resolve)) |
+//! | [`Resolution::CannotDecideNow`]`(reason)` | nothing is recorded and the lease ends at once: 503 `recovery-pending`, and the next retry, status lookup or reconciler pass asks again |
 //! | the reconcile function panics or outlasts the lease | as `CannotDecideNow`, with a reason that says so |
 //! | `recovery = manual("runbook")` | parked as `unknown` with the runbook; in the transactional mode, not applied (an attempt that did not commit took no effect in the database) |
 //!

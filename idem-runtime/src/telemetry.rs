@@ -19,7 +19,7 @@
 //!   status lookup reports: every attempt span of one operation carries the same value,
 //!   so a query on it gathers the operation's attempts in any backend;
 //! - **one `idem.operation.end` event marks the operation's final state**, emitted once,
-//!   by the attempt (or the status lookup) that records it: `completed` (the handler's
+//!   by the attempt (or the status lookup, or the reconciler) that records it: `completed` (the handler's
 //!   answer was stored), `recovered` (recovery found an earlier attempt applied and
 //!   stored its answer) or `parked` (the outcome is unknown and waits for an operator).
 //!   The store's fencing makes each of these transitions happen once per operation, so

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use idem::store::{
-    Begin, Lease, MemoryStore, NewRecord, OwnerToken, Record, RecordKey, Store, StoreError,
-    StoredResponse, UnixMillis,
+    Begin, Inspection, Lease, ListQuery, Listed, MemoryStore, NewRecord, OwnerToken, Record,
+    RecordKey, Resolve, Store, StoreError, StoredResponse, UnixMillis,
 };
 
 /// One method of [`Store`].
@@ -205,5 +205,28 @@ impl<S: Store> Store for FaultyStore<S> {
     async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
         self.enter(Call::Purge)?;
         self.inner.purge_expired(now).await
+    }
+
+    // The operator's calls are not on the request path: forwarded, never failed.
+
+    async fn list(&self, query: &ListQuery, now: UnixMillis) -> Result<Vec<Listed>, StoreError> {
+        self.inner.list(query, now).await
+    }
+
+    async fn inspect(
+        &self,
+        key: &RecordKey,
+        now: UnixMillis,
+    ) -> Result<Option<Inspection>, StoreError> {
+        self.inner.inspect(key, now).await
+    }
+
+    async fn resolve(
+        &self,
+        key: &RecordKey,
+        resolve: &Resolve,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError> {
+        self.inner.resolve(key, resolve, now).await
     }
 }

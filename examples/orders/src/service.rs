@@ -15,6 +15,9 @@ use crate::db::{self, Orders};
 /// How often expired idempotency records are purged.
 pub const PURGE_EVERY: Duration = Duration::from_secs(60);
 
+/// How often the reconciler looks for attempts whose lease ended without an outcome.
+pub const RECONCILE_EVERY: Duration = Duration::from_secs(5);
+
 /// Where idem's records and the orders live: the `--store` of the command line.
 #[derive(Clone, Debug)]
 pub enum Backend {
@@ -174,11 +177,14 @@ impl Service {
             writes,
             demo: Arc::new(demo),
         };
+        // The reconciler recovers an attempt that died without waiting for its client.
+        let idem = idem.recover_with::<api::create_order::Operation, _>(&app);
         let router = api::router(&idem).with_state(app.clone());
         Service { router, idem, app }
     }
 
-    /// Serves on `listener` until `shutdown` completes, purging expired keys meanwhile.
+    /// Serves on `listener` until `shutdown` completes, purging expired keys and
+    /// recovering attempts whose lease ended (the reconciler) meanwhile.
     ///
     /// # Errors
     ///
@@ -189,10 +195,12 @@ impl Service {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let purger = self.idem.spawn_purger(PURGE_EVERY);
+        let reconciler = self.idem.spawn_reconciler(RECONCILE_EVERY);
         let result = axum::serve(listener, self.router)
             .with_graceful_shutdown(shutdown)
             .await;
         purger.abort();
+        reconciler.abort();
         self.app.orders.close().await;
         result
     }

@@ -3,11 +3,16 @@
 //! reports of its own (not those rustc reports on the generated code), and print the
 //! JSON Schema of the `x-idempotency` extension.
 //!
+//! `idem ops` lists, shows and resolves the operations in a service's store (feature
+//! `ops`, on by default).
+//!
 //! Exit codes: 0 on success, 1 when an input is refused (every problem is printed as
 //! `file:line:col: error: message`), 2 for a usage error (clap's convention).
 
 mod docs;
 mod merge;
+#[cfg(feature = "ops")]
+pub mod ops;
 mod source;
 
 use std::path::PathBuf;
@@ -99,6 +104,14 @@ pub enum Command {
     /// Print the JSON Schema (draft 2020-12) of the `x-idempotency` extension.
     #[command(after_help = "Example:\n  idem schema > x-idempotency.schema.json")]
     Schema(SchemaArgs),
+    /// Operate on a running service's store: list operations by state, show one with
+    /// all its attempts and resolutions, resolve a parked one (feature `ops`, on by
+    /// default).
+    #[cfg(feature = "ops")]
+    #[command(
+        after_help = "Examples:\n  idem ops list --store orders.db --state unknown\n  idem ops show --store orders.db --operation create_order --client acme --key 7f3c\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --as not-applied --reason \"no order in the ledger\""
+    )]
+    Ops(ops::OpsArgs),
 }
 
 /// The long help of `--target`, shared by `merge`, `docs` and `export`.
@@ -304,6 +317,8 @@ pub fn run(cli: Cli) -> Result<(), Errors> {
         Command::Export(args) => source::export(args),
         Command::Check(args) => source::check(args),
         Command::Schema(args) => source::schema(args),
+        #[cfg(feature = "ops")]
+        Command::Ops(args) => ops::run(args),
     }
 }
 

@@ -94,6 +94,8 @@ struct Inner {
     running: Arc<Running>,
     /// The operation names claimed so far (shared by every clone).
     names: Arc<Names>,
+    /// The recoverers the reconciler runs ([`Idem::recover_with`]).
+    recoverers: Vec<crate::reconciler::Registered>,
 }
 
 impl Idem {
@@ -134,6 +136,7 @@ impl Idem {
                 heartbeat_lease: DEFAULT_HEARTBEAT_LEASE,
                 running: Arc::default(),
                 names: Arc::default(),
+                recoverers: Vec::new(),
             }),
         }
     }
@@ -222,6 +225,15 @@ impl Idem {
     /// The operation names claimed under this handle.
     pub(crate) fn names(&self) -> &Names {
         &self.inner.names
+    }
+
+    /// The recoverers registered for the reconciler.
+    pub(crate) fn recoverers(&self) -> &[crate::reconciler::Registered] {
+        &self.inner.recoverers
+    }
+
+    pub(crate) fn recoverers_mut(&mut self) -> &mut Vec<crate::reconciler::Registered> {
+        &mut self.inner_mut().recoverers
     }
 
     /// The largest stored result body, in bytes.

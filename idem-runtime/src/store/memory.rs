@@ -18,9 +18,11 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use http::{HeaderName, HeaderValue};
 
+use super::ops::{self, Event};
 use super::{
-    Begin, DEFAULT_MAX_RESULT, Lease, NewRecord, OwnerToken, Record, RecordKey, RecordState, Store,
-    StoreError, StoredResponse, UnixMillis, check_size,
+    Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OwnerToken, Record,
+    RecordKey, RecordState, Resolve, ResolveAs, Store, StoreError, StoredResponse, UnixMillis,
+    check_size,
 };
 use crate::OperationId;
 
@@ -42,7 +44,14 @@ pub struct MemoryStore {
     /// One table per operation, by the operation's name.
     tables: RwLock<HashMap<Box<str>, Arc<Table>>>,
     max_result: usize,
+    /// The history of the records that have one (`store::ops`), by operation and
+    /// [`compact_key`]; locked only while the record's shard is (tables first), and only
+    /// by reclaims, takeovers, resolutions and purges, never for a new key.
+    history: DashMap<HistoryKey, Vec<Event>>,
 }
+
+/// A record's operation and [`compact_key`]: where its history is kept.
+type HistoryKey = (Box<str>, Box<[u8]>);
 
 /// The records of one operation, by [`compact_key`].
 type Table = DashMap<Box<[u8]>, Slot>;
@@ -52,6 +61,7 @@ impl Default for MemoryStore {
         MemoryStore {
             tables: RwLock::default(),
             max_result: DEFAULT_MAX_RESULT,
+            history: DashMap::new(),
         }
     }
 }
@@ -143,6 +153,7 @@ impl Store for MemoryStore {
                 let current = occupied.get().to_record()?;
                 match current.begin_over(new, now) {
                     Some(record) => {
+                        self.note_begin(key, &current, &record, now);
                         occupied.insert(Slot::from_record(&record));
                         Begin::Started(record)
                     }
@@ -241,7 +252,10 @@ impl Store for MemoryStore {
             if !ended || slot.is_expired(now) {
                 return Err(StoreError::LeaseLost);
             }
-            let record = slot.to_record()?.leased(new_lease);
+            let current = slot.to_record()?;
+            let record = current.leased(new_lease);
+            let ended_at = current.lease().map_or(now, |l| l.until);
+            self.note(key, Event::taken_over(record.attempt, now, ended_at));
             *slot = Slot::from_record(&record);
             Ok(record)
         })
@@ -249,15 +263,151 @@ impl Store for MemoryStore {
 
     async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
         let mut purged = 0;
-        for table in self.tables_now() {
-            table.retain(|_, slot| {
+        for (operation, table) in self.tables_named() {
+            let mut gone = Vec::new();
+            let any_history = !self.history.is_empty();
+            table.retain(|name, slot| {
                 let keep = !slot.is_expired(now);
                 purged += u64::from(!keep);
+                if !keep && any_history {
+                    gone.push(name.clone());
+                }
                 keep
             });
+            // Outside the table's locks (tables are locked first); a record begun
+            // under the key meanwhile has no history yet that this could drop.
+            for name in gone {
+                self.history.remove(&(operation.clone(), name));
+            }
         }
         Ok(purged)
     }
+
+    async fn list(&self, query: &ListQuery, now: UnixMillis) -> Result<Vec<Listed>, StoreError> {
+        let mut found = Vec::new();
+        for (operation, table) in self.tables_named() {
+            if query
+                .operation
+                .as_deref()
+                .is_some_and(|op| op != &*operation)
+            {
+                continue;
+            }
+            for entry in table.iter() {
+                let Some(key) = split_key(&operation, entry.key()) else {
+                    continue;
+                };
+                let record = entry.value().to_record()?;
+                if query.matches(&key, &record, now) {
+                    found.push(Listed { key, record });
+                }
+            }
+        }
+        found.sort_by(|a, b| ops::order(&a.key).cmp(&ops::order(&b.key)));
+        found.truncate(query.page() as usize);
+        Ok(found)
+    }
+
+    async fn inspect(
+        &self,
+        key: &RecordKey,
+        now: UnixMillis,
+    ) -> Result<Option<Inspection>, StoreError> {
+        let Some(table) = self.table(&key.operation) else {
+            return Ok(None);
+        };
+        let name = compact_key(key);
+        let Some(slot) = table.get(&*name) else {
+            return Ok(None);
+        };
+        if slot.is_expired(now) {
+            return Ok(None);
+        }
+        let record = slot.to_record()?;
+        let history = self
+            .history
+            .get(&(key.operation.as_str().into(), name))
+            .map(|h| h.clone())
+            .unwrap_or_default();
+        drop(slot);
+        Ok(Some(Inspection::new(key.clone(), record, &history)))
+    }
+
+    async fn resolve(
+        &self,
+        key: &RecordKey,
+        resolve: &Resolve,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError> {
+        let encoded = match &resolve.outcome {
+            ResolveAs::Completed(response) => {
+                check_size(response, self.max_result)?;
+                Some(encode_response(response)?)
+            }
+            ResolveAs::NotApplied => None,
+        };
+        let outcome = self.update(key, |slot| {
+            let current = slot.to_record()?;
+            let parked = matches!(current.state, RecordState::Unknown { .. });
+            if !parked || current.attempt != resolve.expected_attempt || current.is_expired(now) {
+                let shown = (!current.is_expired(now)).then_some(&current);
+                return Ok(Err(ops::refused(shown, resolve.expected_attempt)));
+            }
+            let parked = match &current.state {
+                RecordState::Unknown { reason } => reason.as_str(),
+                _ => "",
+            };
+            self.note(key, Event::resolved(current.attempt, parked, resolve, now));
+            slot.state = match encoded {
+                Some(encoded) => SlotState::Completed(encoded),
+                None => SlotState::Released,
+            };
+            Ok(Ok(slot.to_record()?))
+        });
+        match outcome {
+            Ok(result) => result,
+            Err(StoreError::LeaseLost) => Err(StoreError::NotFound),
+            Err(error) => Err(error),
+        }
+    }
+}
+
+impl MemoryStore {
+    /// The tables as they are now, with their operation's name.
+    fn tables_named(&self) -> Vec<(Box<str>, Arc<Table>)> {
+        let tables = self.tables.read().unwrap_or_else(PoisonError::into_inner);
+        tables
+            .iter()
+            .map(|(name, table)| (name.clone(), Arc::clone(table)))
+            .collect()
+    }
+
+    /// Appends `event` to the history of `key` (called under the record's shard lock).
+    fn note(&self, key: &RecordKey, event: Event) {
+        let name = (key.operation.as_str().into(), compact_key(key));
+        ops::append(&mut self.history.entry(name).or_default(), event);
+    }
+
+    /// What `begin` writes over `current` does to the history: a new operation starts
+    /// none, a reclaim appends its event (called under the record's shard lock).
+    fn note_begin(&self, key: &RecordKey, current: &Record, record: &Record, now: UnixMillis) {
+        if current.is_expired(now) {
+            if !self.history.is_empty() {
+                self.history
+                    .remove(&(key.operation.as_str().into(), compact_key(key)));
+            }
+        } else {
+            self.note(key, Event::reclaimed(record.attempt, now));
+        }
+    }
+}
+
+/// The [`RecordKey`] of `operation` and a [`compact_key`].
+fn split_key(operation: &str, name: &[u8]) -> Option<RecordKey> {
+    let len = u32::from_le_bytes(name.get(..4)?.try_into().ok()?) as usize;
+    let client = std::str::from_utf8(name.get(4..4 + len)?).ok()?;
+    let key = std::str::from_utf8(name.get(4 + len..)?).ok()?;
+    Some(RecordKey::new(operation, client, key))
 }
 
 /// The client and the key of `key` as one byte string: the client's length (4 bytes,

@@ -29,6 +29,11 @@
 //! | processing, caller owns the lease (live or ended) | [`Store::renew`] | processing, the lease moved (extended, revived, or ended now) |
 //! | processing, caller owns the lease | [`Store::park_unknown`] | unknown, with a reason |
 //! | processing, lease ended, caller names its owner | [`Store::take_over`] | processing under a new lease, attempt + 1 |
+//! | unknown, at the attempt the operator saw | [`Store::resolve`] | completed with the operator's result, or released |
+//!
+//! Reclaims, takeovers and resolutions are also appended to the record's short history
+//! (see [`ops`]), in the same atomic step; [`Store::inspect`] reads it back and
+//! [`Store::list`] lists records by state.
 //!
 //! Every record expires `ttl` after its first attempt (`expires_at`); after that the key
 //! names a new operation and `begin` replaces the record. A record never expires while
@@ -56,6 +61,7 @@
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 mod headers;
 pub mod memory;
+pub mod ops;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod record;
@@ -76,6 +82,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub use memory::MemoryStore;
+pub use ops::{
+    AttemptEnd, AttemptSummary, Inspection, ListQuery, Listed, Resolution, Resolve, ResolveAs,
+};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 pub use record::{
@@ -143,6 +152,14 @@ pub enum StoreError {
     /// handler ended it (the transactional mode).
     #[error("the attempt's transaction has ended: {0}")]
     TransactionEnded(String),
+    /// [`Store::resolve`]: there is no record under the key (never registered, or its
+    /// TTL has passed).
+    #[error("no operation is recorded under this key (never registered, or its TTL has passed)")]
+    NotFound,
+    /// [`Store::resolve`]: the record is not parked at the attempt the operator saw; the
+    /// message says where it stands.
+    #[error("{0}")]
+    Changed(String),
 }
 
 impl StoreError {
@@ -275,6 +292,47 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// [`StoreError::Unavailable`].
     async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError>;
+
+    /// The records that `query` asks for whose TTL has not passed at `now`, ordered by
+    /// operation, client and key (bytewise), at most [`ListQuery::page`] of them. The
+    /// next page starts after the last key of this one. For operators and the
+    /// reconciler, not for the request path: backends may scan.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] or [`StoreError::Corrupt`].
+    async fn list(&self, query: &ListQuery, now: UnixMillis) -> Result<Vec<Listed>, StoreError>;
+
+    /// The record of `key` with the history of its attempts and resolutions, or `None`
+    /// when there is none or its TTL has passed at `now`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] or [`StoreError::Corrupt`].
+    async fn inspect(
+        &self,
+        key: &RecordKey,
+        now: UnixMillis,
+    ) -> Result<Option<Inspection>, StoreError>;
+
+    /// Resolves a parked operation as an operator decided, as one compare-and-set on the
+    /// record being parked (`unknown`) at `resolve.expected_attempt` and its TTL not
+    /// passed: completed with the operator's result, or released (not applied), and the
+    /// resolution (who, when, why) appended to the record's history. Returns the record
+    /// as written.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::NotFound`] when there is no record; [`StoreError::Changed`] when it
+    /// is not parked at that attempt (the message says where it stands), and nothing
+    /// was written; [`StoreError::TooLarge`] for a result larger than the backend keeps;
+    /// [`StoreError::Unavailable`].
+    async fn resolve(
+        &self,
+        key: &RecordKey,
+        resolve: &Resolve,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError>;
 }
 
 #[async_trait]
@@ -343,5 +401,26 @@ impl<T: Store + ?Sized> Store for Arc<T> {
 
     async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
         (**self).purge_expired(now).await
+    }
+
+    async fn list(&self, query: &ListQuery, now: UnixMillis) -> Result<Vec<Listed>, StoreError> {
+        (**self).list(query, now).await
+    }
+
+    async fn inspect(
+        &self,
+        key: &RecordKey,
+        now: UnixMillis,
+    ) -> Result<Option<Inspection>, StoreError> {
+        (**self).inspect(key, now).await
+    }
+
+    async fn resolve(
+        &self,
+        key: &RecordKey,
+        resolve: &Resolve,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError> {
+        (**self).resolve(key, resolve, now).await
     }
 }

@@ -7,10 +7,14 @@ use sqlx::Postgres;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 
 use super::headers::encode_headers;
-use super::sql::{changed_one, decode, sql_ms};
+use super::ops::{self, Event};
+use super::sql::{
+    changed_one, decode, decode_inspected, decode_listed, resolution_columns, sql_ms,
+};
 use super::{
-    Begin, DEFAULT_MAX_RESULT, Lease, NewRecord, OpenTransaction, OwnerToken, Record, RecordKey,
-    Reservation, Store, StoreError, StoredResponse, TransactionalStore, UnixMillis, check_size,
+    Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OpenTransaction,
+    OwnerToken, Record, RecordKey, Reservation, Resolve, Store, StoreError, StoredResponse,
+    TransactionalStore, UnixMillis, check_size,
 };
 
 /// One step of idem's schema in PostgreSQL, as plain SQL.
@@ -27,11 +31,18 @@ pub struct Migration {
 /// idem's schema, in order: the files of `idem-runtime/migrations/postgres/`, for teams
 /// that apply them with their own migration tool (then open the store with
 /// [`PostgresStore::without_migrations`]).
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "idem_records",
-    sql: include_str!("../../migrations/postgres/0001_idem_records.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "idem_records",
+        sql: include_str!("../../migrations/postgres/0001_idem_records.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "idem_history",
+        sql: include_str!("../../migrations/postgres/0002_idem_history.sql"),
+    },
+];
 
 /// The advisory lock key that serialises idem's migrations across instances (the bytes
 /// of `idem` as a number).
@@ -68,7 +79,13 @@ const RECLAIM: &str = "UPDATE idem_records SET
         token        = $6,
         lease_until  = $7,
         transactional = $10,
-        status = NULL, headers = NULL, body = NULL, reason = NULL
+        status = NULL, headers = NULL, body = NULL, reason = NULL,
+        history      = CASE WHEN expires_at <= $8 THEN NULL ELSE
+            CASE WHEN jsonb_array_length(COALESCE(history, '[]'::jsonb)) >= 32
+                 THEN history - 0 ELSE COALESCE(history, '[]'::jsonb) END
+            || jsonb_build_array(jsonb_build_object(
+                 'attempt', attempt + 1, 'began_at', $8::bigint, 'after', 'released'))
+            END
     WHERE operation = $1 AND client = $2 AND key = $3
       AND (expires_at <= $8 OR (state = 'released' AND fingerprint = $5))
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
@@ -116,9 +133,14 @@ const PARK: &str = "UPDATE idem_records
     WHERE operation = $1 AND client = $2 AND key = $3
       AND state = 'processing' AND token = $4";
 
-/// `$4` expected token, `$5` now, `$6` new token, `$7` new lease end (`Record::leased`).
+/// `$4` expected token, `$5` now, `$6` new token, `$7` new lease end (`Record::leased`);
+/// the takeover is appended to the history (`store::ops`, at most 32 events).
 const TAKE_OVER: &str = "UPDATE idem_records
-    SET token = $6, lease_until = $7, attempt = attempt + 1, expires_at = GREATEST(expires_at, $7)
+    SET token = $6, lease_until = $7, attempt = attempt + 1, expires_at = GREATEST(expires_at, $7),
+        history = CASE WHEN jsonb_array_length(COALESCE(history, '[]'::jsonb)) >= 32
+                       THEN history - 0 ELSE COALESCE(history, '[]'::jsonb) END
+            || jsonb_build_array(jsonb_build_object('attempt', attempt + 1,
+                 'began_at', $5::bigint, 'after', 'lease-ended', 'lease_until', lease_until))
     WHERE operation = $1 AND client = $2 AND key = $3
       AND state = 'processing' AND token = $4 AND lease_until <= $5 AND expires_at > $5
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
@@ -129,6 +151,39 @@ const PURGE: &str = "DELETE FROM idem_records WHERE (operation, client, key) IN 
         SELECT operation, client, key FROM idem_records WHERE expires_at <= $1 LIMIT 5000
     )";
 const PURGE_BATCH: u64 = 5000;
+
+/// `$1` now, `$2` operation or NULL, `$3` state or NULL, `$4` only ended leases, `$5`..`$7`
+/// the cursor or NULLs, `$8` the page. Text compares bytewise (`COLLATE "C"`), whatever
+/// the database's collation.
+const LIST: &str = r#"SELECT operation, client, key, operation_id, fingerprint, state, attempt,
+        token, lease_until, created_at, expires_at, status, headers, body, reason, transactional
+    FROM idem_records
+    WHERE expires_at > $1
+      AND ($2::text IS NULL OR operation = $2::text)
+      AND ($3::text IS NULL OR state = $3::text)
+      AND (NOT $4::boolean OR (state = 'processing' AND lease_until <= $1))
+      AND ($5::text IS NULL OR (operation COLLATE "C", client COLLATE "C", key COLLATE "C")
+           > ($5::text COLLATE "C", $6::text COLLATE "C", $7::text COLLATE "C"))
+    ORDER BY operation COLLATE "C", client COLLATE "C", key COLLATE "C"
+    LIMIT $8"#;
+
+const INSPECT: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
+        created_at, expires_at, status, headers, body, reason, transactional,
+        history::text AS history
+    FROM idem_records WHERE operation = $1 AND client = $2 AND key = $3 AND expires_at > $4";
+
+/// An operator's resolution: `$4` the attempt seen parked, `$5` the new state, `$6`..`$8`
+/// the result or NULLs, `$9` the resolution's event (its `parked` taken from the row),
+/// `$10` now.
+const RESOLVE: &str = "UPDATE idem_records
+    SET state = $5, status = $6, headers = $7, body = $8, reason = NULL,
+        history = CASE WHEN jsonb_array_length(COALESCE(history, '[]'::jsonb)) >= 32
+                       THEN history - 0 ELSE COALESCE(history, '[]'::jsonb) END
+            || jsonb_build_array(jsonb_set($9::jsonb, '{parked}', to_jsonb(COALESCE(reason, ''))))
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'unknown' AND attempt = $4 AND expires_at > $10
+    RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
+              created_at, expires_at, status, headers, body, reason, transactional";
 
 /// A [`Store`] in PostgreSQL, through sqlx (rustls, no OpenSSL): shared by every instance
 /// of a service, and a [`TransactionalStore`], so that a handler's business writes and
@@ -504,6 +559,71 @@ impl Store for PostgresStore {
             }
         }
     }
+
+    async fn list(&self, query: &ListQuery, now: UnixMillis) -> Result<Vec<Listed>, StoreError> {
+        let after = query.after.as_ref();
+        let rows = sqlx::query(LIST)
+            .bind(sql_ms(now))
+            .bind(query.operation.as_deref())
+            .bind(query.state.map(|s| s.as_str()))
+            .bind(query.lease_ended)
+            .bind(after.map(|k| k.operation.as_str()))
+            .bind(after.map(|k| k.client.as_str()))
+            .bind(after.map(|k| k.key.as_str()))
+            .bind(i64::from(query.page()))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(StoreError::unavailable)?;
+        rows.iter().map(decode_listed).collect()
+    }
+
+    async fn inspect(
+        &self,
+        key: &RecordKey,
+        now: UnixMillis,
+    ) -> Result<Option<Inspection>, StoreError> {
+        let row = sqlx::query(INSPECT)
+            .bind(&key.operation)
+            .bind(&key.client)
+            .bind(&key.key)
+            .bind(sql_ms(now))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(StoreError::unavailable)?;
+        row.as_ref()
+            .map(|row| decode_inspected(key, row))
+            .transpose()
+    }
+
+    async fn resolve(
+        &self,
+        key: &RecordKey,
+        resolve: &Resolve,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError> {
+        let (state, status, headers, body) = resolution_columns(resolve, self.max_result)?;
+        let row = sqlx::query(RESOLVE)
+            .bind(&key.operation)
+            .bind(&key.client)
+            .bind(&key.key)
+            .bind(i64::from(resolve.expected_attempt))
+            .bind(state)
+            .bind(status)
+            .bind(headers)
+            .bind(body)
+            .bind(Event::resolved(resolve.expected_attempt, "", resolve, now).to_json())
+            .bind(sql_ms(now))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(StoreError::unavailable)?;
+        match row {
+            Some(row) => decode(&row),
+            None => {
+                let current = self.get(key, now).await?;
+                Err(ops::refused(current.as_ref(), resolve.expected_attempt))
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -628,7 +748,7 @@ mod tests {
                 .fetch_all(&pool)
                 .await
                 .unwrap();
-        assert_eq!(versions, [1]);
+        assert_eq!(versions, [1, 2]);
         let store = PostgresStore::without_migrations(pool);
         let k = key("after-migrations");
         let new = new_record("sha256:a", T0);

@@ -25,7 +25,11 @@
 //! milliseconds, decimal), `transactional` (`0`), `status`, `headers` (JSON, as the SQL
 //! stores write them) and `body` once completed, `reason` once parked; `prefix` (the
 //! store's prefix, so that [`Store::purge_expired`] deletes only its own records: the
-//! names of prefix `a:b` also start with `a:`).
+//! names of prefix `a:b` also start with `a:`); `history` once the record was reclaimed,
+//! taken over or resolved (the JSON array of [`super::ops`], written by the same script).
+//!
+//! [`Store::list`] scans the prefix (or the operation's names) and sorts what it finds:
+//! a tool for operators and the reconciler, whose cost grows with the number of records.
 //!
 //! # Atomicity and fencing
 //!
@@ -92,9 +96,11 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, Value};
 
 use super::headers::{decode_headers, encode_headers};
+use super::ops::{self, Event};
 use super::{
-    Begin, DEFAULT_MAX_RESULT, Lease, NewRecord, OperationState, OwnerToken, Record, RecordKey,
-    RecordState, Store, StoreError, StoredResponse, UnixMillis, check_size,
+    Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OperationState,
+    OwnerToken, Record, RecordKey, RecordState, Resolve, ResolveAs, Store, StoreError,
+    StoredResponse, UnixMillis, check_size,
 };
 use crate::OperationId;
 
@@ -140,14 +146,15 @@ if (not cur[1]) or tonumber(cur[1]) <= tonumber(now) then
     'state', 'processing', 'attempt', '1', 'token', ARGV[4], 'lease_until', ARGV[5],
     'created_at', now, 'expires_at', exp, 'transactional', ARGV[8], 'prefix', ARGV[10])
   if cur[1] then
-    redis.call('HDEL', KEYS[1], 'status', 'headers', 'body', 'reason')
+    redis.call('HDEL', KEYS[1], 'status', 'headers', 'body', 'reason', 'history')
   end
   expire(KEYS[1], exp, ARGV[9])
   return {2}
 end
 if cur[2] == 'released' and cur[3] == ARGV[3] then
   local exp = later(later(cur[1], ARGV[5]), ARGV[7])
-  redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+  local n = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+  remember(KEYS[1], {attempt = n, began_at = tonumber(now), after = 'released'})
   redis.call('HSET', KEYS[1], 'state', 'processing', 'token', ARGV[4],
     'lease_until', ARGV[5], 'expires_at', exp, 'transactional', ARGV[8])
   redis.call('HDEL', KEYS[1], 'status', 'headers', 'body', 'reason')
@@ -155,6 +162,41 @@ if cur[2] == 'released' and cur[3] == ARGV[3] then
   return {1, redis.call('HGETALL', KEYS[1])}
 end
 return {0, redis.call('HGETALL', KEYS[1])}
+";
+
+/// Appends an event (a Lua table) to the record's `history`, keeping the last 32 (see
+/// `store::ops`).
+const HISTORY: &str = r"
+local function remember(key, event)
+  local h = redis.call('HGET', key, 'history')
+  local events = {}
+  if h then events = cjson.decode(h) end
+  table.insert(events, event)
+  while #events > 32 do table.remove(events, 1) end
+  redis.call('HSET', key, 'history', cjson.encode(events))
+end
+";
+
+/// `resolve`. ARGV: now, the attempt seen parked, the new state, status, headers, body
+/// (the last three empty when not applied), the resolution's event (JSON), margin.
+/// Returns `{1, fields}`, or `{0}` when the record is not parked at that attempt or its
+/// TTL has passed.
+const RESOLVE: &str = r"
+local cur = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'expires_at', 'reason')
+if cur[1] ~= 'unknown' or cur[2] ~= ARGV[2] or tonumber(cur[3]) <= tonumber(ARGV[1]) then
+  return {0}
+end
+local event = cjson.decode(ARGV[7])
+event['parked'] = cur[4] or ''
+remember(KEYS[1], event)
+if ARGV[3] == 'completed' then
+  redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[4], 'headers', ARGV[5],
+    'body', ARGV[6])
+else
+  redis.call('HSET', KEYS[1], 'state', 'released')
+end
+redis.call('HDEL', KEYS[1], 'reason')
+return {1, redis.call('HGETALL', KEYS[1])}
 ";
 
 /// The condition of `complete` and `release`: processing under ARGV[2], live at ARGV[1].
@@ -215,7 +257,9 @@ if cur[1] ~= 'processing' or cur[2] ~= ARGV[2] or now < tonumber(cur[3])
   return {0}
 end
 local exp = later(cur[4], ARGV[4])
-redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+local n = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+remember(KEYS[1], {attempt = n, began_at = now, after = 'lease-ended',
+  lease_until = tonumber(cur[3])})
 redis.call('HSET', KEYS[1], 'token', ARGV[3], 'lease_until', ARGV[4], 'expires_at', exp)
 expire(KEYS[1], exp, ARGV[5])
 return {1, redis.call('HGETALL', KEYS[1])}
@@ -249,19 +293,21 @@ struct Scripts {
     park: Script,
     take_over: Script,
     purge: Script,
+    resolve: Script,
 }
 
 impl Scripts {
     fn new() -> Scripts {
         let with = |parts: &[&str]| Script::new(&parts.concat());
         Scripts {
-            begin: with(&[PRELUDE, BEGIN]),
+            begin: with(&[PRELUDE, HISTORY, BEGIN]),
             complete: with(&[LIVE_OWNER, COMPLETE]),
             release: with(&[LIVE_OWNER, RELEASE]),
             renew: with(&[PRELUDE, CURRENT_OWNER, RENEW]),
             park: with(&[CURRENT_OWNER, PARK]),
-            take_over: with(&[PRELUDE, TAKE_OVER]),
+            take_over: with(&[PRELUDE, HISTORY, TAKE_OVER]),
             purge: with(&[PURGE]),
+            resolve: with(&[HISTORY, RESOLVE]),
         }
     }
 }
@@ -740,6 +786,140 @@ impl Store for RedisStore {
             }
             cursor = next;
         }
+    }
+
+    async fn list(&self, query: &ListQuery, now: UnixMillis) -> Result<Vec<Listed>, StoreError> {
+        let mut conn = self.conn.clone();
+        let pattern = match &query.operation {
+            Some(op) => format!(
+                "{}:{}:*",
+                escape_pattern(&segment(&self.prefix)),
+                escape_pattern(&segment(op))
+            ),
+            None => format!("{}:*", escape_pattern(&segment(&self.prefix))),
+        };
+        let mut cursor: u64 = 0;
+        let mut found = Vec::new();
+        loop {
+            let (next, names): (u64, Vec<Vec<u8>>) = self
+                .bounded(
+                    redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(&pattern)
+                        .arg("COUNT")
+                        .arg(SCAN_BATCH)
+                        .query_async(&mut conn),
+                )
+                .await?;
+            for name in names {
+                let Some(key) = self.key_of(&name) else {
+                    continue;
+                };
+                let answer: Value = self
+                    .bounded(redis::cmd("HGETALL").arg(&name).query_async(&mut conn))
+                    .await?;
+                let fields = fields(answer)?;
+                // Names of a longer prefix (`a:b` under `a`) are another store's.
+                if fields.get("prefix").map(Vec::as_slice) != Some(self.prefix.as_bytes()) {
+                    continue;
+                }
+                if let Some(record) = decode(&fields)?
+                    && query.matches(&key, &record, now)
+                {
+                    found.push(Listed { key, record });
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        found.sort_by(|a, b| ops::order(&a.key).cmp(&ops::order(&b.key)));
+        found.truncate(query.page() as usize);
+        Ok(found)
+    }
+
+    async fn inspect(
+        &self,
+        key: &RecordKey,
+        now: UnixMillis,
+    ) -> Result<Option<Inspection>, StoreError> {
+        let mut conn = self.conn.clone();
+        let answer: Value = self
+            .bounded(
+                redis::cmd("HGETALL")
+                    .arg(self.hash_name(key))
+                    .query_async(&mut conn),
+            )
+            .await?;
+        let fields = fields(answer)?;
+        let Some(record) = decode(&fields)?.filter(|r| !r.is_expired(now)) else {
+            return Ok(None);
+        };
+        let history = fields
+            .get("history")
+            .map(|h| String::from_utf8_lossy(h).into_owned());
+        let events = ops::parse_history(history.as_deref())?;
+        Ok(Some(Inspection::new(key.clone(), record, &events)))
+    }
+
+    async fn resolve(
+        &self,
+        key: &RecordKey,
+        resolve: &Resolve,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut invocation = self.scripts.resolve.key(self.hash_name(key));
+        invocation
+            .arg(now)
+            .arg(resolve.expected_attempt.to_string());
+        match &resolve.outcome {
+            ResolveAs::Completed(response) => {
+                check_size(response, self.max_result)?;
+                invocation
+                    .arg("completed")
+                    .arg(response.status)
+                    .arg(encode_headers(&response.headers))
+                    .arg(response.body.as_ref());
+            }
+            ResolveAs::NotApplied => {
+                invocation.arg("released").arg("").arg("").arg("");
+            }
+        }
+        invocation
+            .arg(Event::resolved(resolve.expected_attempt, "", resolve, now).to_json())
+            .arg(EXPIRY_MARGIN_MS);
+        let answer: Value = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        match flagged(answer)? {
+            (1, Some(record)) => Ok(record),
+            (0, None) => {
+                let current = self.get(key, now).await?;
+                Err(ops::refused(current.as_ref(), resolve.expected_attempt))
+            }
+            _ => Err(StoreError::Corrupt(
+                "the resolution script answered in an unexpected shape".into(),
+            )),
+        }
+    }
+}
+
+impl RedisStore {
+    /// The [`RecordKey`] a hash name of this store's layout holds, or `None` for a name
+    /// of another layout or prefix.
+    fn key_of(&self, name: &[u8]) -> Option<RecordKey> {
+        let name = std::str::from_utf8(name).ok()?;
+        let rest = name
+            .strip_prefix(&*segment(&self.prefix))?
+            .strip_prefix(':')?;
+        let (operation, rest) = rest.split_once(':')?;
+        let (len, rest) = rest.split_once(':')?;
+        let len: usize = len.parse().ok()?;
+        let client = rest.get(..len)?;
+        let key = rest.get(len..)?.strip_prefix(':')?;
+        let operation = operation.replace("%3A", ":").replace("%25", "%");
+        Some(RecordKey::new(operation, client, key))
     }
 }
 

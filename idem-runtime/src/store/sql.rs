@@ -15,6 +15,7 @@
 //! | `status`, `headers`, `body` | integer, text, bytes | the stored result, once completed |
 //! | `reason` | text | why it is parked, once unknown |
 //! | `transactional` | boolean | whether the operation runs in the transactional mode |
+//! | `history` | text | the record's history, a JSON array of events ([`super::ops`]) |
 //!
 //! Headers are written as [`super::headers`] says.
 
@@ -23,9 +24,11 @@ use std::str::FromStr;
 use bytes::Bytes;
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
-use super::headers::decode_headers;
+use super::headers::{decode_headers, encode_headers};
+use super::ops::{self, Inspection, Listed, Resolve, ResolveAs};
 use super::{
-    Lease, OperationState, OwnerToken, Record, RecordState, StoreError, StoredResponse, UnixMillis,
+    Lease, OperationState, OwnerToken, Record, RecordKey, RecordState, StoreError, StoredResponse,
+    UnixMillis, check_size,
 };
 use crate::OperationId;
 
@@ -108,4 +111,68 @@ pub(super) fn changed_one(rows_affected: u64) -> Result<(), StoreError> {
     } else {
         Err(StoreError::LeaseLost)
     }
+}
+
+/// A listed record from a row of `operation`, `client`, `key` and the record's columns.
+pub(super) fn decode_listed<R>(row: &R) -> Result<Listed, StoreError>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let corrupt = |e: sqlx::Error| StoreError::Corrupt(e.to_string());
+    let key = RecordKey {
+        operation: row.try_get("operation").map_err(corrupt)?,
+        client: row.try_get("client").map_err(corrupt)?,
+        key: row.try_get("key").map_err(corrupt)?,
+    };
+    Ok(Listed {
+        key,
+        record: decode(row)?,
+    })
+}
+
+/// The record of `key` with its history, from a row of the record's columns and
+/// `history`.
+pub(super) fn decode_inspected<R>(key: &RecordKey, row: &R) -> Result<Inspection, StoreError>
+where
+    R: Row,
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let record = decode(row)?;
+    let history: Option<String> = row
+        .try_get("history")
+        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let events = ops::parse_history(history.as_deref())?;
+    Ok(Inspection::new(key.clone(), record, &events))
+}
+
+/// The columns a resolution writes: the state, and the result's status, headers and
+/// body (NULLs when not applied).
+pub(super) type ResolutionColumns = (&'static str, Option<i64>, Option<String>, Option<Vec<u8>>);
+
+/// The [`ResolutionColumns`] of `resolve`, after the result's size check.
+pub(super) fn resolution_columns(
+    resolve: &Resolve,
+    max_result: usize,
+) -> Result<ResolutionColumns, StoreError> {
+    Ok(match &resolve.outcome {
+        ResolveAs::Completed(response) => {
+            check_size(response, max_result)?;
+            (
+                "completed",
+                Some(i64::from(response.status)),
+                Some(encode_headers(&response.headers)),
+                Some(response.body.to_vec()),
+            )
+        }
+        ResolveAs::NotApplied => ("released", None, None, None),
+    })
 }

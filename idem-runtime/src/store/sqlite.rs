@@ -16,10 +16,14 @@ use sqlx::sqlite::{
 use tokio::sync::Semaphore;
 
 use super::headers::encode_headers;
-use super::sql::{changed_one, decode, sql_ms};
+use super::ops::{self, Event};
+use super::sql::{
+    changed_one, decode, decode_inspected, decode_listed, resolution_columns, sql_ms,
+};
 use super::{
-    Begin, DEFAULT_MAX_RESULT, Lease, NewRecord, OpenTransaction, OwnerToken, Record, RecordKey,
-    Reservation, Store, StoreError, StoredResponse, TransactionalStore, UnixMillis, check_size,
+    Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OpenTransaction,
+    OwnerToken, Record, RecordKey, Reservation, Resolve, Store, StoreError, StoredResponse,
+    TransactionalStore, UnixMillis, check_size,
 };
 
 /// The schema, created if missing. idem keeps its own table and does not use sqlx's
@@ -42,6 +46,7 @@ const SCHEMA: &[&str] = &[
         body         BLOB,
         reason       TEXT,
         transactional INTEGER NOT NULL DEFAULT 0,
+        history      TEXT,
         PRIMARY KEY (operation, client, key)
     )",
     "CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at)",
@@ -70,7 +75,14 @@ const BEGIN: &str = "INSERT INTO idem_records
         token        = excluded.token,
         lease_until  = excluded.lease_until,
         transactional = excluded.transactional,
-        status = NULL, headers = NULL, body = NULL, reason = NULL
+        status = NULL, headers = NULL, body = NULL, reason = NULL,
+        history      = CASE WHEN idem_records.expires_at <= ?8 THEN NULL ELSE
+            CASE WHEN json_array_length(COALESCE(idem_records.history, '[]')) >= 32
+                 THEN json_insert(json_remove(idem_records.history, '$[0]'), '$[#]',
+                      json_object('attempt', idem_records.attempt + 1, 'began_at', ?8, 'after', 'released'))
+                 ELSE json_insert(COALESCE(idem_records.history, '[]'), '$[#]',
+                      json_object('attempt', idem_records.attempt + 1, 'began_at', ?8, 'after', 'released'))
+            END END
     WHERE idem_records.expires_at <= ?8
        OR (idem_records.state = 'released' AND idem_records.fingerprint = excluded.fingerprint)
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
@@ -125,15 +137,55 @@ const PARK: &str = "UPDATE idem_records
     WHERE operation = ?1 AND client = ?2 AND key = ?3
       AND state = 'processing' AND token = ?4";
 
-/// `?4` expected token, `?5` now, `?6` new token, `?7` new lease end (`Record::leased`).
+/// `?4` expected token, `?5` now, `?6` new token, `?7` new lease end (`Record::leased`);
+/// the takeover is appended to the history (`store::ops`, at most 32 events).
 const TAKE_OVER: &str = "UPDATE idem_records
-    SET token = ?6, lease_until = ?7, attempt = attempt + 1, expires_at = MAX(expires_at, ?7)
+    SET token = ?6, lease_until = ?7, attempt = attempt + 1, expires_at = MAX(expires_at, ?7),
+        history = CASE WHEN json_array_length(COALESCE(history, '[]')) >= 32
+            THEN json_insert(json_remove(history, '$[0]'), '$[#]', json_object('attempt',
+                 attempt + 1, 'began_at', ?5, 'after', 'lease-ended', 'lease_until', lease_until))
+            ELSE json_insert(COALESCE(history, '[]'), '$[#]', json_object('attempt',
+                 attempt + 1, 'began_at', ?5, 'after', 'lease-ended', 'lease_until', lease_until))
+        END
     WHERE operation = ?1 AND client = ?2 AND key = ?3
       AND state = 'processing' AND token = ?4 AND lease_until <= ?5 AND expires_at > ?5
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
               created_at, expires_at, status, headers, body, reason, transactional";
 
 const PURGE: &str = "DELETE FROM idem_records WHERE expires_at <= ?1";
+
+/// `?1` now, `?2` operation or NULL, `?3` state or NULL, `?4` only ended leases (0 or 1),
+/// `?5`..`?7` the cursor or NULLs, `?8` the page. Text compares bytewise (BINARY).
+const LIST: &str = "SELECT operation, client, key, operation_id, fingerprint, state, attempt,
+        token, lease_until, created_at, expires_at, status, headers, body, reason, transactional
+    FROM idem_records
+    WHERE expires_at > ?1
+      AND (?2 IS NULL OR operation = ?2)
+      AND (?3 IS NULL OR state = ?3)
+      AND (?4 = 0 OR (state = 'processing' AND lease_until <= ?1))
+      AND (?5 IS NULL OR (operation, client, key) > (?5, ?6, ?7))
+    ORDER BY operation, client, key
+    LIMIT ?8";
+
+const INSPECT: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
+        created_at, expires_at, status, headers, body, reason, transactional, history
+    FROM idem_records WHERE operation = ?1 AND client = ?2 AND key = ?3 AND expires_at > ?4";
+
+/// An operator's resolution: `?4` the attempt seen parked, `?5` the new state, `?6`..`?8`
+/// the result or NULLs, `?9` the resolution's event (its `parked` taken from the row),
+/// `?10` now.
+const RESOLVE: &str = "UPDATE idem_records
+    SET state = ?5, status = ?6, headers = ?7, body = ?8, reason = NULL,
+        history = CASE WHEN json_array_length(COALESCE(history, '[]')) >= 32
+            THEN json_insert(json_remove(history, '$[0]'), '$[#]',
+                 json_set(json(?9), '$.parked', COALESCE(reason, '')))
+            ELSE json_insert(COALESCE(history, '[]'), '$[#]',
+                 json_set(json(?9), '$.parked', COALESCE(reason, '')))
+        END
+    WHERE operation = ?1 AND client = ?2 AND key = ?3
+      AND state = 'unknown' AND attempt = ?4 AND expires_at > ?10
+    RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
+              created_at, expires_at, status, headers, body, reason, transactional";
 
 /// SQLite's primary result codes that mean a connection can no longer be trusted with
 /// writes: `SQLITE_READONLY` (8: opened while the file was read-only, or the file moved),
@@ -322,6 +374,42 @@ impl SqliteStore {
         Ok(store)
     }
 
+    /// Opens the database file at `path` of a service that already uses it (its table
+    /// `idem_records` exists), as [`SqliteStore::open`] does but never creating the file
+    /// or the table: what an operator's tool (`idem ops`) opens. A table made by an
+    /// older version gets the columns it lacks, as `open` would add them.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the file is missing or cannot be opened, or holds
+    /// no table `idem_records`.
+    pub async fn open_existing(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        let path = path.as_ref();
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(false)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+            .map_err(|e| StoreError::unavailable(format!("cannot open {}: {e}", path.display())))?;
+        let tables: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'idem_records'",
+        )
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| StoreError::unavailable(format!("cannot read {}: {e}", path.display())))?;
+        pool.close().await;
+        if tables == 0 {
+            return Err(StoreError::unavailable(format!(
+                "{} holds no table `idem_records`: it is not the database of a service that uses idem's SQLite store",
+                path.display()
+            )));
+        }
+        SqliteStore::open(path).await
+    }
+
     /// A private in-memory database, for tests: one connection that lives as long as the
     /// store, since every connection to `:memory:` is a database of its own. Not for the
     /// transactional mode, which needs a second connection while an attempt's
@@ -497,6 +585,19 @@ async fn create_schema(pool: &SqlitePool) -> Result<(), StoreError> {
             .await
             .map_err(StoreError::unavailable)?;
     }
+    // Files made before the history of attempts (`store::ops`) lack its column.
+    let has_history: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM pragma_table_info('idem_records') WHERE name = 'history'",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(StoreError::unavailable)?;
+    if has_history == 0 {
+        sqlx::query("ALTER TABLE idem_records ADD COLUMN history TEXT")
+            .execute(pool)
+            .await
+            .map_err(StoreError::unavailable)?;
+    }
     Ok(())
 }
 
@@ -646,6 +747,73 @@ impl Store for SqliteStore {
             .await
             .map_err(|e| self.fault(e))?;
         Ok(result.rows_affected())
+    }
+
+    async fn list(&self, query: &ListQuery, now: UnixMillis) -> Result<Vec<Listed>, StoreError> {
+        let mut conn = self.conn().await?;
+        let after = query.after.as_ref();
+        let rows = sqlx::query(LIST)
+            .bind(sql_ms(now))
+            .bind(query.operation.as_deref())
+            .bind(query.state.map(|s| s.as_str()))
+            .bind(query.lease_ended)
+            .bind(after.map(|k| k.operation.as_str()))
+            .bind(after.map(|k| k.client.as_str()))
+            .bind(after.map(|k| k.key.as_str()))
+            .bind(i64::from(query.page()))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| self.fault(e))?;
+        rows.iter().map(decode_listed).collect()
+    }
+
+    async fn inspect(
+        &self,
+        key: &RecordKey,
+        now: UnixMillis,
+    ) -> Result<Option<Inspection>, StoreError> {
+        let mut conn = self.conn().await?;
+        let row = sqlx::query(INSPECT)
+            .bind(&key.operation)
+            .bind(&key.client)
+            .bind(&key.key)
+            .bind(sql_ms(now))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| self.fault(e))?;
+        row.as_ref()
+            .map(|row| decode_inspected(key, row))
+            .transpose()
+    }
+
+    async fn resolve(
+        &self,
+        key: &RecordKey,
+        resolve: &Resolve,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError> {
+        let (state, status, headers, body) = resolution_columns(resolve, self.max_result)?;
+        let mut conn = self.conn().await?;
+        let row = sqlx::query(RESOLVE)
+            .bind(&key.operation)
+            .bind(&key.client)
+            .bind(&key.key)
+            .bind(i64::from(resolve.expected_attempt))
+            .bind(state)
+            .bind(status)
+            .bind(headers)
+            .bind(body)
+            .bind(Event::resolved(resolve.expected_attempt, "", resolve, now).to_json())
+            .bind(sql_ms(now))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| self.fault(e))?;
+        if let Some(row) = row {
+            return decode(&row);
+        }
+        drop(conn);
+        let current = self.get(key, now).await?;
+        Err(ops::refused(current.as_ref(), resolve.expected_attempt))
     }
 }
 

@@ -34,6 +34,7 @@ use super::{
 };
 use crate::OperationId;
 
+pub mod ops;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
@@ -123,6 +124,30 @@ pub const CHECKS: &[Check] = &[
     }),
     ("keys_are_compared_whole", |s| {
         Box::pin(keys_are_compared_whole(s))
+    }),
+    ("list_filters_orders_and_pages", |s| {
+        Box::pin(ops::list_filters_orders_and_pages(s))
+    }),
+    ("list_finds_ended_leases", |s| {
+        Box::pin(ops::list_finds_ended_leases(s))
+    }),
+    ("inspect_shows_every_attempt", |s| {
+        Box::pin(ops::inspect_shows_every_attempt(s))
+    }),
+    ("the_history_is_bounded", |s| {
+        Box::pin(ops::the_history_is_bounded(s))
+    }),
+    ("resolve_as_completed_stores_the_result", |s| {
+        Box::pin(ops::resolve_as_completed_stores_the_result(s))
+    }),
+    ("resolve_as_not_applied_releases_the_key", |s| {
+        Box::pin(ops::resolve_as_not_applied_releases_the_key(s))
+    }),
+    ("resolve_refuses_what_is_not_parked", |s| {
+        Box::pin(ops::resolve_refuses_what_is_not_parked(s))
+    }),
+    ("resolve_has_exactly_one_winner", |s| {
+        Box::pin(ops::resolve_has_exactly_one_winner(s))
     }),
 ];
 

@@ -1,0 +1,754 @@
+//! `idem ops`: list operations by state, show one with its attempts and resolutions, and
+//! resolve a parked one, against the store of a running service (feature `ops`).
+//!
+//! Nothing here edits the database by hand: every change is the store's own
+//! compare-and-set ([`Store::resolve`]), recorded on the record (who, when, why). Every
+//! argument is checked before the store is opened, and a refused command changes nothing.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, UNIX_EPOCH};
+
+use clap::{Args, Subcommand, ValueEnum};
+use http::{HeaderName, HeaderValue};
+use idem_runtime::store::{
+    AttemptEnd, Inspection, ListQuery, Listed, OperationState, Record, RecordKey, RecordState,
+    Resolve, ResolveAs, Store, StoreError, StoredResponse, UnixMillis, unix_now,
+};
+use serde_json::{Value, json};
+
+use crate::error::{Error, Errors};
+
+/// The longest operation name, client identity or key accepted, in bytes.
+const MAX_NAME: usize = 255;
+/// The longest client identity accepted, in bytes.
+const MAX_CLIENT: usize = 1024;
+/// The longest reason and operator name accepted, in characters.
+const MAX_REASON: usize = 2000;
+const MAX_BY: usize = 200;
+/// The largest response file read, in bytes.
+const MAX_RESPONSE_FILE: u64 = 8 * 1024 * 1024;
+
+/// `idem ops`.
+#[derive(Debug, Args)]
+pub struct OpsArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: OpsCommand,
+}
+
+/// The subcommands of `idem ops`.
+#[derive(Debug, Subcommand)]
+pub enum OpsCommand {
+    /// List operations, by state and operation.
+    #[command(
+        after_help = "Examples:\n  idem ops list --store orders.db --state unknown\n  idem ops list --store postgres://idem@db/orders --operation create_order --state processing --json"
+    )]
+    List(ListArgs),
+    /// Show one operation: its record, every attempt and every operator resolution.
+    #[command(
+        after_help = "Example:\n  idem ops show --store orders.db --operation create_order --client acme --key 7f3c"
+    )]
+    Show(ShowArgs),
+    /// Resolve a parked (`unknown`) operation as completed, with the result clients get
+    /// from now on, or as not applied (the key is released: the client's next retry runs
+    /// the handler). One compare-and-set: refused, changing nothing, when the operation
+    /// is not parked any more or not at the attempt expected.
+    ///
+    /// The response file is JSON: `{"status": 201, "headers": {"content-type":
+    /// "application/json"}, "body": {"id": 42}}`; `body` is any JSON value (sent as
+    /// compact JSON), or `body_text` a string sent as it is; a header's value may be a
+    /// list of values.
+    #[command(
+        after_help = "Examples:\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --expect-attempt 2 --as completed --response order-42.json --reason \"order 42 is in the ledger\"\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --as not-applied --reason \"no order in the ledger\""
+    )]
+    Resolve(ResolveArgs),
+}
+
+/// Where the records are.
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// The service's store: an SQLite file (a path, or `sqlite:PATH`), a PostgreSQL URL
+    /// (`postgres://…`) or a Redis URL (`redis://…`).
+    #[arg(long, value_name = "STORE")]
+    pub store: String,
+    /// The Redis store's prefix (`RedisStore::with_prefix`).
+    #[arg(long, value_name = "PREFIX", default_value = "idem")]
+    pub redis_prefix: String,
+}
+
+/// A state as the command line names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StateArg {
+    /// An attempt holds the key (or held it, and its lease ended).
+    Processing,
+    /// Finished; the result is replayed.
+    Completed,
+    /// Released; the next retry runs.
+    Released,
+    /// Parked for an operator.
+    Unknown,
+}
+
+impl From<StateArg> for OperationState {
+    fn from(state: StateArg) -> OperationState {
+        match state {
+            StateArg::Processing => OperationState::Processing,
+            StateArg::Completed => OperationState::Completed,
+            StateArg::Released => OperationState::Released,
+            StateArg::Unknown => OperationState::Unknown,
+        }
+    }
+}
+
+/// `idem ops list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// The store.
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Only operations in this state.
+    #[arg(long, value_enum)]
+    pub state: Option<StateArg>,
+    /// Only this operation's records (the contract's operation name).
+    #[arg(long, value_name = "NAME")]
+    pub operation: Option<String>,
+    /// At most this many records (1 to 100000; read from the store 1000 at a time).
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub limit: u32,
+    /// Print JSON (one array) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The operation's key.
+#[derive(Debug, Args)]
+pub struct KeyArgs {
+    /// The contract's operation name, such as `create_order`.
+    #[arg(long, value_name = "NAME")]
+    pub operation: String,
+    /// The client's identity, as the service's `ClientIdentity` gives it.
+    #[arg(long, value_name = "CLIENT")]
+    pub client: String,
+    /// The idempotency key, as the client meant it.
+    #[arg(long, value_name = "KEY")]
+    pub key: String,
+}
+
+/// `idem ops show`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The store.
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// The operation.
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What a parked operation is resolved as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ResolveArg {
+    /// The effect happened: store `--response` as the result.
+    Completed,
+    /// The effect did not happen: release the key.
+    NotApplied,
+}
+
+/// `idem ops resolve`.
+#[derive(Debug, Args)]
+pub struct ResolveArgs {
+    /// The store.
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// The operation.
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// The decision.
+    #[arg(long = "as", value_enum, value_name = "OUTCOME")]
+    pub outcome: ResolveArg,
+    /// With `--as completed`: the JSON file of the result (status, headers, body).
+    #[arg(long, value_name = "FILE", required_if_eq("outcome", "completed"))]
+    pub response: Option<PathBuf>,
+    /// Why, in your words (recorded and shown by `idem ops show`).
+    #[arg(long, value_name = "TEXT")]
+    pub reason: String,
+    /// Who decides [default: $USER, or else $LOGNAME].
+    #[arg(long, value_name = "NAME")]
+    pub by: Option<String>,
+    /// The attempt `idem ops show` showed parked: refused if the operation ran again
+    /// since [default: the attempt parked now].
+    #[arg(long, value_name = "N")]
+    pub expect_attempt: Option<u32>,
+}
+
+/// Runs `idem ops`.
+///
+/// # Errors
+///
+/// A refused argument, a store that cannot be reached, a key with no record, a record
+/// that is not parked at the attempt expected: each with its message; nothing changed.
+pub fn run(args: OpsArgs) -> Result<(), Errors> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::new(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(async move {
+        match args.command {
+            OpsCommand::List(args) => list(args).await,
+            OpsCommand::Show(args) => show(args).await,
+            OpsCommand::Resolve(args) => resolve(args).await,
+        }
+    })
+}
+
+async fn list(args: ListArgs) -> Result<(), Errors> {
+    if let Some(op) = &args.operation {
+        check_text("--operation", op, MAX_NAME)?;
+    }
+    let store = open(&args.store).await?;
+    let now = unix_now();
+    let mut found: Vec<Listed> = Vec::new();
+    // Page by page, each after the last key of the one before.
+    while found.len() < args.limit as usize {
+        let remaining = u32::try_from(args.limit as usize - found.len()).unwrap_or(u32::MAX);
+        let query = ListQuery {
+            operation: args.operation.clone(),
+            state: args.state.map(OperationState::from),
+            limit: remaining.min(idem_runtime::store::ops::MAX_LIST_LIMIT),
+            after: found.last().map(|l| l.key.clone()),
+            ..ListQuery::default()
+        };
+        let page = store
+            .list(&query, now)
+            .await
+            .map_err(|e| store_failed(&args.store, &e))?;
+        let last_page = page.len() < query.page() as usize;
+        found.extend(page);
+        if last_page {
+            break;
+        }
+    }
+    if args.json {
+        let all: Vec<Value> = found.iter().map(listed_json).collect();
+        println!("{}", Value::Array(all));
+        return Ok(());
+    }
+    if found.is_empty() {
+        println!("no operations found");
+        return Ok(());
+    }
+    println!(
+        "{:<20} {:<16} {:<24} {:<10} {:>7}  {:<24}  DETAIL",
+        "OPERATION", "CLIENT", "KEY", "STATE", "ATTEMPT", "CREATED"
+    );
+    for Listed { key, record } in &found {
+        println!(
+            "{:<20} {:<16} {:<24} {:<10} {:>7}  {:<24}  {}",
+            key.operation,
+            key.client,
+            key.key,
+            record.state.kind(),
+            record.attempt,
+            time(record.created_at),
+            detail(record, unix_now())
+        );
+    }
+    if found.len() == args.limit as usize {
+        println!(
+            "(the first {} shown: narrow with --operation and --state, or raise --limit)",
+            args.limit
+        );
+    }
+    Ok(())
+}
+
+async fn show(args: ShowArgs) -> Result<(), Errors> {
+    let key = record_key(&args.key)?;
+    let store = open(&args.store).await?;
+    let now = unix_now();
+    let shown = store
+        .inspect(&key, now)
+        .await
+        .map_err(|e| store_failed(&args.store, &e))?
+        .ok_or_else(|| not_found(&key))?;
+    if args.json {
+        println!("{}", inspection_json(&shown));
+        return Ok(());
+    }
+    let record = &shown.record;
+    println!("operation     {}", key.operation);
+    println!("client        {}", key.client);
+    println!("key           {}", key.key);
+    println!("operation id  {}", record.operation_id);
+    println!(
+        "state         {} ({})",
+        record.state.kind(),
+        detail(record, now)
+    );
+    println!("fingerprint   {}", record.fingerprint);
+    println!("created       {}", time(record.created_at));
+    println!("expires       {}", time(record.expires_at));
+    println!("attempts:");
+    for a in &shown.attempts {
+        let began = a.began_at.map_or("(not recorded)".to_owned(), time);
+        let how = match shown
+            .resolutions
+            .iter()
+            .rev()
+            .find(|r| r.attempt == a.attempt)
+        {
+            Some(r) => format!(
+                "parked as unknown: {}; resolved by {} at {} as {}",
+                r.parked,
+                r.by,
+                time(r.at),
+                r.completed_status
+                    .map_or("not applied".to_owned(), |s| format!(
+                        "completed (status {s})"
+                    ))
+            ),
+            None => ended(&a.ended, now),
+        };
+        println!("  #{:<3} began {began}  {how}", a.attempt);
+    }
+    if shown.resolutions.is_empty() {
+        println!("resolutions:  none");
+    } else {
+        println!("resolutions:");
+        for r in &shown.resolutions {
+            let outcome = match r.completed_status {
+                Some(status) => format!("completed (status {status})"),
+                None => "not applied".to_owned(),
+            };
+            println!(
+                "  {} by {}: attempt {} resolved as {outcome}: {:?} (parked: {:?})",
+                time(r.at),
+                r.by,
+                r.attempt,
+                r.reason,
+                r.parked
+            );
+        }
+    }
+    if matches!(record.state, RecordState::Unknown { .. }) {
+        println!(
+            "resolve it with: idem ops resolve --store … --operation {} --client {} --key {} --expect-attempt {} --as completed --response FILE --reason \"…\"  (or --as not-applied)",
+            key.operation, key.client, key.key, record.attempt
+        );
+    }
+    Ok(())
+}
+
+async fn resolve(args: ResolveArgs) -> Result<(), Errors> {
+    let key = record_key(&args.key)?;
+    check_text("--reason", &args.reason, MAX_REASON)?;
+    let by = match &args.by {
+        Some(by) => by.clone(),
+        None => std::env::var("USER")
+            .or_else(|_| std::env::var("LOGNAME"))
+            .map_err(|_| {
+                Error::new(
+                    "say who resolves with --by NAME: neither $USER nor $LOGNAME is set (as UTF-8)",
+                )
+            })?,
+    };
+    check_text("--by", &by, MAX_BY)?;
+    if args.expect_attempt == Some(0) {
+        return Err(Error::new("--expect-attempt counts from 1").into());
+    }
+    let outcome = match (args.outcome, &args.response) {
+        (ResolveArg::Completed, Some(file)) => ResolveAs::Completed(read_response(file)?),
+        (ResolveArg::Completed, None) => {
+            return Err(Error::new(
+                "--as completed needs --response FILE: the result clients get from now on",
+            )
+            .into());
+        }
+        (ResolveArg::NotApplied, Some(_)) => {
+            return Err(Error::new(
+                "--response goes with --as completed only: a not-applied operation has no result",
+            )
+            .into());
+        }
+        (ResolveArg::NotApplied, None) => ResolveAs::NotApplied,
+    };
+    let store = open(&args.store).await?;
+    let now = unix_now();
+    let expected_attempt = match args.expect_attempt {
+        Some(n) => n,
+        None => {
+            let record = store
+                .get(&key, now)
+                .await
+                .map_err(|e| store_failed(&args.store, &e))?
+                .ok_or_else(|| not_found(&key))?;
+            record.attempt
+        }
+    };
+    let resolution = Resolve {
+        expected_attempt,
+        outcome,
+        by: by.clone(),
+        reason: args.reason.clone(),
+    };
+    match store.resolve(&key, &resolution, now).await {
+        Ok(record) => {
+            let outcome = match &record.state {
+                RecordState::Completed { response } => {
+                    format!("completed (status {})", response.status)
+                }
+                _ => "not applied: the key is released, the client's next retry runs".to_owned(),
+            };
+            println!(
+                "resolved {} (attempt {}) as {outcome}, by {by} at {}",
+                describe(&key),
+                record.attempt,
+                time(now)
+            );
+            Ok(())
+        }
+        Err(StoreError::NotFound) => Err(not_found(&key).into()),
+        Err(StoreError::Changed(why)) => {
+            Err(Error::new(format!("{} was not resolved: {why}", describe(&key))).into())
+        }
+        Err(StoreError::TooLarge { size, limit }) => Err(Error::in_file(
+            args.response.as_deref().unwrap_or(Path::new("-")),
+            format!(
+                "the response is {size} bytes (body and headers); the store keeps results of at most {limit} bytes"
+            ),
+        )
+        .into()),
+        Err(e) => Err(store_failed(&args.store, &e).into()),
+    }
+}
+
+/// Opens the store `args` names, without creating anything.
+async fn open(args: &StoreArgs) -> Result<Box<dyn Store>, Error> {
+    let spec = args.store.as_str();
+    check_text("--store", spec, 4096)?;
+    let shown = redact(spec);
+    let unreachable =
+        |e: &dyn std::fmt::Display| Error::new(format!("cannot open the store {shown}: {e}"));
+    if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(spec)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        let versions: Result<Vec<i64>, _> =
+            sqlx::query_scalar("SELECT version FROM idem_schema_migrations")
+                .fetch_all(&pool)
+                .await;
+        let latest = idem_runtime::store::postgres::MIGRATIONS
+            .iter()
+            .map(|m| m.version)
+            .max()
+            .unwrap_or(1);
+        match versions {
+            Ok(v) if v.contains(&latest) => {}
+            Ok(_) => {
+                return Err(Error::new(format!(
+                    "the database at {shown} lacks idem's migration {latest} (the history of attempts): start the service with this version of idem once, or apply idem-runtime/migrations/postgres"
+                )));
+            }
+            Err(_) => {
+                return Err(Error::new(format!(
+                    "the database at {shown} has no idem schema (no table `idem_schema_migrations` in its search_path): is it the service's database?"
+                )));
+            }
+        }
+        return Ok(Box::new(
+            idem_runtime::store::PostgresStore::without_migrations(pool),
+        ));
+    }
+    if spec.starts_with("redis://") || spec.starts_with("rediss://") {
+        check_text("--redis-prefix", &args.redis_prefix, 1024)?;
+        let store = idem_runtime::store::RedisStore::connect(spec)
+            .await
+            .map_err(|e| unreachable(&e))?
+            .with_prefix(args.redis_prefix.clone());
+        return Ok(Box::new(store));
+    }
+    if spec.contains("://") {
+        return Err(Error::new(format!(
+            "`{shown}` is not a store: name an SQLite file, a postgres:// URL or a redis:// URL"
+        )));
+    }
+    let path = Path::new(spec.strip_prefix("sqlite:").unwrap_or(spec));
+    if !path.is_file() {
+        return Err(Error::new(format!(
+            "no SQLite database at {}: name the file the service opened (`SqliteStore::open`)",
+            path.display()
+        )));
+    }
+    let store = idem_runtime::store::SqliteStore::open_existing(path)
+        .await
+        .map_err(|e| unreachable(&e))?;
+    Ok(Box::new(store))
+}
+
+/// A URL with its password hidden.
+fn redact(spec: &str) -> String {
+    if let Some((scheme, rest)) = spec.split_once("://")
+        && let Some((userinfo, host)) = rest.split_once('@')
+        && let Some((user, _password)) = userinfo.split_once(':')
+    {
+        return format!("{scheme}://{user}:***@{host}");
+    }
+    spec.to_owned()
+}
+
+fn store_failed(args: &StoreArgs, error: &StoreError) -> Error {
+    Error::new(format!("the store {} failed: {error}", redact(&args.store)))
+}
+
+fn not_found(key: &RecordKey) -> Error {
+    Error::new(format!(
+        "no operation {} is recorded: never registered, or its TTL has passed (check --operation, --client and --key; `idem ops list` shows what is there)",
+        describe(key)
+    ))
+}
+
+fn describe(key: &RecordKey) -> String {
+    format!(
+        "`{}` with client `{}` and key `{}`",
+        key.operation, key.client, key.key
+    )
+}
+
+/// An argument that must be non-empty, at most `max` bytes, with no control characters.
+fn check_text(flag: &str, text: &str, max: usize) -> Result<(), Error> {
+    if text.trim().is_empty() {
+        return Err(Error::new(format!("{flag} is empty")));
+    }
+    if text.len() > max {
+        return Err(Error::new(format!(
+            "{flag} is {} bytes long; at most {max} are accepted",
+            text.len()
+        )));
+    }
+    if text
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
+        return Err(Error::new(format!(
+            "{flag} holds a control character; write it without"
+        )));
+    }
+    Ok(())
+}
+
+fn record_key(args: &KeyArgs) -> Result<RecordKey, Error> {
+    check_text("--operation", &args.operation, MAX_NAME)?;
+    check_text("--client", &args.client, MAX_CLIENT)?;
+    check_text("--key", &args.key, MAX_NAME)?;
+    if !args.key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Error::new(
+            "--key holds a character an idempotency key cannot have: keys are 1 to 255 visible ASCII characters",
+        ));
+    }
+    Ok(RecordKey::new(&args.operation, &args.client, &args.key))
+}
+
+/// The result in a response file (see `idem ops resolve --help`).
+fn read_response(file: &Path) -> Result<StoredResponse, Error> {
+    let err = |message: String| Error::in_file(file, message);
+    let meta = std::fs::metadata(file).map_err(|e| err(format!("cannot read it: {e}")))?;
+    if meta.len() > MAX_RESPONSE_FILE {
+        return Err(err(format!(
+            "it is {} bytes; a response file is at most {MAX_RESPONSE_FILE} bytes",
+            meta.len()
+        )));
+    }
+    let bytes = std::fs::read(file).map_err(|e| err(format!("cannot read it: {e}")))?;
+    let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        err(format!(
+            "not JSON ({e}): write {{\"status\": 201, \"headers\": {{\"content-type\": \"application/json\"}}, \"body\": {{…}}}}"
+        ))
+    })?;
+    let Value::Object(fields) = value else {
+        return Err(err(
+            "the response must be a JSON object with `status`, `headers` and `body`".into(),
+        ));
+    };
+    for name in fields.keys() {
+        if !["status", "headers", "body", "body_text"].contains(&name.as_str()) {
+            return Err(err(format!(
+                "unknown field `{name}`: expected `status`, `headers`, `body` or `body_text`"
+            )));
+        }
+    }
+    let status = fields.get("status").ok_or_else(|| {
+        err("`status` is missing: the HTTP status clients get, such as 201".into())
+    })?;
+    let status = status
+        .as_u64()
+        .and_then(|s| u16::try_from(s).ok())
+        .filter(|s| (200..=499).contains(s))
+        .ok_or_else(|| {
+            err(format!(
+                "`status` is {status}: a completed operation's result has a status from 200 to 499 (a 5xx is never stored as final)"
+            ))
+        })?;
+    let mut headers = Vec::new();
+    match fields.get("headers") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(map)) => {
+            for (name, value) in map {
+                let header = HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| err(format!("`{name}` is not a header name")))?;
+                let values = match value {
+                    Value::String(s) => vec![s.as_str()],
+                    Value::Array(items) => items
+                        .iter()
+                        .map(|v| v.as_str().ok_or(()))
+                        .collect::<Result<_, _>>()
+                        .map_err(|()| {
+                            err(format!("the values of header `{name}` must be strings"))
+                        })?,
+                    _ => {
+                        return Err(err(format!(
+                            "the value of header `{name}` must be a string or a list of strings"
+                        )));
+                    }
+                };
+                for v in values {
+                    let v = HeaderValue::from_str(v).map_err(|_| {
+                        err(format!(
+                            "the value of header `{name}` is not a valid header value"
+                        ))
+                    })?;
+                    headers.push((header.clone(), v));
+                }
+            }
+        }
+        Some(_) => {
+            return Err(err(
+                "`headers` must be an object: {\"content-type\": \"application/json\"}".into(),
+            ));
+        }
+    }
+    let body = match (fields.get("body"), fields.get("body_text")) {
+        (Some(_), Some(_)) => {
+            return Err(err("give `body` or `body_text`, not both".into()));
+        }
+        (Some(body), None) => serde_json::to_vec(body).map_err(|e| err(e.to_string()))?,
+        (None, Some(Value::String(text))) => text.clone().into_bytes(),
+        (None, Some(_)) => return Err(err("`body_text` must be a string".into())),
+        (None, None) => Vec::new(),
+    };
+    Ok(StoredResponse {
+        status,
+        headers,
+        body: body.into(),
+    })
+}
+
+/// A time in unix milliseconds as RFC 3339, UTC.
+fn time(ms: UnixMillis) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// A record's state in a few words.
+fn detail(record: &Record, now: UnixMillis) -> String {
+    match &record.state {
+        RecordState::Processing { lease } if lease.is_live(now) => {
+            format!("lease until {}", time(lease.until))
+        }
+        RecordState::Processing { lease } => format!(
+            "lease ended {}: recovery runs at the next retry, status lookup or reconciler pass",
+            time(lease.until)
+        ),
+        RecordState::Completed { response } => format!("status {}", response.status),
+        RecordState::Released => "the next retry runs".to_owned(),
+        RecordState::Unknown { reason } => format!("parked: {reason}"),
+    }
+}
+
+fn ended(end: &AttemptEnd, now: UnixMillis) -> String {
+    match end {
+        AttemptEnd::Running { lease_until } if *lease_until > now => {
+            format!("running, lease until {}", time(*lease_until))
+        }
+        AttemptEnd::Running { lease_until } => {
+            format!(
+                "lease ended {} without an outcome (not recovered yet)",
+                time(*lease_until)
+            )
+        }
+        AttemptEnd::LeaseEnded { at } => format!(
+            "lease ended {} without an outcome; recovery took over",
+            time(*at)
+        ),
+        AttemptEnd::Released => "released (a retryable answer, or not applied)".to_owned(),
+        AttemptEnd::Completed { status } => format!("completed, status {status}"),
+        AttemptEnd::Parked { reason } => format!("parked as unknown: {reason}"),
+        AttemptEnd::NotRecorded => "(not recorded: the history keeps the last events)".to_owned(),
+        _ => "(unknown)".to_owned(),
+    }
+}
+
+fn end_json(end: &AttemptEnd) -> Value {
+    match end {
+        AttemptEnd::Running { lease_until } => json!({"running": {"lease_until": lease_until}}),
+        AttemptEnd::LeaseEnded { at } => json!({"lease_ended": at}),
+        AttemptEnd::Released => json!("released"),
+        AttemptEnd::Completed { status } => json!({"completed": status}),
+        AttemptEnd::Parked { reason } => json!({"parked": reason}),
+        _ => Value::Null,
+    }
+}
+
+fn record_json(key: &RecordKey, record: &Record) -> Value {
+    let mut out = json!({
+        "operation": key.operation,
+        "client": key.client,
+        "key": key.key,
+        "operation_id": record.operation_id.to_string(),
+        "state": record.state.kind().as_str(),
+        "attempt": record.attempt,
+        "fingerprint": record.fingerprint,
+        "created_at": record.created_at,
+        "expires_at": record.expires_at,
+    });
+    match &record.state {
+        RecordState::Processing { lease } => out["lease_until"] = json!(lease.until),
+        RecordState::Completed { response } => out["status"] = json!(response.status),
+        RecordState::Unknown { reason } => out["reason"] = json!(reason),
+        RecordState::Released => {}
+    }
+    out
+}
+
+fn listed_json(listed: &Listed) -> Value {
+    record_json(&listed.key, &listed.record)
+}
+
+fn inspection_json(shown: &Inspection) -> Value {
+    let mut out = record_json(&shown.key, &shown.record);
+    out["attempts"] = shown
+        .attempts
+        .iter()
+        .map(|a| json!({"attempt": a.attempt, "began_at": a.began_at, "ended": end_json(&a.ended)}))
+        .collect();
+    out["resolutions"] = shown
+        .resolutions
+        .iter()
+        .map(|r| {
+            json!({
+                "attempt": r.attempt,
+                "at": r.at,
+                "by": r.by,
+                "reason": r.reason,
+                "parked": r.parked,
+                "as": if r.completed_status.is_some() { "completed" } else { "not-applied" },
+                "status": r.completed_status,
+            })
+        })
+        .collect();
+    out
+}

@@ -1,0 +1,501 @@
+//! `idem ops` against real stores (an SQLite file, a scratch schema of the PostgreSQL
+//! server, a scratch prefix of the Redis server on 127.0.0.1): listing, showing and
+//! resolving parked operations through the real binary, and bad input, each with a
+//! precise message, a non-zero exit and the records unchanged.
+#![cfg(feature = "ops")]
+
+use std::ffi::OsStr;
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use idem_runtime::store::conformance::{self, new_record};
+use idem_runtime::store::{
+    PostgresStore, RecordKey, RecordState, RedisStore, SqliteStore, Store, StoredResponse, unix_now,
+};
+
+fn idem<S: AsRef<OsStr>>(args: &[S]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .env("USER", "test-operator")
+        .output()
+        .expect("the idem binary runs")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `idem` with `args`, expects exit code `code` and returns stderr.
+fn fails(args: &[&str], code: i32) -> String {
+    let out = idem(args);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "idem {args:?} must exit with {code}; stdout: {}; stderr: {}",
+        stdout(&out),
+        stderr(&out)
+    );
+    stderr(&out)
+}
+
+fn succeeds(args: &[&str]) -> String {
+    let out = idem(args);
+    assert!(
+        out.status.success(),
+        "idem {args:?} must succeed; stderr: {}",
+        stderr(&out)
+    );
+    stdout(&out)
+}
+
+fn as_refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn k(name: &str) -> RecordKey {
+    RecordKey::new("create_order", "acme", name)
+}
+
+/// Seeds `store`: `parked` and `parked-2` parked as unknown at attempt 1, `running`
+/// processing under a live lease, `done` completed.
+async fn seed(store: &dyn Store) {
+    let now = unix_now();
+    for name in ["parked", "parked-2", "running", "done"] {
+        let new = new_record("sha256:a", now);
+        store.begin(&k(name), &new, now).await.unwrap();
+        match name {
+            "parked" | "parked-2" => store
+                .park_unknown(&k(name), new.lease.token, "no answer from the ledger", now)
+                .await
+                .unwrap(),
+            "done" => store
+                .complete(&k(name), new.lease.token, &conformance::created(), now)
+                .await
+                .unwrap(),
+            _ => {}
+        }
+    }
+}
+
+async fn state(store: &dyn Store, name: &str) -> RecordState {
+    store
+        .get(&k(name), unix_now())
+        .await
+        .unwrap()
+        .expect("the record")
+        .state
+}
+
+/// The whole operator's path against one store: `store_args` name it on the command
+/// line, `store` is the test's own handle on it.
+async fn operate(store_args: &[&str], store: Arc<dyn Store>) {
+    seed(&*store).await;
+    let with = |rest: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = vec!["ops".into(), rest[0].into()];
+        args.extend(store_args.iter().map(|s| (*s).to_owned()));
+        args.extend(rest[1..].iter().map(|s| (*s).to_owned()));
+        args
+    };
+    let run = |rest: &[&str]| with(rest);
+    let key_of = |name: &str| {
+        vec![
+            "--operation".to_owned(),
+            "create_order".to_owned(),
+            "--client".to_owned(),
+            "acme".to_owned(),
+            "--key".to_owned(),
+            name.to_owned(),
+        ]
+    };
+
+    // list
+    let listed = succeeds(&as_refs(&run(&["list", "--state", "unknown"])));
+    assert!(
+        listed.contains("parked ") && listed.contains("parked-2"),
+        "{listed}"
+    );
+    assert!(
+        !listed.contains("running") && !listed.contains("done"),
+        "{listed}"
+    );
+    assert!(listed.contains("no answer from the ledger"), "{listed}");
+    let json: serde_json::Value =
+        serde_json::from_str(&succeeds(&as_refs(&run(&["list", "--json"])))).unwrap();
+    assert_eq!(json.as_array().unwrap().len(), 4, "{json}");
+    let first: serde_json::Value = serde_json::from_str(&succeeds(&as_refs(&run(&[
+        "list", "--json", "--limit", "2",
+    ]))))
+    .unwrap();
+    let names: Vec<_> = first
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, ["done", "parked"], "in key order, at most --limit");
+    let cut = succeeds(&as_refs(&run(&["list", "--limit", "2"])));
+    assert!(cut.contains("the first 2 shown"), "{cut}");
+    let none = succeeds(&as_refs(&run(&["list", "--operation", "other_op"])));
+    assert!(none.contains("no operations found"), "{none}");
+
+    // show
+    let mut show = run(&["show"]);
+    show.extend(key_of("parked"));
+    let shown = succeeds(&as_refs(&show));
+    assert!(shown.contains("#1"), "{shown}");
+    assert!(
+        shown.contains("parked as unknown: no answer from the ledger"),
+        "{shown}"
+    );
+    assert!(shown.contains("--expect-attempt 1"), "{shown}");
+
+    // bad input: each refused with its message, nothing changed
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("order.json");
+    std::fs::write(
+        &good,
+        r#"{"status": 201, "headers": {"content-type": "application/json", "location": "/orders/42"}, "body": {"id": 42}}"#,
+    )
+    .unwrap();
+    let good = good.to_str().unwrap().to_owned();
+    let resolve = |name: &str, extra: &[&str]| {
+        let mut args = run(&["resolve"]);
+        args.extend(key_of(name));
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        args
+    };
+    let completed = [
+        "--as",
+        "completed",
+        "--response",
+        good.as_str(),
+        "--reason",
+        "order 42 is in the ledger",
+    ];
+
+    let err = fails(&as_refs(&resolve("nope", &completed)), 1);
+    assert!(
+        err.contains("no operation `create_order` with client `acme` and key `nope` is recorded"),
+        "{err}"
+    );
+    let mut unknown_show = run(&["show"]);
+    unknown_show.extend(key_of("nope"));
+    let err = fails(&as_refs(&unknown_show), 1);
+    assert!(err.contains("key `nope` is recorded"), "{err}");
+
+    let malformed = dir.path().join("bad.json");
+    std::fs::write(&malformed, "{\"status\": 201, \"body\": ").unwrap();
+    let malformed = malformed.to_str().unwrap().to_owned();
+    let err = fails(
+        &as_refs(&resolve(
+            "parked",
+            &[
+                "--as",
+                "completed",
+                "--response",
+                &malformed,
+                "--reason",
+                "r",
+            ],
+        )),
+        1,
+    );
+    assert!(
+        err.contains("bad.json") && err.contains("not JSON"),
+        "{err}"
+    );
+    let server_error = dir.path().join("500.json");
+    std::fs::write(&server_error, r#"{"status": 500, "body": {}}"#).unwrap();
+    let server_error = server_error.to_str().unwrap().to_owned();
+    let err = fails(
+        &as_refs(&resolve(
+            "parked",
+            &[
+                "--as",
+                "completed",
+                "--response",
+                &server_error,
+                "--reason",
+                "r",
+            ],
+        )),
+        1,
+    );
+    assert!(err.contains("`status` is 500"), "{err}");
+    let unknown_field = dir.path().join("typo.json");
+    std::fs::write(&unknown_field, r#"{"status": 201, "bdy": {}}"#).unwrap();
+    let unknown_field = unknown_field.to_str().unwrap().to_owned();
+    let err = fails(
+        &as_refs(&resolve(
+            "parked",
+            &[
+                "--as",
+                "completed",
+                "--response",
+                &unknown_field,
+                "--reason",
+                "r",
+            ],
+        )),
+        1,
+    );
+    assert!(err.contains("unknown field `bdy`"), "{err}");
+    let err = fails(
+        &as_refs(&resolve(
+            "parked",
+            &["--as", "not-applied", "--reason", "  "],
+        )),
+        1,
+    );
+    assert!(err.contains("--reason is empty"), "{err}");
+    let long_key = "k".repeat(300);
+    let err = fails(&as_refs(&resolve(&long_key, &completed)), 1);
+    assert!(
+        err.contains("--key is 300 bytes long; at most 255"),
+        "{err}"
+    );
+    let long_reason = "r".repeat(3000);
+    let err = fails(
+        &as_refs(&resolve(
+            "parked",
+            &["--as", "not-applied", "--reason", &long_reason],
+        )),
+        1,
+    );
+    assert!(err.contains("--reason is 3000 bytes long"), "{err}");
+    let err = fails(
+        &as_refs(&resolve(
+            "parked",
+            &["--as", "not-applied", "--reason", "r", "--response", &good],
+        )),
+        1,
+    );
+    assert!(
+        err.contains("--response goes with --as completed only"),
+        "{err}"
+    );
+    let mut stale = completed.to_vec();
+    stale.extend(["--expect-attempt", "2"]);
+    let err = fails(&as_refs(&resolve("parked", &stale)), 1);
+    assert!(
+        err.contains("was not resolved") && err.contains("parked at attempt 1, not attempt 2"),
+        "{err}"
+    );
+    let err = fails(&as_refs(&resolve("running", &completed)), 1);
+    assert!(
+        err.contains("the operation is processing (attempt 1), not parked as unknown"),
+        "{err}"
+    );
+    assert!(matches!(
+        state(&*store, "parked").await,
+        RecordState::Unknown { .. }
+    ));
+    assert!(matches!(
+        state(&*store, "running").await,
+        RecordState::Processing { .. }
+    ));
+
+    // resolve as completed, with the operator's result
+    let mut first = completed.to_vec();
+    first.extend(["--by", "ana", "--expect-attempt", "1"]);
+    let done = succeeds(&as_refs(&resolve("parked", &first)));
+    assert!(done.contains("as completed (status 201), by ana"), "{done}");
+    let RecordState::Completed { response } = state(&*store, "parked").await else {
+        panic!("completed");
+    };
+    assert_eq!(
+        (response.status, &response.body[..]),
+        (201, &br#"{"id":42}"#[..])
+    );
+    assert_eq!(
+        response
+            .headers
+            .iter()
+            .map(|(n, v)| format!("{n}: {}", v.to_str().unwrap()))
+            .collect::<Vec<_>>(),
+        ["content-type: application/json", "location: /orders/42"]
+    );
+    let mut show = run(&["show"]);
+    show.extend(key_of("parked"));
+    let shown = succeeds(&as_refs(&show));
+    assert!(
+        shown.contains("by ana: attempt 1 resolved as completed (status 201): \"order 42 is in the ledger\" (parked: \"no answer from the ledger\")"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("parked as unknown: no answer from the ledger; resolved by ana at"),
+        "the attempt says how it ended: {shown}"
+    );
+    // resolved twice: refused, nothing changed
+    let err = fails(&as_refs(&resolve("parked", &first)), 1);
+    assert!(
+        err.contains("the operation is completed (attempt 1), not parked as unknown"),
+        "{err}"
+    );
+    assert_eq!(
+        state(&*store, "parked").await,
+        RecordState::Completed {
+            response: StoredResponse { ..response }
+        }
+    );
+
+    // resolve as not applied: the key is released; `by` defaults to $USER
+    let released = succeeds(&as_refs(&resolve(
+        "parked-2",
+        &["--as", "not-applied", "--reason", "nothing in the ledger"],
+    )));
+    assert!(
+        released.contains("not applied") && released.contains("by test-operator"),
+        "{released}"
+    );
+    assert_eq!(state(&*store, "parked-2").await, RecordState::Released);
+    let mut show = run(&["show", "--json"]);
+    show.extend(key_of("parked-2"));
+    let shown: serde_json::Value = serde_json::from_str(&succeeds(&as_refs(&show))).unwrap();
+    assert_eq!(shown["state"], "released");
+    assert_eq!(shown["resolutions"][0]["as"], "not-applied");
+    assert_eq!(shown["resolutions"][0]["by"], "test-operator");
+    assert_eq!(shown["resolutions"][0]["reason"], "nothing in the ledger");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operates_on_an_sqlite_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("orders.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let path = path.to_str().unwrap().to_owned();
+    operate(&["--store", &path], Arc::new(store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operates_on_postgres() {
+    let Some(url) = conformance::postgres::scratch_url("idem ops on postgres").await else {
+        return;
+    };
+    let store = PostgresStore::connect(&url).await.unwrap();
+    operate(&["--store", &url], Arc::new(store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operates_on_redis() {
+    let Some(url) = conformance::redis::url_or_skip("idem ops on redis").await else {
+        return;
+    };
+    let prefix = conformance::redis::scratch_prefix();
+    let store = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .with_prefix(prefix.clone());
+    operate(
+        &["--store", &url, "--redis-prefix", &prefix],
+        Arc::new(store),
+    )
+    .await;
+}
+
+/// Stores that cannot be opened: each a precise message and exit 1, within seconds,
+/// nothing created; a password in a URL is never printed.
+#[test]
+fn unreachable_or_wrong_stores_are_refused() {
+    fn show(store: &str) -> Vec<&str> {
+        vec![
+            "ops",
+            "show",
+            "--store",
+            store,
+            "--operation",
+            "create_order",
+            "--client",
+            "acme",
+            "--key",
+            "k1",
+        ]
+    }
+    let started = std::time::Instant::now();
+    let err = fails(
+        &show("postgres://postgres:s3cret@127.0.0.1:1/postgres?sslmode=disable"),
+        1,
+    );
+    assert!(
+        err.contains("cannot open the store postgres://postgres:***@127.0.0.1:1"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+    let err = fails(&show("redis://127.0.0.1:1"), 1);
+    assert!(
+        err.contains("cannot open the store redis://127.0.0.1:1"),
+        "{err}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.db");
+    let err = fails(&show(missing.to_str().unwrap()), 1);
+    assert!(err.contains("no SQLite database at"), "{err}");
+    assert!(!missing.exists(), "no file is created");
+    let foreign = dir.path().join("foreign.db");
+    std::fs::write(&foreign, "").unwrap();
+    let err = fails(&show(foreign.to_str().unwrap()), 1);
+    assert!(err.contains("holds no table `idem_records`"), "{err}");
+    assert_eq!(
+        std::fs::read(&foreign).unwrap(),
+        b"",
+        "nothing is written to it"
+    );
+    let err = fails(&show("mysql://127.0.0.1/db"), 1);
+    assert!(err.contains("is not a store"), "{err}");
+    let err = fails(&show(""), 1);
+    assert!(err.contains("--store is empty"), "{err}");
+}
+
+/// Usage errors: clap's exit code 2 and its message.
+#[test]
+fn usage_errors_exit_with_2() {
+    let err = fails(
+        &[
+            "ops",
+            "resolve",
+            "--store",
+            "x.db",
+            "--operation",
+            "o",
+            "--client",
+            "c",
+            "--key",
+            "k",
+            "--as",
+            "completed",
+            "--reason",
+            "r",
+        ],
+        2,
+    );
+    assert!(err.contains("--response"), "{err}");
+    let err = fails(&["ops", "list", "--store", "x.db", "--state", "done"], 2);
+    assert!(err.contains("invalid value 'done'"), "{err}");
+    let err = fails(&["ops", "list", "--store", "x.db", "--limit", "0"], 2);
+    assert!(err.contains("--limit"), "{err}");
+
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let out = idem(&[
+            OsStr::new("ops"),
+            OsStr::new("show"),
+            OsStr::new("--store"),
+            OsStr::new("x.db"),
+            OsStr::new("--operation"),
+            OsStr::new("o"),
+            OsStr::new("--client"),
+            OsStr::from_bytes(b"\xff\xfe"),
+            OsStr::new("--key"),
+            OsStr::new("k"),
+        ]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(stderr(&out).contains("invalid UTF-8"), "{}", stderr(&out));
+    }
+}

@@ -1,0 +1,459 @@
+//! The reconciler: recovery that does not wait for the client.
+//!
+//! Without it, an operation whose attempt died is recovered when its key is seen again (a
+//! retry or a status lookup). A service that registers its recoverers with the handle
+//! and spawns the reconciler has every ended lease recovered within one period, whether
+//! or not the client comes back:
+//!
+//! ```
+//! use std::time::Duration;
+//! use idem_runtime::{Idem, MemoryStore, identity};
+//! # use idem_runtime::{Contracted, Recover, Recoverer, Resolution, UnknownOperation};
+//! # pub mod create_order { pub struct Operation; }
+//! # impl Contracted for create_order::Operation { const CONTRACT: &'static idem_contract::Contract = &idem_contract::Contract::PLACEHOLDER; }
+//! # impl Recover<AppState> for create_order::Operation {
+//! #     fn recoverer(state: &AppState) -> Recoverer {
+//! #         Recoverer::reconcile_with(state.clone(), |_: AppState, _: UnknownOperation| async { Resolution::NotApplied })
+//! #     }
+//! # }
+//! #[derive(Clone)]
+//! struct AppState { /* the business database's pool */ }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let state = AppState {};
+//! let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"))
+//!     // The reconcile function of `create_order`, with the router's state.
+//!     .recover_with::<create_order::Operation, _>(&state);
+//! let reconciler = idem.spawn_reconciler(Duration::from_secs(10));
+//! // let app = axum::Router::new() /* .route(…) */ .with_state(state).layer(idem.layer());
+//! # reconciler.abort();
+//! # }
+//! ```
+//!
+//! Each pass lists, per registered operation, the processing records whose lease has
+//! ended ([`Store::list`](crate::Store::list)), takes each over with one compare-and-set
+//! ([`Store::take_over`](crate::Store::take_over): a new fencing token, so exactly one of
+//! many instances recovers it, and the worker whose lease ended can no longer write), asks
+//! the recoverer once, and records the decision exactly as a status lookup does
+//! ([`crate::recovery`]): applied is stored as the result, not applied releases the key
+//! (the client's next retry runs the handler), unknown parks it for an operator
+//! (`idem ops resolve`), and "cannot decide now" leaves it for the next pass. An attempt
+//! still alive in this process is left alone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::Idem;
+use crate::operation::Recover;
+use crate::reconcile::Recoverer;
+use crate::recovery::{Recovered, recover};
+use crate::store::{ListQuery, RecordKey, StoreError, unix_now};
+
+/// How many records one listing of a pass asks for.
+const PAGE: u32 = 100;
+
+/// One operation's recoverer, registered with [`Idem::recover_with`].
+#[derive(Clone)]
+pub(crate) struct Registered {
+    pub(crate) contract: &'static idem_contract::Contract,
+    pub(crate) make: Arc<dyn Fn() -> Recoverer + Send + Sync>,
+}
+
+/// What one pass of the reconciler did ([`Idem::reconcile`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reconciled {
+    /// Records found with an ended lease.
+    pub found: u64,
+    /// Taken over and decided by this pass (applied, not applied, parked, or postponed
+    /// because the recoverer could not decide now).
+    pub recovered: u64,
+    /// Taken over or finished by someone else first (another instance, a retry).
+    pub lost: u64,
+    /// Left alone: an attempt still alive in this process holds them.
+    pub alive: u64,
+    /// The store failed while recovering them; the next pass tries again.
+    pub failed: u64,
+}
+
+impl Idem {
+    /// Registers how the contracted operation `C` recovers, made from the router's state
+    /// `state` (a clone is kept), so that the reconciler ([`Idem::spawn_reconciler`])
+    /// recovers its operations. Registering `C` again replaces its recoverer.
+    ///
+    /// # Panics
+    ///
+    /// When another contracted operation with the same name was registered or served
+    /// under this handle (two handlers named alike would share every key): rename one.
+    #[must_use]
+    pub fn recover_with<C, S>(mut self, state: &S) -> Idem
+    where
+        C: Recover<S>,
+        S: Clone + Send + Sync + 'static,
+    {
+        if let Err(other) = self.names().claim::<C>() {
+            panic!(
+                "idem: the operation `{}` is already claimed by `{other}`: two contracted handlers with one name would share every key; rename one",
+                C::CONTRACT.operation
+            );
+        }
+        let state = state.clone();
+        let registered = Registered {
+            contract: C::CONTRACT,
+            make: Arc::new(move || C::recoverer(&state)),
+        };
+        let recoverers = self.recoverers_mut();
+        recoverers.retain(|r| r.contract.operation != C::CONTRACT.operation);
+        recoverers.push(registered);
+        self
+    }
+
+    /// One pass of the reconciler: recovers every record of the registered operations
+    /// whose lease has ended (see the [module docs](crate::reconciler)).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store cannot list the records; a failure while recovering
+    /// one record is logged and counted in [`Reconciled::failed`] instead.
+    pub async fn reconcile(&self) -> Result<Reconciled, StoreError> {
+        let mut done = Reconciled::default();
+        for registered in self.recoverers().iter() {
+            let mut after = None;
+            loop {
+                let now = unix_now();
+                let query = ListQuery {
+                    operation: Some(registered.contract.operation.to_string()),
+                    lease_ended: true,
+                    after: after.take(),
+                    limit: PAGE,
+                    ..ListQuery::default()
+                };
+                let page = self.store().list(&query, now).await?;
+                let full = page.len() == PAGE as usize;
+                for listed in page {
+                    after = Some(listed.key.clone());
+                    done.found += 1;
+                    let Some(lease) = listed.record.lease() else {
+                        continue;
+                    };
+                    if self.running().holds(lease, unix_now()) {
+                        done.alive += 1;
+                        continue;
+                    }
+                    let key: Arc<RecordKey> = Arc::new(listed.key);
+                    let make = Arc::clone(&registered.make);
+                    let mut recoverer = Some(move || make());
+                    match recover(
+                        self,
+                        registered.contract,
+                        &key,
+                        &listed.record,
+                        &mut recoverer,
+                    )
+                    .await
+                    {
+                        Recovered::Run(attempt) => match attempt.release().await {
+                            Ok(()) => done.recovered += 1,
+                            Err(_) => done.failed += 1,
+                        },
+                        Recovered::Answer(_) => done.recovered += 1,
+                        Recovered::Lost => done.lost += 1,
+                        Recovered::Failed(error) => {
+                            tracing::warn!(
+                                operation = %registered.contract.operation,
+                                error = %error,
+                                "idem: the reconciler could not recover an operation; the next pass tries again"
+                            );
+                            done.failed += 1;
+                        }
+                    }
+                }
+                if !full {
+                    break;
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Spawns a tokio task that runs [`Idem::reconcile`] every `every` (the first time
+    /// after one period), logging what it did and its failures, until the handle it
+    /// returns is aborted or the runtime stops. Every instance of a service may run one:
+    /// each ended lease is recovered by exactly one of them.
+    pub fn spawn_reconciler(&self, every: Duration) -> tokio::task::JoinHandle<()> {
+        if self.recoverers().is_empty() {
+            tracing::warn!(
+                "idem: the reconciler has no operation to recover: register each with `Idem::recover_with` first"
+            );
+        }
+        let idem = self.clone();
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                match idem.reconcile().await {
+                    Ok(done) if done.found > 0 => tracing::info!(
+                        found = done.found,
+                        recovered = done.recovered,
+                        lost = done.lost,
+                        alive = done.alive,
+                        failed = done.failed,
+                        "idem: reconciled operations whose lease had ended"
+                    ),
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::warn!(error = %error, "idem: the reconciler cannot list records");
+                    }
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use axum::http::StatusCode;
+
+    use super::*;
+    use crate::identity;
+    use crate::operation::Contracted;
+    use crate::reconcile::{Resolution, UnknownOperation};
+    use crate::store::{Lease, MemoryStore, NewRecord, OwnerToken, RecordState, Store, UnixMillis};
+
+    struct CreateOrder;
+    impl Contracted for CreateOrder {
+        const CONTRACT: &'static idem_contract::Contract = &idem_contract::Contract::PLACEHOLDER;
+    }
+
+    /// The router's state: how many times recovery ran, and what it decides (by the
+    /// key's first letter: `a`pplied, `n`ot applied, `u`nknown, `l`ater).
+    #[derive(Clone, Default)]
+    struct State {
+        calls: Arc<AtomicUsize>,
+    }
+
+    impl Recover<State> for CreateOrder {
+        fn recoverer(state: &State) -> Recoverer {
+            Recoverer::reconcile_with(
+                state.clone(),
+                |state: State, op: UnknownOperation| async move {
+                    state.calls.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    match op.key.as_bytes()[0] {
+                        b'a' => Resolution::applied((StatusCode::CREATED, "order 1")),
+                        b'n' => Resolution::NotApplied,
+                        b'u' => Resolution::unknown("the ledger does not say"),
+                        _ => Resolution::cannot_decide_now("the ledger is down"),
+                    }
+                },
+            )
+        }
+    }
+
+    fn operation() -> String {
+        CreateOrder::CONTRACT.operation.to_string()
+    }
+
+    /// A record whose attempt died: processing under a lease that ended at `now`.
+    async fn abandoned(store: &dyn Store, key: &str, now: UnixMillis) {
+        let new = NewRecord {
+            operation_id: crate::OperationId::new(),
+            fingerprint: "sha256:a".into(),
+            lease: Lease {
+                token: OwnerToken::random(),
+                until: now - 1,
+            },
+            expires_at: now + 86_400_000,
+            transactional: false,
+            holds_until: now - 1,
+        };
+        store
+            .begin(&RecordKey::new(operation(), "acme", key), &new, now - 1_000)
+            .await
+            .unwrap();
+    }
+
+    fn idem(store: Arc<dyn Store>, state: &State) -> Idem {
+        Idem::new(store, identity::header("x-client-id")).recover_with::<CreateOrder, _>(state)
+    }
+
+    async fn state_of(store: &dyn Store, key: &str) -> RecordState {
+        store
+            .get(&RecordKey::new(operation(), "acme", key), unix_now())
+            .await
+            .unwrap()
+            .unwrap()
+            .state
+    }
+
+    /// Each decision is recorded as the status lookup records it, with the recoverer
+    /// called once per operation, and a live lease is left alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_ended_lease_is_recovered_once_and_recorded() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let now = unix_now();
+        for key in ["applied", "not-applied", "unknown", "later"] {
+            abandoned(&*store, key, now).await;
+        }
+        let live = NewRecord {
+            operation_id: crate::OperationId::new(),
+            fingerprint: "sha256:a".into(),
+            lease: Lease {
+                token: OwnerToken::random(),
+                until: now + 60_000,
+            },
+            expires_at: now + 86_400_000,
+            transactional: false,
+            holds_until: now,
+        };
+        let running = RecordKey::new(operation(), "acme", "alive");
+        store.begin(&running, &live, now).await.unwrap();
+        let state = State::default();
+        let idem = idem(Arc::clone(&store), &state);
+
+        let done = idem.reconcile().await.unwrap();
+        assert_eq!(
+            (done.found, done.recovered, done.failed),
+            (4, 4, 0),
+            "{done:?}"
+        );
+        assert_eq!(
+            state.calls.load(Ordering::SeqCst),
+            4,
+            "one call per operation"
+        );
+        let RecordState::Completed { response } = state_of(&*store, "applied").await else {
+            panic!("applied is completed");
+        };
+        assert_eq!(
+            (response.status, &response.body[..]),
+            (201, &b"order 1"[..])
+        );
+        assert_eq!(
+            state_of(&*store, "not-applied").await,
+            RecordState::Released
+        );
+        assert_eq!(
+            state_of(&*store, "unknown").await,
+            RecordState::Unknown {
+                reason: "the ledger does not say".into()
+            }
+        );
+        assert!(matches!(
+            state_of(&*store, "later").await,
+            RecordState::Processing { .. }
+        ));
+        assert!(matches!(
+            state_of(&*store, "alive").await,
+            RecordState::Processing { .. }
+        ));
+        let shown = store
+            .inspect(&RecordKey::new(operation(), "acme", "unknown"), unix_now())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            shown.record.attempt, 2,
+            "the takeover is the second attempt"
+        );
+
+        // "cannot decide now" is asked again at the next pass, and only it.
+        let done = idem.reconcile().await.unwrap();
+        assert_eq!((done.found, done.recovered), (1, 1), "{done:?}");
+        assert_eq!(state.calls.load(Ordering::SeqCst), 5);
+    }
+
+    /// Two reconcilers (two instances) on one store, racing over many abandoned
+    /// operations: the recoverer runs once per operation, and every one is decided.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn racing_reconcilers_recover_each_operation_once() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        racing(store).await;
+    }
+
+    /// The same race on SQLite, PostgreSQL and Redis, whose takeover is a compare-and-set
+    /// in the database (a script in Redis).
+    #[cfg(all(feature = "sqlite", feature = "postgres", feature = "redis"))]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn racing_reconcilers_recover_each_operation_once_on_shared_stores() {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = crate::store::SqliteStore::open(dir.path().join("race.db"))
+            .await
+            .unwrap();
+        racing(Arc::new(sqlite)).await;
+        if let Some(pool) =
+            crate::store::conformance::postgres::scratch_pool("reconciler race").await
+        {
+            let pg = crate::store::PostgresStore::from_pool(pool).await.unwrap();
+            racing(Arc::new(pg)).await;
+        }
+        if let Some(url) = crate::store::conformance::redis::url_or_skip("reconciler race").await {
+            let redis = crate::store::conformance::redis::scratch_store(&url).await;
+            racing(Arc::new(redis)).await;
+        }
+    }
+
+    async fn racing(store: Arc<dyn Store>) {
+        let now = unix_now();
+        let keys: Vec<String> = (0..30).map(|i| format!("a{i:02}")).collect();
+        for key in &keys {
+            abandoned(&*store, key, now).await;
+        }
+        let state = State::default();
+        let first = idem(Arc::clone(&store), &state);
+        let second = idem(Arc::clone(&store), &state);
+        let (a, b) = tokio::join!(
+            tokio::spawn(async move { first.reconcile().await.unwrap() }),
+            tokio::spawn(async move { second.reconcile().await.unwrap() }),
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        // Both passes list (nearly) every record and contend for each one: the takeover's
+        // compare-and-set decides who recovers it.
+        for pass in [a, b] {
+            assert_eq!(
+                pass.found,
+                pass.recovered + pass.lost + pass.alive + pass.failed
+            );
+        }
+        assert_eq!(a.recovered + b.recovered, 30, "{a:?} {b:?}");
+        assert_eq!(
+            state.calls.load(Ordering::SeqCst),
+            30,
+            "one recovery call per operation"
+        );
+        for key in &keys {
+            assert!(matches!(
+                state_of(&*store, key).await,
+                RecordState::Completed { .. }
+            ));
+        }
+    }
+
+    /// The spawned reconciler recovers without any request.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_spawned_reconciler_recovers_without_a_request() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        abandoned(&*store, "applied", unix_now()).await;
+        let state = State::default();
+        let handle = idem(Arc::clone(&store), &state).spawn_reconciler(Duration::from_millis(20));
+        for _ in 0..100 {
+            if matches!(
+                state_of(&*store, "applied").await,
+                RecordState::Completed { .. }
+            ) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        handle.abort();
+        assert!(matches!(
+            state_of(&*store, "applied").await,
+            RecordState::Completed { .. }
+        ));
+        assert_eq!(state.calls.load(Ordering::SeqCst), 1);
+    }
+}
