@@ -85,6 +85,8 @@ pub use idem_contract::{Contract, check};
 pub use idem_runtime::RedisStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use idem_runtime::Tx;
+#[cfg(feature = "testing")]
+pub use idem_runtime::testing;
 #[cfg(feature = "server")]
 pub use idem_runtime::{
     Attempt, DEFAULT_HEARTBEAT_LEASE, DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS,

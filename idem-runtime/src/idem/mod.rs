@@ -94,6 +94,9 @@ struct Inner {
     running: Arc<Running>,
     /// The operation names claimed so far (shared by every clone).
     names: Arc<Names>,
+    /// Whether requests may ask for a fault of the test-fault protocol.
+    #[cfg(feature = "testing")]
+    test_faults: bool,
 }
 
 impl Idem {
@@ -134,6 +137,8 @@ impl Idem {
                 heartbeat_lease: DEFAULT_HEARTBEAT_LEASE,
                 running: Arc::default(),
                 names: Arc::default(),
+                #[cfg(feature = "testing")]
+                test_faults: false,
             }),
         }
     }
@@ -176,6 +181,22 @@ impl Idem {
     pub fn with_heartbeat(mut self, lease: Duration) -> Idem {
         self.inner_mut().heartbeat_lease = lease.max(MIN_HEARTBEAT_LEASE);
         self
+    }
+
+    /// Honours the test-fault protocol (feature `testing`): a request with the header
+    /// `Idem-Test-Fault` makes its attempt answer 429, 503 or 400 instead of running the
+    /// handler, or die after the handler's effect (see [`crate::testing`] for the table).
+    /// Only for a service under the conformance harness: never call it in production.
+    #[cfg(feature = "testing")]
+    pub fn with_test_faults(mut self) -> Idem {
+        self.inner_mut().test_faults = true;
+        self
+    }
+
+    /// Whether this handle honours the test-fault protocol.
+    #[cfg(feature = "testing")]
+    pub(crate) fn test_faults(&self) -> bool {
+        self.inner.test_faults
     }
 
     /// The lease an attempt of `contract` holds in the store at a time.
