@@ -798,16 +798,19 @@ impl Run<'_> {
         let last = self.settled(key).await;
         let effects = self.count().await?.saturating_sub(before);
         let one = exactly(effects, 1, &format!("{n} requests with one key at once"));
-        let (mut results, mut states, mut other) = (Vec::new(), 0, Vec::new());
+        let (mut results, mut replayed, mut states, mut other) = (Vec::new(), 0, 0, Vec::new());
         for (i, a) in answers.iter().enumerate() {
             if a.success() {
                 results.push(&a.body);
+                replayed += usize::from(a.replayed);
             } else if a.is_state() {
                 states += 1;
             } else {
                 other.push(format!("request {}: {}", i + 1, a.describe()));
             }
         }
+        let answered = results.len();
+        results.sort();
         results.dedup();
         let result = if !other.is_empty() {
             Verdict::Fail(format!(
@@ -825,8 +828,7 @@ impl Run<'_> {
             Verdict::Fail("after they all answered, the same request got another result".into())
         } else {
             Verdict::Pass(format!(
-                "{} result(s), {states} state answer(s), then {}",
-                n - states,
+                "one result in {answered} answer(s) ({replayed} replayed), {states} state answer(s) (409/202 with Retry-After), then {}",
                 last.describe()
             ))
         };
