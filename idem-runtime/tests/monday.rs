@@ -439,8 +439,11 @@ async fn a_service_that_registers_the_key_after_the_effect_fails_concurrency_and
             (Crash, OneEffect),
         ]
     );
+    // Every request that arrived before the first had finished ran the effect (all 10,
+    // unless the machine is slow enough to spread them over 150 ms).
     let evidence = report.verdict(Concurrent, OneEffect).unwrap().evidence();
-    assert!(evidence.starts_with("10 effect(s)"), "{evidence}");
+    let ran: u64 = evidence.split(' ').next().unwrap().parse().unwrap();
+    assert!(ran >= 2, "{evidence}");
 }
 
 #[tokio::test]
@@ -569,4 +572,58 @@ async fn a_service_without_the_opt_in_ignores_the_fault_header() {
         matches!(verdict, Verdict::Fail(why) if why.contains("was not answered 400: got 201")),
         "{verdict:?}"
     );
+}
+
+#[tokio::test]
+async fn a_service_at_a_base_url_is_tested_the_same_way() {
+    let service = HandWritten::default();
+    let effects = Arc::clone(&service.effects);
+    let router = Router::new()
+        .route("/orders", post(hand_written))
+        .with_state(service);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let report = Harness::for_url(&format!("http://localhost:{}", addr.port()))
+        .unwrap()
+        .request(Request::post_json("/orders", r#"{"amount":1250}"#))
+        .scenarios([Scenario::LostAnswer, Scenario::Permanent400])
+        .count_effects(move || {
+            let effects = Arc::clone(&effects);
+            async move { Ok::<_, String>(effects.load(Ordering::SeqCst)) }
+        })
+        .run()
+        .await
+        .unwrap();
+    server.abort();
+    report.assert_passed();
+    assert_eq!(report.scenarios.len(), 2);
+    assert_eq!(report.passes().len(), 6, "{report}");
+}
+
+#[tokio::test]
+async fn a_fault_the_protocol_does_not_name_is_refused_before_anything_runs() {
+    let (router, effects) = idem_service();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let response = reqwest::Client::new()
+        .post(format!("http://{addr}/orders"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", "k-1")
+        .header("x-client-id", "cus_42")
+        .header("idem-test-fault", "explode")
+        .body(r#"{"amount":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let body = response.text().await.unwrap();
+    assert!(body.contains("names no fault: `explode`"), "{body}");
+    assert!(
+        body.contains("answer-429, answer-503, answer-400, crash-after-effect"),
+        "{body}"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 0);
+    server.abort();
 }
