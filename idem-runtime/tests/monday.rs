@@ -391,7 +391,16 @@ async fn run_hand_written(breaks: Breaks) -> Report {
 
 #[tokio::test]
 async fn a_hand_written_service_that_keeps_the_rules_passes() {
-    run_hand_written(Breaks::default()).await.assert_passed();
+    let report = run_hand_written(Breaks::default()).await;
+    report.assert_passed();
+    // Without a status lookup, nothing links the crashed attempt (which sent no answer)
+    // to the retries: proof 2 of the crash is not checked, rather than passed.
+    let verdict = report.verdict(Scenario::Crash, Proof::Linked).unwrap();
+    assert!(
+        matches!(verdict, Verdict::NotChecked(why) if why.contains("status lookup")),
+        "{verdict:?}"
+    );
+    assert_eq!(report.passes().len(), 17, "{report}");
 }
 
 #[tokio::test]

@@ -617,23 +617,7 @@ impl Run<'_> {
         };
         let effects = self.count().await?.saturating_sub(before);
         let lookup = self.lookup(&key).await;
-        // The status lookup names the same operation as the answers.
-        let linked = match (&linked, &lookup) {
-            (Verdict::Pass(e), Some(found)) => {
-                let id = found.get("operation_id").and_then(|v| v.as_str());
-                let ids: Vec<&str> = answers
-                    .iter()
-                    .filter_map(|a| a.operation_id.as_deref())
-                    .collect();
-                match id {
-                    Some(id) if ids.first().is_some_and(|first| *first != id) => {
-                        Verdict::Fail(format!("{e}, but the status lookup names operation {id}"))
-                    }
-                    _ => Verdict::Pass(format!("{e}; {}", lookup_summary(found))),
-                }
-            }
-            _ => linked,
-        };
+        let linked = with_lookup(scenario, linked, &answers, lookup.as_ref());
         let evidence = Evidence {
             scenario,
             key: key.clone(),
@@ -905,6 +889,55 @@ impl Run<'_> {
         };
         Ok((answers, [one, linked, result]))
     }
+}
+
+/// Proof 2 with what the status lookup says: it names the answers' operation; after a
+/// crash (whose attempt sent no answer, so no `Operation-Id`) it alone shows that the
+/// retries continued the crashed attempt's operation: its attempt count is 2 or more.
+fn with_lookup(
+    scenario: Scenario,
+    linked: Verdict,
+    answers: &[Seen],
+    lookup: Option<&serde_json::Value>,
+) -> Verdict {
+    let Verdict::Pass(evidence) = linked else {
+        return linked;
+    };
+    let crash = scenario == Scenario::Crash;
+    let Some(found) = lookup else {
+        return if crash {
+            Verdict::NotChecked(format!(
+                "{evidence}, but the crashed attempt sent none: its link to the retries shows only in a status lookup (Harness::status_lookup)"
+            ))
+        } else {
+            Verdict::Pass(evidence)
+        };
+    };
+    let id = found.get("operation_id").and_then(|v| v.as_str());
+    let first = answers.iter().find_map(|a| a.operation_id.as_deref());
+    if let (Some(id), Some(first)) = (id, first)
+        && id != first
+    {
+        return Verdict::Fail(format!(
+            "{evidence}, but the status lookup names operation {id}"
+        ));
+    }
+    if crash {
+        match found.get("attempt").and_then(serde_json::Value::as_u64) {
+            Some(n) if n >= 2 => {}
+            Some(n) => {
+                return Verdict::Fail(format!(
+                    "{evidence}, but the status lookup counts {n} attempt(s): the crashed attempt is not part of this operation"
+                ));
+            }
+            None => {
+                return Verdict::NotChecked(format!(
+                    "{evidence}; the status lookup gives no attempt count, so the crashed attempt's link is not shown"
+                ));
+            }
+        }
+    }
+    Verdict::Pass(format!("{evidence}; {}", lookup_summary(found)))
 }
 
 /// The answers, and the verdicts on proofs 1 to 3.
