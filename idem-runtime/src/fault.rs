@@ -44,6 +44,8 @@ pub(crate) fn point(_name: &'static str) {}
 pub const TEST_FAULT_HEADER: &str = "idem-test-fault";
 
 /// One fault of the test-fault protocol, as the header [`TEST_FAULT_HEADER`] names it.
+/// It applies to the attempt its request starts; a request answered from the key's
+/// record (a replay, a concurrency answer) ignores it.
 ///
 /// | header value | what the operation does |
 /// |---|---|

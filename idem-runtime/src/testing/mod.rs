@@ -58,12 +58,17 @@
 //! | `answer-400` | the same with 400, a permanent refusal: recorded and replayed |
 //! | `crash-after-effect` | runs the handler (its effect happens, or is written in its uncommitted transaction), then the attempt dies as its process would: nothing recorded or committed, its lease no longer renewed, the connection cut without a complete answer |
 //!
-//! A value that names no fault is refused with 400 before anything is registered.
+//! The fault applies to the attempt the request starts: a request answered from the
+//! key's record (a replay, a concurrency answer, a recovery) ignores it. A value that
+//! names no fault is refused with 400 before anything is registered.
 
 mod harness;
 pub mod proxy;
 mod report;
+mod scenarios;
+mod seen;
 
-pub use self::harness::{Evidence, Harness, HarnessError, Request, Seen};
+pub use self::harness::{Harness, HarnessError, Request};
 pub use self::report::{Proof, Report, Scenario, ScenarioReport, Verdict};
+pub use self::seen::{Evidence, Seen};
 pub use crate::fault::{TEST_FAULT_HEADER, TestFault};
