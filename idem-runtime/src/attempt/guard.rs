@@ -26,6 +26,9 @@ pub struct Guard {
     attempt: Option<Held>,
     operation_id: OperationId,
     number: u32,
+    /// The fault a request of the test-fault protocol asked for.
+    #[cfg(feature = "testing")]
+    fault: Option<crate::fault::TestFault>,
 }
 
 impl Guard {
@@ -34,7 +37,16 @@ impl Guard {
             operation_id: attempt.operation_id,
             number: attempt.attempt,
             attempt: Some(attempt),
+            #[cfg(feature = "testing")]
+            fault: None,
         }
+    }
+
+    /// This guard, with the fault a request of the test-fault protocol asked for.
+    #[cfg(feature = "testing")]
+    pub(crate) fn with_fault(mut self, fault: Option<crate::fault::TestFault>) -> Guard {
+        self.fault = fault;
+        self
     }
 
     /// The operation's id.
@@ -114,7 +126,22 @@ impl Guard {
             attempt = attempt.attempt,
         );
         let until = attempt.handler_deadline();
+        #[cfg(feature = "testing")]
+        let fault = self.fault;
         let settled = async move {
+            #[cfg(feature = "testing")]
+            if let Some(fault) = fault {
+                return match crate::fault::run_test_fault(fault, handler).await {
+                    // As if the handler had answered it.
+                    Ok(response) => attempt.settle(response).await,
+                    // The attempt dies as its process would: its lease is no longer
+                    // renewed (dropped), nothing is recorded, the connection breaks.
+                    Err(broken) => {
+                        drop(attempt);
+                        broken
+                    }
+                };
+            }
             let ran =
                 tokio::time::timeout_at(until, AssertUnwindSafe(handler).catch_unwind()).await;
             let response = match ran {
