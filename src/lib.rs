@@ -58,6 +58,8 @@
 //! - [`store`]: the store trait and its backends ([`MemoryStore`], [`SqliteStore`],
 //!   `PostgresStore` with the feature `postgres`, `RedisStore` with the feature `redis`).
 //! - [`model`]: the contract as data, its rules ([`check()`](fn@check)) and its JSON Schema.
+//! - `testing` (feature `testing`): the Monday test, a conformance harness pointed at a
+//!   contracted operation, and the test-fault protocol it drives (`Idem::with_test_faults`).
 //!
 //! The README lists every answer; [`problem`] every problem type.
 #![forbid(unsafe_code)]
@@ -85,6 +87,8 @@ pub use idem_contract::{Contract, check};
 pub use idem_runtime::RedisStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use idem_runtime::Tx;
+#[cfg(feature = "testing")]
+pub use idem_runtime::testing;
 #[cfg(feature = "server")]
 pub use idem_runtime::{
     Attempt, DEFAULT_HEARTBEAT_LEASE, DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS,

@@ -35,3 +35,130 @@ pub(crate) fn point(name: &'static str) {
 #[cfg(not(feature = "fault-points"))]
 #[inline(always)]
 pub(crate) fn point(_name: &'static str) {}
+
+/// The request header of the test-fault protocol (`idem::testing`): a request that carries
+/// it asks the operation to fail in a given way. Honoured only by an [`crate::Idem`] handle
+/// made with `Idem::with_test_faults` (feature `testing`); a normal build has no such
+/// handle and ignores the header.
+#[cfg(feature = "testing")]
+pub const TEST_FAULT_HEADER: &str = "idem-test-fault";
+
+/// One fault of the test-fault protocol, as the header [`TEST_FAULT_HEADER`] names it.
+/// It applies to the attempt its request starts; a request answered from the key's
+/// record (a replay, a concurrency answer) ignores it.
+///
+/// | header value | what the operation does |
+/// |---|---|
+/// | `answer-429` | the handler's position answers 429 with `Retry-After: 1` instead of running it (no effect) |
+/// | `answer-503` | the same with 503: a transient refusal, no effect |
+/// | `answer-400` | the same with 400: a permanent refusal, no effect |
+/// | `crash-after-effect` | the handler runs (its effect happens, or is written in its transaction), then the attempt dies as its process would: nothing is recorded or committed, its lease is no longer renewed, and the connection breaks without a complete answer |
+#[cfg(feature = "testing")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TestFault {
+    /// Answer this status from the handler's position, without running the handler.
+    Answer(u16),
+    /// Run the handler, then die without settling the attempt.
+    CrashAfterEffect,
+}
+
+#[cfg(feature = "testing")]
+impl TestFault {
+    /// Every fault, with its header value.
+    pub const ALL: [(&'static str, TestFault); 4] = [
+        ("answer-429", TestFault::Answer(429)),
+        ("answer-503", TestFault::Answer(503)),
+        ("answer-400", TestFault::Answer(400)),
+        ("crash-after-effect", TestFault::CrashAfterEffect),
+    ];
+
+    /// The fault a header value names (ASCII case-insensitive, surrounding blanks
+    /// ignored), or `None`.
+    pub fn parse(value: &[u8]) -> Option<TestFault> {
+        let value = value.trim_ascii();
+        TestFault::ALL
+            .iter()
+            .find(|(name, _)| name.as_bytes().eq_ignore_ascii_case(value))
+            .map(|(_, fault)| *fault)
+    }
+
+    /// The header value that names this fault.
+    pub fn header_value(self) -> &'static str {
+        TestFault::ALL
+            .iter()
+            .find(|(_, fault)| *fault == self)
+            .map_or("answer-503", |(name, _)| name)
+    }
+}
+
+/// Runs `fault` in place of (or after) the handler `handler`: `Ok` is the answer to settle
+/// as the handler's, `Err` the broken answer of an attempt that died (a body that fails,
+/// so the connection is cut before a complete answer).
+#[cfg(feature = "testing")]
+pub(crate) async fn run_test_fault<F>(
+    fault: TestFault,
+    handler: F,
+) -> Result<axum::response::Response, axum::response::Response>
+where
+    F: std::future::Future,
+    F::Output: axum::response::IntoResponse,
+{
+    use axum::response::IntoResponse;
+    match fault {
+        TestFault::Answer(status) => {
+            drop(handler);
+            let status =
+                http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::SERVICE_UNAVAILABLE);
+            let body = serde_json::json!({
+                "type": "about:blank",
+                "title": status.canonical_reason().unwrap_or("fault"),
+                "status": status.as_u16(),
+                "detail": format!("answered by the test-fault protocol ({} {})", TEST_FAULT_HEADER, fault.header_value()),
+            });
+            let mut response = (
+                status,
+                [(http::header::CONTENT_TYPE, "application/problem+json")],
+                body.to_string(),
+            )
+                .into_response();
+            if status.as_u16() == 429 || status.as_u16() == 503 {
+                response.headers_mut().insert(
+                    http::header::RETRY_AFTER,
+                    http::HeaderValue::from_static("1"),
+                );
+            }
+            Ok(response)
+        }
+        TestFault::CrashAfterEffect => {
+            // The effect happens (or is written in the attempt's transaction, which dies
+            // uncommitted with the attempt); its answer is never seen.
+            drop(handler.await.into_response());
+            let cut = futures_util::stream::once(async {
+                Err::<axum::body::Bytes, _>(std::io::Error::other(
+                    "idem-test-fault: crash-after-effect",
+                ))
+            });
+            Err(axum::response::Response::new(
+                axum::body::Body::from_stream(cut),
+            ))
+        }
+    }
+}
+
+/// The fault a request asks for, when `enabled` (the handle honours the protocol): `Ok(None)`
+/// without the header, `Err(value)` for a value that names no fault.
+#[cfg(feature = "testing")]
+pub(crate) fn requested(
+    enabled: bool,
+    headers: &http::HeaderMap,
+) -> Result<Option<TestFault>, String> {
+    if !enabled {
+        return Ok(None);
+    }
+    match headers.get(TEST_FAULT_HEADER) {
+        None => Ok(None),
+        Some(value) => TestFault::parse(value.as_bytes())
+            .map(Some)
+            .ok_or_else(|| String::from_utf8_lossy(value.as_bytes()).into_owned()),
+    }
+}

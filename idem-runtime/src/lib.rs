@@ -106,7 +106,7 @@
 // The modules import one way, a request's path through them, from the store up:
 // operation_id, store, problem, telemetry, identity, fault, reconcile, operation, wire, idem,
 // answer, replay, transaction, attempt, recovery, enforce, lookup, layer (and
-// fingerprint beside them). `tests/layering.rs` checks it.
+// fingerprint beside them), and testing on top of all. `tests/layering.rs` checks it.
 mod answer;
 mod attempt;
 pub mod enforce;
@@ -125,6 +125,8 @@ pub mod recovery;
 mod replay;
 pub mod store;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod transaction;
 mod wire;

@@ -15,6 +15,7 @@
 pub mod api;
 pub mod db;
 pub mod model;
+pub mod monday;
 pub mod problem;
 pub mod publish;
 mod service;

@@ -15,6 +15,8 @@ use orders::{Backend, Config, Service, publish};
 #[derive(Debug, Parser)]
 #[command(version, after_help = AFTER_HELP)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Where idem's records and the orders live.
     #[arg(long, value_enum, default_value_t = StoreArg::Sqlite)]
     store: StoreArg,
@@ -54,6 +56,16 @@ struct Args {
     outage: u32,
 }
 
+/// What to do instead of serving.
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Run the Monday test: start the service with a temporary SQLite file, run idem's
+    /// conformance harness against its `POST /orders` (a lost answer, 429, 503, 400,
+    /// concurrent requests with one key, a crash midway), print the report, and exit
+    /// non-zero if a proof failed.
+    Monday,
+}
+
 /// The values of `--store`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum StoreArg {
@@ -82,6 +94,7 @@ Examples:
                                            on other --addr to share one database
   orders --store memory                    records in memory (lost on restart),
                                            orders in ./orders.db
+  orders monday                            run the Monday test against a fresh service
   orders --emit-openapi openapi.yaml       write the published contract and exit
   orders --emit-docs docs/                 write docs/operations.md and .html and exit
   orders --delay 3s                        make concurrent duplicates visible (409)
@@ -114,6 +127,30 @@ fn backend(args: &Args) -> Result<Backend, String> {
     })
 }
 
+/// `orders monday`: the report on standard output; non-zero when a proof failed or the
+/// test could not run.
+async fn monday() -> ExitCode {
+    println!(
+        "orders monday: the Monday test against POST /orders (a fresh service, its embedded SQLite store, a {} ms lease)",
+        orders::monday::LEASE.as_millis()
+    );
+    match orders::monday::run().await {
+        Ok(monday) => {
+            println!("service database: {} (temporary)\n", monday.db.display());
+            println!("{}", monday.report);
+            if monday.report.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Durations as a contract writes them (`250ms`, `3s`, `1m`), and `0s` for none.
 fn parse_duration(text: &str) -> Result<Duration, String> {
     if text == "0s" || text == "0" {
@@ -138,15 +175,24 @@ impl StoreArg {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let args = Args::parse();
+    // `monday` prints a report: the service's own logs only when something is wrong.
+    let default_filter = match args.command {
+        Some(Command::Monday) => "error",
+        None => "info,sqlx=warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn".into()),
+                .unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let args = Args::parse();
+
+    if let Some(Command::Monday) = args.command {
+        return monday().await;
+    }
 
     if args.emit_openapi.is_some() || args.emit_docs.is_some() {
         if let Some(path) = &args.emit_openapi {

@@ -183,6 +183,18 @@ impl Service {
         Service { router, idem, app }
     }
 
+    /// This service with its idem handle changed by `change` (such as
+    /// `Idem::with_heartbeat`), the router rebuilt over the new handle.
+    pub fn map_idem(self, change: impl FnOnce(idem::Idem) -> idem::Idem) -> Service {
+        let idem = change(self.idem);
+        let router = api::router(&idem).with_state(self.app.clone());
+        Service {
+            router,
+            idem,
+            app: self.app,
+        }
+    }
+
     /// Serves on `listener` until `shutdown` completes, purging expired keys and
     /// recovering attempts whose lease ended (the reconciler) meanwhile.
     ///

@@ -10,8 +10,6 @@
 //! what happened and exits non-zero unless the result is exactly one order, two
 //! attempts, the second a replay.
 
-mod proxy;
-
 use std::error::Error;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -21,7 +19,8 @@ use orders::api::{CLIENT_ID_HEADER, create_order};
 use orders::model::{CreateOrder, LineItem};
 use orders::{Backend, Config, Service};
 
-use crate::proxy::Proxy;
+// The loopback proxy of idem's conformance harness (`idem::testing`, feature `testing`).
+use idem::testing::proxy::Proxy;
 
 #[tokio::main]
 async fn main() -> ExitCode {

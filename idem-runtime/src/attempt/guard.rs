@@ -29,6 +29,9 @@ pub struct Guard {
     number: u32,
     /// The attempt's span and metrics, from the extraction on (`crate::telemetry`).
     telemetry: Option<AttemptTelemetry>,
+    /// The fault a request of the test-fault protocol asked for.
+    #[cfg(feature = "testing")]
+    fault: Option<crate::fault::TestFault>,
 }
 
 impl Guard {
@@ -38,12 +41,21 @@ impl Guard {
             number: attempt.attempt,
             attempt: Some(attempt),
             telemetry: None,
+            #[cfg(feature = "testing")]
+            fault: None,
         }
     }
 
     /// Carries the attempt's telemetry into the handler's run.
     pub(crate) fn observe(&mut self, telemetry: AttemptTelemetry) {
         self.telemetry = Some(telemetry);
+    }
+
+    /// This guard, with the fault a request of the test-fault protocol asked for.
+    #[cfg(feature = "testing")]
+    pub(crate) fn with_fault(mut self, fault: Option<crate::fault::TestFault>) -> Guard {
+        self.fault = fault;
+        self
     }
 
     /// The operation's id.
@@ -123,7 +135,30 @@ impl Guard {
             .as_ref()
             .map_or_else(tracing::Span::none, |t| t.span().clone());
         let until = attempt.handler_deadline();
+        #[cfg(feature = "testing")]
+        let fault = self.fault;
         let settled = async move {
+            #[cfg(feature = "testing")]
+            if let Some(fault) = fault {
+                return match crate::fault::run_test_fault(fault, handler).await {
+                    // As if the handler had answered it.
+                    Ok(response) => {
+                        let response = attempt.settle(response).await;
+                        if let Some(telemetry) = telemetry {
+                            let (id, number) = (attempt.operation_id, attempt.attempt);
+                            telemetry.settled(&response, attempt.settled(), id, number);
+                        }
+                        response
+                    }
+                    // The attempt dies as its process would: its lease is no longer
+                    // renewed (dropped), nothing is recorded, the connection breaks (its
+                    // telemetry, dropped unfinished, ends as `unknown`, `cancelled`).
+                    Err(broken) => {
+                        drop(attempt);
+                        broken
+                    }
+                };
+            }
             let response = async {
                 let ran =
                     tokio::time::timeout_at(until, AssertUnwindSafe(handler).catch_unwind()).await;

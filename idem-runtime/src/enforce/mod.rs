@@ -235,6 +235,17 @@ where
 
         #[cfg(any(feature = "sqlite", feature = "postgres"))]
         let tx = parts.extensions.get::<TxSlot>().cloned();
+        #[cfg(feature = "testing")]
+        let fault =
+            crate::fault::requested(idem.test_faults(), &parts.headers).map_err(|value| {
+                answer::body_malformed(format_args!(
+                    "the header `{}` names no fault: `{value}`; send one of {}",
+                    crate::fault::TEST_FAULT_HEADER,
+                    crate::fault::TestFault::ALL
+                        .map(|(name, _)| name)
+                        .join(", ")
+                ))
+            })?;
 
         // The inner extractor runs before anything is registered: what it refuses did
         // nothing, so it must not be stored and replayed for the whole TTL. (The rejection
@@ -295,9 +306,12 @@ where
                     }
                     attempt.attach(tx);
                 }
+                let guard = Guard::new(attempt);
+                #[cfg(feature = "testing")]
+                let guard = guard.with_fault(fault);
                 Ok(Enforced {
                     inner,
-                    guard: Guard::new(attempt),
+                    guard,
                     contract: PhantomData,
                 })
             }

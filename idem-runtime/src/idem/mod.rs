@@ -96,6 +96,9 @@ struct Inner {
     names: Arc<Names>,
     /// The recoverers the reconciler runs ([`Idem::recover_with`]).
     recoverers: Vec<crate::reconciler::Registered>,
+    /// Whether requests may ask for a fault of the test-fault protocol.
+    #[cfg(feature = "testing")]
+    test_faults: bool,
 }
 
 impl Idem {
@@ -137,6 +140,8 @@ impl Idem {
                 running: Arc::default(),
                 names: Arc::default(),
                 recoverers: Vec::new(),
+                #[cfg(feature = "testing")]
+                test_faults: false,
             }),
         }
     }
@@ -179,6 +184,22 @@ impl Idem {
     pub fn with_heartbeat(mut self, lease: Duration) -> Idem {
         self.inner_mut().heartbeat_lease = lease.max(MIN_HEARTBEAT_LEASE);
         self
+    }
+
+    /// Honours the test-fault protocol (feature `testing`): a request with the header
+    /// `Idem-Test-Fault` makes its attempt answer 429, 503 or 400 instead of running the
+    /// handler, or die after the handler's effect (see [`crate::testing`] for the table).
+    /// Only for a service under the conformance harness: never call it in production.
+    #[cfg(feature = "testing")]
+    pub fn with_test_faults(mut self) -> Idem {
+        self.inner_mut().test_faults = true;
+        self
+    }
+
+    /// Whether this handle honours the test-fault protocol.
+    #[cfg(feature = "testing")]
+    pub(crate) fn test_faults(&self) -> bool {
+        self.inner.test_faults
     }
 
     /// The lease an attempt of `contract` holds in the store at a time.

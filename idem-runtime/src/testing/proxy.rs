@@ -43,6 +43,10 @@ pub struct Exchange {
     /// Whether the answer was written back to the client (false: it was lost on purpose,
     /// or the client had gone).
     pub delivered: bool,
+    /// The answer's status code (0 when its status line cannot be read).
+    pub status: u16,
+    /// The answer's body.
+    pub body: Vec<u8>,
 }
 
 /// The running proxy; it stops when dropped.
@@ -120,7 +124,7 @@ async fn serve(mut client: TcpStream, shared: &Shared) {
     let request = match timeout(IO_TIMEOUT, read_message(&mut client, Kind::Request)).await {
         Ok(Ok(request)) => request,
         Ok(Err(error)) => {
-            eprintln!("proxy: refused a request: {error}");
+            tracing::debug!("idem-test proxy: refused a request: {error}");
             return refuse(client, error.status()).await;
         }
         Err(_) => return refuse(client, 408).await,
@@ -128,12 +132,12 @@ async fn serve(mut client: TcpStream, shared: &Shared) {
     let answer = match timeout(2 * IO_TIMEOUT, forward(&request, shared.upstream)).await {
         Ok(Ok(answer)) => answer,
         Ok(Err(error)) => {
-            eprintln!("proxy: no answer from the service: {error}");
+            tracing::debug!("idem-test proxy: no answer from the service: {error}");
             return refuse(client, 502).await;
         }
         Err(_) => {
-            eprintln!(
-                "proxy: no answer from the service within {:?}",
+            tracing::debug!(
+                "idem-test proxy: no answer from the service within {:?}",
                 2 * IO_TIMEOUT
             );
             return refuse(client, 502).await;
@@ -143,11 +147,18 @@ async fn serve(mut client: TcpStream, shared: &Shared) {
     let mut exchange = Exchange {
         request: request.start_line_words(2),
         answer: answer.start_line_tail(),
-        operation_id: answer.header(idem::OPERATION_ID_HEADER).map(str::to_owned),
+        operation_id: answer.header(crate::OPERATION_ID_HEADER).map(str::to_owned),
         replayed: answer
-            .header(idem::IDEMPOTENT_REPLAYED_HEADER)
+            .header(crate::IDEMPOTENT_REPLAYED_HEADER)
             .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         delivered: false,
+        status: answer
+            .start_line_tail()
+            .split(' ')
+            .next()
+            .and_then(|code| code.parse().ok())
+            .unwrap_or(0),
+        body: answer.body.clone(),
     };
     if !lose {
         let bytes = answer.rewritten(&[]);

@@ -1,0 +1,94 @@
+//! What the harness saw: one answer, and what one scenario observed.
+
+use super::report::Scenario;
+
+/// One answer as the harness saw it.
+#[derive(Clone, Debug, Default)]
+pub struct Seen {
+    /// Its status, when a status line arrived.
+    pub status: Option<u16>,
+    /// Its `Operation-Id`.
+    pub operation_id: Option<String>,
+    /// Whether it said `Idempotent-Replayed: true`.
+    pub replayed: bool,
+    /// Its `Retry-After`.
+    pub retry_after: Option<String>,
+    /// Its `Location`.
+    pub location: Option<String>,
+    /// The `type` of its problem body, if it is one.
+    pub problem_type: Option<String>,
+    /// Its body.
+    pub body: Vec<u8>,
+    /// Why the answer is not complete (the connection broke, the time ran out).
+    pub error: Option<String>,
+}
+
+impl Seen {
+    pub(super) fn complete(&self) -> bool {
+        self.error.is_none() && self.status.is_some()
+    }
+
+    pub(super) fn status(&self) -> u16 {
+        self.status.unwrap_or(0)
+    }
+
+    pub(super) fn success(&self) -> bool {
+        self.complete() && (200..300).contains(&self.status()) && self.status() != 202
+    }
+
+    /// An answer that gives the state of an unfinished operation: 202, or a 409 / 425 /
+    /// 503 that says when to come back (`Retry-After`).
+    pub(super) fn is_state(&self) -> bool {
+        self.complete()
+            && (self.status() == 202
+                || (matches!(self.status(), 409 | 425 | 503) && self.retry_after.is_some()))
+    }
+
+    pub(super) fn describe(&self) -> String {
+        let mut out = match (self.status, &self.error) {
+            (_, Some(error)) => format!("no complete answer ({error})"),
+            (Some(status), None) => status.to_string(),
+            (None, None) => "no answer".into(),
+        };
+        if let Some(t) = &self.problem_type {
+            out.push_str(&format!(" {}", short_type(t)));
+        }
+        if self.replayed {
+            out.push_str(" (replayed)");
+        }
+        out
+    }
+}
+
+fn short_type(t: &str) -> &str {
+    t.rsplit(':').next().unwrap_or(t)
+}
+
+/// What one scenario observed, handed to a plugged-in check of proof 4 or 5.
+#[derive(Clone, Debug)]
+pub struct Evidence {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Its idempotency key.
+    pub key: String,
+    /// The answers, in the order they arrived (a lost answer as the proxy read it).
+    pub answers: Vec<Seen>,
+    /// The business effects counted during the scenario.
+    pub effects: u64,
+    /// The status lookup's answer at the end, if a lookup was configured and answered
+    /// 200 with JSON.
+    pub lookup: Option<serde_json::Value>,
+}
+
+impl Evidence {
+    /// The distinct `Operation-Id`s of the answers, in order.
+    pub fn operation_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = Vec::new();
+        for id in self.answers.iter().filter_map(|a| a.operation_id.clone()) {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        ids
+    }
+}

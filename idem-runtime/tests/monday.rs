@@ -1,0 +1,638 @@
+//! The Monday test's own tests (feature `testing`): the harness against a correct idem
+//! service, against hand-written services (one that keeps the rules, three that break
+//! one each, which must fail exactly the proofs they break), and its bad configurations.
+//! Real sockets on 127.0.0.1.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use idem_contract::*;
+use idem_runtime::enforce::Enforced;
+use idem_runtime::testing::{Harness, HarnessError, Proof, Report, Request, Scenario, Verdict};
+use idem_runtime::{
+    Contracted, Idem, Recover, Recoverer, Resolution, UnknownOperation, identity,
+    store::MemoryStore,
+};
+use tokio::time::Instant;
+
+/// How long the business effect takes: long enough for concurrent requests to overlap.
+const EFFECT_TAKES: Duration = Duration::from_millis(150);
+
+fn harness(router: Router, effects: Arc<AtomicU64>) -> Harness {
+    Harness::for_router(router)
+        .request(Request::post_json("/orders", r#"{"amount":1250}"#))
+        .client_header("x-client-id", "cus_42")
+        .recovery_within(Duration::from_secs(3))
+        .count_effects(move || {
+            let effects = Arc::clone(&effects);
+            async move { Ok::<_, std::convert::Infallible>(effects.load(Ordering::SeqCst)) }
+        })
+}
+
+fn failures(report: &Report) -> Vec<(Scenario, Proof)> {
+    let mut failed = report.failures();
+    failed.sort();
+    failed
+}
+
+// ----- a correct idem service (memory store, reconcile by operation id) -----
+
+const CONTRACT: Contract = Contract {
+    operation: Cow::Borrowed("create_order"),
+    key_scope: KeyScope::CLIENT,
+    fingerprint: Fingerprint::Fields(Cow::Borrowed(&[FieldPath::from_static("amount")])),
+    fingerprint_query: Cow::Borrowed(&[]),
+    ttl: idem_contract::Duration::from_millis(86_400_000),
+    deadline: Deadline {
+        total: idem_contract::Duration::from_millis(30_000),
+        per_attempt: Some(idem_contract::Duration::from_millis(10_000)),
+    },
+    max_attempts: 4,
+    retryable: Cow::Borrowed(&[
+        Retryable::Status(idem_contract::StatusCode(429)),
+        Retryable::Status(idem_contract::StatusCode(503)),
+    ]),
+    concurrency: Concurrency::Conflict {
+        retry_after: DEFAULT_CONFLICT_RETRY_AFTER,
+    },
+    status_lookup: StatusLookup {
+        handler: Cow::Borrowed("order_status"),
+        path: Some(Cow::Borrowed("/orders/operations/{key}")),
+    },
+    recovery: Recovery::Reconcile {
+        function: Cow::Borrowed("reconcile_order"),
+    },
+};
+
+#[derive(Clone, Default)]
+struct Orders {
+    count: Arc<AtomicU64>,
+    /// The orders by the operation id that made them.
+    by_operation: Arc<Mutex<HashMap<String, serde_json::Value>>>,
+}
+
+struct CreateOrder;
+impl Contracted for CreateOrder {
+    const CONTRACT: &'static Contract = &CONTRACT;
+}
+impl Recover<Orders> for CreateOrder {
+    fn recoverer(state: &Orders) -> Recoverer {
+        Recoverer::reconcile_with(state.clone(), reconcile_order)
+    }
+}
+
+async fn reconcile_order(orders: Orders, op: UnknownOperation) -> Resolution {
+    let found = orders
+        .by_operation
+        .lock()
+        .unwrap()
+        .get(&op.operation_id.to_string())
+        .cloned();
+    match found {
+        Some(order) => Resolution::applied((StatusCode::CREATED, Json(order))),
+        None => Resolution::NotApplied,
+    }
+}
+
+async fn create_order(
+    State(orders): State<Orders>,
+    enforced: Enforced<Json<serde_json::Value>, CreateOrder>,
+) -> Response {
+    let (Json(body), guard) = enforced.into_parts();
+    let operation_id = guard.operation_id().to_string();
+    guard
+        .run(async move {
+            tokio::time::sleep(EFFECT_TAKES).await;
+            let id = orders.count.fetch_add(1, Ordering::SeqCst) + 1;
+            let order = serde_json::json!({ "id": id, "amount": body["amount"] });
+            orders
+                .by_operation
+                .lock()
+                .unwrap()
+                .insert(operation_id, order.clone());
+            (StatusCode::CREATED, Json(order))
+        })
+        .await
+}
+
+async fn order_status(
+    lookup: idem_runtime::Lookup<CreateOrder>,
+    axum::extract::Path(key): axum::extract::Path<String>,
+) -> idem_runtime::OperationStatus {
+    lookup.status(&key).await
+}
+
+fn idem_service() -> (Router, Arc<AtomicU64>) {
+    let orders = Orders::default();
+    let count = Arc::clone(&orders.count);
+    let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"))
+        .with_heartbeat(Duration::from_millis(300))
+        .with_test_faults();
+    let router = Router::new()
+        .route("/orders", post(create_order))
+        .route("/orders/operations/{key}", axum::routing::get(order_status))
+        .with_state(orders)
+        .layer(idem.layer());
+    (router, count)
+}
+
+#[tokio::test]
+async fn a_correct_idem_service_passes_every_checked_proof() {
+    let (router, effects) = idem_service();
+    let report = harness(router, effects)
+        .status_lookup("/orders/operations/{key}")
+        .run()
+        .await
+        .unwrap();
+    println!("{report}");
+    report.assert_passed();
+    for scenario in Scenario::ALL {
+        for proof in [Proof::OneEffect, Proof::Linked, Proof::ResultOrState] {
+            assert!(
+                report.verdict(scenario, proof).unwrap().is_pass(),
+                "{scenario:?} {proof:?}"
+            );
+        }
+        // Nothing plugged in: proofs 4 and 5 are not checked, and say so.
+        for proof in [Proof::Trace, Proof::OperatorRestore] {
+            let verdict = report.verdict(scenario, proof).unwrap();
+            assert!(
+                matches!(verdict, Verdict::NotChecked(why) if why.contains("plugged in")),
+                "{verdict:?}"
+            );
+        }
+    }
+    assert!(
+        report
+            .to_string()
+            .contains("passed: 18 of 30 proofs checked, 0 failed, 12 not checked")
+    );
+}
+
+#[tokio::test]
+async fn plugged_in_checks_decide_proofs_4_and_5() {
+    let (router, effects) = idem_service();
+    let report = harness(router, effects)
+        .scenarios([Scenario::LostAnswer, Scenario::Permanent400])
+        .check_trace(|evidence| async move {
+            // A stand-in for spans: both answers of the lost-answer scenario carry one id.
+            if evidence.operation_ids().len() == 1 {
+                Verdict::Pass(format!("{} answers, one operation", evidence.answers.len()))
+            } else {
+                Verdict::Fail("several operations".into())
+            }
+        })
+        .check_operator(|evidence| async move {
+            Verdict::Fail(format!("no operator tool for {}", evidence.key))
+        })
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(
+        failures(&report),
+        [
+            (Scenario::LostAnswer, Proof::OperatorRestore),
+            (Scenario::Permanent400, Proof::OperatorRestore),
+        ]
+    );
+    assert!(
+        report
+            .verdict(Scenario::LostAnswer, Proof::Trace)
+            .unwrap()
+            .is_pass()
+    );
+}
+
+// ----- hand-written services, each breaking one rule -----
+
+#[derive(Clone, Copy, Default)]
+struct Breaks {
+    /// Runs the effect, then forgets the key instead of storing the result.
+    forgets_result: bool,
+    /// Runs the effect first, and only then registers the key (with its result).
+    registers_after_effect: bool,
+    /// Registers the key as processing with no lease: a crash leaves it held forever.
+    no_lease: bool,
+}
+
+#[derive(Clone)]
+enum Entry {
+    Processing {
+        id: String,
+        until: Option<Instant>,
+    },
+    Released {
+        id: String,
+    },
+    Done {
+        id: String,
+        status: u16,
+        body: String,
+    },
+}
+
+#[derive(Clone, Default)]
+struct HandWritten {
+    breaks: Breaks,
+    keys: Arc<Mutex<HashMap<String, Entry>>>,
+    effects: Arc<AtomicU64>,
+    /// The result of each key's effect, for recovery.
+    made: Arc<Mutex<HashMap<String, String>>>,
+}
+
+fn answer(status: u16, id: &str, body: String, replayed: bool) -> Response {
+    let mut response = (
+        StatusCode::from_u16(status).unwrap(),
+        [("content-type", "application/json"), ("operation-id", id)],
+        body,
+    )
+        .into_response();
+    if replayed {
+        response
+            .headers_mut()
+            .insert("idempotent-replayed", "true".parse().unwrap());
+    }
+    if matches!(status, 409 | 429 | 503) {
+        response
+            .headers_mut()
+            .insert("retry-after", "1".parse().unwrap());
+    }
+    response
+}
+
+fn cut() -> Response {
+    let body = futures_util::stream::once(async {
+        Err::<axum::body::Bytes, _>(std::io::Error::other("crashed"))
+    });
+    Response::new(Body::from_stream(body))
+}
+
+impl HandWritten {
+    async fn effect(&self, key: &str) -> String {
+        tokio::time::sleep(EFFECT_TAKES).await;
+        let n = self.effects.fetch_add(1, Ordering::SeqCst) + 1;
+        let body = format!(r#"{{"id":{n}}}"#);
+        self.made.lock().unwrap().insert(key.into(), body.clone());
+        body
+    }
+
+    fn settle(&self, key: &str, id: &str, status: u16, body: &str) {
+        let mut keys = self.keys.lock().unwrap();
+        if self.breaks.forgets_result {
+            keys.remove(key);
+        } else {
+            keys.insert(
+                key.into(),
+                Entry::Done {
+                    id: id.into(),
+                    status,
+                    body: body.into(),
+                },
+            );
+        }
+    }
+}
+
+async fn hand_written(State(s): State<HandWritten>, headers: HeaderMap) -> Response {
+    let Some(key) = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+    else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let fault = headers
+        .get("idem-test-fault")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let fresh = || uuid::Uuid::now_v7().to_string();
+    // Register the key, or answer from what it holds.
+    let id = {
+        let mut keys = s.keys.lock().unwrap();
+        let id = match keys.get(&key).cloned() {
+            Some(Entry::Done { id, status, body }) => return answer(status, &id, body, true),
+            Some(Entry::Processing { id, until }) => {
+                if until.is_none_or(|u| u > Instant::now()) {
+                    return answer(409, &id, r#"{"state":"processing"}"#.into(), false);
+                }
+                // The lease has ended: recovery looks for the effect.
+                if let Some(body) = s.made.lock().unwrap().get(&key).cloned() {
+                    drop(keys);
+                    s.settle(&key, &id, 201, &body);
+                    return answer(201, &id, body, false);
+                }
+                id
+            }
+            Some(Entry::Released { id }) => id,
+            None => fresh(),
+        };
+        if !s.breaks.registers_after_effect {
+            let until = (!s.breaks.no_lease).then(|| Instant::now() + Duration::from_millis(500));
+            keys.insert(
+                key.clone(),
+                Entry::Processing {
+                    id: id.clone(),
+                    until,
+                },
+            );
+        }
+        id
+    };
+    match fault.as_deref() {
+        Some(f @ ("answer-429" | "answer-503")) => {
+            let status = if f == "answer-429" { 429 } else { 503 };
+            s.keys
+                .lock()
+                .unwrap()
+                .insert(key, Entry::Released { id: id.clone() });
+            return answer(status, &id, r#"{"refused":true}"#.into(), false);
+        }
+        Some("answer-400") => {
+            let body = r#"{"invalid":true}"#.to_owned();
+            s.settle(&key, &id, 400, &body);
+            return answer(400, &id, body, false);
+        }
+        _ => {}
+    }
+    let body = s.effect(&key).await;
+    if fault.as_deref() == Some("crash-after-effect") {
+        return cut();
+    }
+    s.settle(&key, &id, 201, &body);
+    answer(201, &id, body, false)
+}
+
+async fn run_hand_written(breaks: Breaks) -> Report {
+    let service = HandWritten {
+        breaks,
+        ..HandWritten::default()
+    };
+    let effects = Arc::clone(&service.effects);
+    let router = Router::new()
+        .route("/orders", post(hand_written))
+        .with_state(service);
+    let report = harness(router, effects)
+        .recovery_within(Duration::from_secs(2))
+        .run()
+        .await
+        .unwrap();
+    println!("{report}");
+    report
+}
+
+#[tokio::test]
+async fn a_hand_written_service_that_keeps_the_rules_passes() {
+    let report = run_hand_written(Breaks::default()).await;
+    report.assert_passed();
+    // Without a status lookup, nothing links the crashed attempt (which sent no answer)
+    // to the retries: proof 2 of the crash is not checked, rather than passed.
+    let verdict = report.verdict(Scenario::Crash, Proof::Linked).unwrap();
+    assert!(
+        matches!(verdict, Verdict::NotChecked(why) if why.contains("status lookup")),
+        "{verdict:?}"
+    );
+    assert_eq!(report.passes().len(), 17, "{report}");
+}
+
+#[tokio::test]
+async fn a_service_that_forgets_its_result_fails_the_lost_answer_the_400_and_the_repeat() {
+    let report = run_hand_written(Breaks {
+        forgets_result: true,
+        ..Breaks::default()
+    })
+    .await;
+    use Proof::*;
+    use Scenario::*;
+    assert_eq!(
+        failures(&report),
+        [
+            (LostAnswer, OneEffect),
+            (LostAnswer, Linked),
+            (LostAnswer, ResultOrState),
+            (Permanent400, OneEffect),
+            (Permanent400, Linked),
+            (Permanent400, ResultOrState),
+            (Concurrent, OneEffect),
+            (Concurrent, Linked),
+            (Concurrent, ResultOrState),
+        ]
+    );
+    let evidence = report.verdict(LostAnswer, OneEffect).unwrap().evidence();
+    assert!(evidence.starts_with("2 effect(s)"), "{evidence}");
+}
+
+#[tokio::test]
+async fn a_service_that_registers_the_key_after_the_effect_fails_concurrency_and_the_crash() {
+    let report = run_hand_written(Breaks {
+        registers_after_effect: true,
+        ..Breaks::default()
+    })
+    .await;
+    use Proof::*;
+    use Scenario::*;
+    assert_eq!(
+        failures(&report),
+        [
+            (Concurrent, OneEffect),
+            (Concurrent, Linked),
+            (Concurrent, ResultOrState),
+            (Crash, OneEffect),
+        ]
+    );
+    // Every request that arrived before the first had finished ran the effect (all 10,
+    // unless the machine is slow enough to spread them over 150 ms).
+    let evidence = report.verdict(Concurrent, OneEffect).unwrap().evidence();
+    let ran: u64 = evidence.split(' ').next().unwrap().parse().unwrap();
+    assert!(ran >= 2, "{evidence}");
+}
+
+#[tokio::test]
+async fn a_service_without_a_lease_fails_the_crash_its_key_blocked_for_good() {
+    let report = run_hand_written(Breaks {
+        no_lease: true,
+        ..Breaks::default()
+    })
+    .await;
+    assert_eq!(failures(&report), [(Scenario::Crash, Proof::ResultOrState)]);
+    let evidence = report
+        .verdict(Scenario::Crash, Proof::ResultOrState)
+        .unwrap()
+        .evidence();
+    assert!(evidence.contains("the key is blocked"), "{evidence}");
+}
+
+// ----- the harness's own configuration -----
+
+#[tokio::test]
+async fn bad_configurations_get_precise_errors() {
+    for (url, expected) in [
+        ("not a url", "is not a URL"),
+        ("", "is not a URL"),
+        ("https://127.0.0.1:1", "the scheme must be `http`"),
+        ("http://example.com", "is not on loopback"),
+        ("http://10.0.0.1:3000", "is not on loopback"),
+    ] {
+        let error = Harness::for_url(url).unwrap_err().to_string();
+        assert!(error.contains(expected), "{url}: {error}");
+    }
+    for url in [
+        "http://127.0.0.1:3000",
+        "http://[::1]:3000/",
+        "http://localhost:3000",
+    ] {
+        assert!(Harness::for_url(url).is_ok(), "{url}");
+    }
+
+    // Nothing listens on the port of a listener just closed.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let count = || async { Ok::<u64, String>(0) };
+    let error = Harness::for_url(&format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .request(Request::post_json("/orders", "{}"))
+        .count_effects(count)
+        .run()
+        .await
+        .unwrap_err();
+    assert!(matches!(error, HarnessError::Unreachable { .. }), "{error}");
+
+    let (router, _) = idem_service();
+    let no_request = Harness::for_router(router.clone())
+        .count_effects(count)
+        .run()
+        .await
+        .unwrap_err();
+    assert!(
+        no_request.to_string().contains("no request"),
+        "{no_request}"
+    );
+    let empty_path = Harness::for_router(router.clone())
+        .request(Request::post_json("", "{}"))
+        .count_effects(count)
+        .run()
+        .await
+        .unwrap_err();
+    assert!(
+        empty_path.to_string().contains("must start with `/`"),
+        "{empty_path}"
+    );
+    let bad_header = Harness::for_router(router.clone())
+        .request(Request::post_json("/orders", "{}"))
+        .client_header("x client", "cus_42")
+        .count_effects(count)
+        .run()
+        .await
+        .unwrap_err();
+    assert!(
+        bad_header.to_string().contains("is not a header name"),
+        "{bad_header}"
+    );
+    let no_counter = Harness::for_router(router.clone())
+        .request(Request::post_json("/orders", "{}"))
+        .run()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(no_counter, HarnessError::NoEffectCounter),
+        "{no_counter}"
+    );
+    let failing_counter = Harness::for_router(router)
+        .request(Request::post_json("/orders", "{}"))
+        .count_effects(|| async { Err::<u64, _>("the database is gone") })
+        .run()
+        .await
+        .unwrap_err();
+    assert!(
+        failing_counter.to_string().contains("the database is gone"),
+        "{failing_counter}"
+    );
+}
+
+#[tokio::test]
+async fn a_service_without_the_opt_in_ignores_the_fault_header() {
+    let orders = Orders::default();
+    let count = Arc::clone(&orders.count);
+    // No `with_test_faults()`: the header is an ordinary header.
+    let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"));
+    let router = Router::new()
+        .route("/orders", post(create_order))
+        .with_state(orders)
+        .layer(idem.layer());
+    let report = harness(router, count)
+        .scenarios([Scenario::Permanent400])
+        .run()
+        .await
+        .unwrap();
+    let verdict = report
+        .verdict(Scenario::Permanent400, Proof::ResultOrState)
+        .unwrap();
+    assert!(
+        matches!(verdict, Verdict::Fail(why) if why.contains("was not answered 400: got 201")),
+        "{verdict:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_service_at_a_base_url_is_tested_the_same_way() {
+    let service = HandWritten::default();
+    let effects = Arc::clone(&service.effects);
+    let router = Router::new()
+        .route("/orders", post(hand_written))
+        .with_state(service);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let report = Harness::for_url(&format!("http://localhost:{}", addr.port()))
+        .unwrap()
+        .request(Request::post_json("/orders", r#"{"amount":1250}"#))
+        .scenarios([Scenario::LostAnswer, Scenario::Permanent400])
+        .count_effects(move || {
+            let effects = Arc::clone(&effects);
+            async move { Ok::<_, String>(effects.load(Ordering::SeqCst)) }
+        })
+        .run()
+        .await
+        .unwrap();
+    server.abort();
+    report.assert_passed();
+    assert_eq!(report.scenarios.len(), 2);
+    assert_eq!(report.passes().len(), 6, "{report}");
+}
+
+#[tokio::test]
+async fn a_fault_the_protocol_does_not_name_is_refused_before_anything_runs() {
+    let (router, effects) = idem_service();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let response = reqwest::Client::new()
+        .post(format!("http://{addr}/orders"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", "k-1")
+        .header("x-client-id", "cus_42")
+        .header("idem-test-fault", "explode")
+        .body(r#"{"amount":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let body = response.text().await.unwrap();
+    assert!(body.contains("names no fault: `explode`"), "{body}");
+    assert!(
+        body.contains("answer-429, answer-503, answer-400, crash-after-effect"),
+        "{body}"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 0);
+    server.abort();
+}
