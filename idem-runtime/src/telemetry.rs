@@ -335,32 +335,24 @@ pub(crate) struct OperationMetrics {
 
 impl OperationMetrics {
     pub(crate) fn new(operation: &'static str) -> OperationMetrics {
-        let keys = |name: &'static str, outcomes: &mut dyn Iterator<Item = &'static str>| {
+        let keys = |name: &'static str, outcomes: &[&'static str]| -> Vec<Key> {
             outcomes
-                .map(|outcome| {
-                    Key::from_parts(
-                        name,
-                        vec![
-                            Label::new(LABEL_OPERATION, operation),
-                            Label::new(LABEL_OUTCOME, outcome),
-                        ],
-                    )
+                .iter()
+                .map(|&outcome| {
+                    let labels = vec![
+                        Label::new(LABEL_OPERATION, operation),
+                        Label::new(LABEL_OUTCOME, outcome),
+                    ];
+                    Key::from_parts(name, labels)
                 })
                 .collect()
         };
+        let outcomes = Outcome::ALL.map(Outcome::as_str);
+        let finals = FinalOutcome::ALL.map(FinalOutcome::as_str);
         OperationMetrics {
-            attempts: keys(
-                METRIC_ATTEMPTS,
-                &mut Outcome::ALL.iter().map(|o| o.as_str()),
-            ),
-            durations: keys(
-                METRIC_ATTEMPT_DURATION,
-                &mut Outcome::ALL.iter().map(|o| o.as_str()),
-            ),
-            finals: keys(
-                METRIC_OPERATIONS,
-                &mut FinalOutcome::ALL.iter().map(|o| o.as_str()),
-            ),
+            attempts: keys(METRIC_ATTEMPTS, &outcomes),
+            durations: keys(METRIC_ATTEMPT_DURATION, &outcomes),
+            finals: keys(METRIC_OPERATIONS, &finals),
         }
     }
 }
