@@ -313,24 +313,27 @@ fn consistent(evidence: &Evidence, inspection: &Inspection) -> Result<(), String
         }
     }
     if let Some(last) = evidence.answers.iter().rev().find(|a| a.complete()) {
-        match &record.state {
-            RecordState::Completed { response } if is_result(last) => {
-                if Some(response.status) != last.status {
-                    return Err(format!(
-                        "the last answer was {}, the stored result {}: {seen}",
-                        last.describe(),
-                        response.status
-                    ));
-                }
-            }
-            RecordState::Unknown { .. } if last.is_parked() => {}
-            _ if is_result(last) || last.is_parked() => {
-                return Err(format!(
+        let stored = match &record.state {
+            RecordState::Completed { response } => Some(response.status),
+            _ => None,
+        };
+        if is_result(last) && stored != last.status {
+            return Err(match stored {
+                Some(status) => format!(
+                    "the last answer was {}, the stored result {status}: {seen}",
+                    last.describe()
+                ),
+                None => format!(
                     "the last answer was {}, but Store::inspect shows {seen}",
                     last.describe()
-                ));
-            }
-            _ => {}
+                ),
+            });
+        }
+        if last.is_parked() && !matches!(record.state, RecordState::Unknown { .. }) {
+            return Err(format!(
+                "the last answer was {}, but Store::inspect shows {seen}",
+                last.describe()
+            ));
         }
     }
     Ok(())
