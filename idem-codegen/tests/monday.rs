@@ -255,6 +255,62 @@ async fn an_idem_service_passes_every_proof_checkable_from_outside() {
     );
 }
 
+/// A contracts file holding the contract, with `POST /orders` as its route or none.
+fn contracts(dir: &Path, routed: bool) -> PathBuf {
+    let file = ContractsFile {
+        version: idem_contract::file::CONTRACTS_FILE_VERSION,
+        contracts: vec![ContractEntry {
+            target: routed.then(|| Target::Path {
+                method: "post".into(),
+                path: "/orders".into(),
+            }),
+            contract: CONTRACT,
+        }],
+    };
+    let path = dir.join(if routed {
+        "routed.json"
+    } else {
+        "unrouted.json"
+    });
+    std::fs::write(&path, serde_json::to_string_pretty(&file).unwrap()).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contracts_file_serves_as_well_as_the_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, _) = idem_service(dir.path()).await;
+    let spec = spec(dir.path());
+    let mut args = args(&spec, &base);
+    args[0] = "--contracts".into();
+    args[1] = contracts(dir.path(), true).display().to_string();
+    let out = idem(args.clone()).await;
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // No --store: proofs 4 and 5 are not checked, and say why.
+    assert!(
+        stdout.contains("passed: 18 of 30 proofs checked, 0 failed, 12 not checked"),
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout.matches("not checked  no --store").count(),
+        6,
+        "{stdout}"
+    );
+    // A contract without a route needs `--route`.
+    args[1] = contracts(dir.path(), false).display().to_string();
+    let out = idem(args.clone()).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("the contracts file names no route for `create_order`: give it with `--route \"POST /…\"`"),
+        "{}",
+        text(&out.stderr)
+    );
+    args.extend(["--route".to_owned(), "POST /orders".to_owned()]);
+    let out = idem(args).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_without_idempotency_fails_and_names_the_failed_proofs() {
     let dir = tempfile::tempdir().unwrap();
