@@ -59,7 +59,9 @@
 //!   `PostgresStore` with the feature `postgres`, `RedisStore` with the feature `redis`).
 //! - [`model`]: the contract as data, its rules ([`check()`](fn@check)) and its JSON Schema.
 //! - `testing` (feature `testing`): the Monday test, a conformance harness pointed at a
-//!   contracted operation, and the test-fault protocol it drives (`Idem::with_test_faults`).
+//!   contracted operation, the test-fault protocol it drives (`Idem::with_test_faults`),
+//!   and the checks of its proofs 4 and 5: `TraceCapture` (idem's spans) and
+//!   `OperatorCheck` (the store's operator calls).
 //!
 //! The README lists every answer; [`problem`] every problem type.
 #![forbid(unsafe_code)]

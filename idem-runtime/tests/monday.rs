@@ -1,12 +1,13 @@
 //! The Monday test's own tests (feature `testing`): the harness against a correct idem
 //! service, against hand-written services (one that keeps the rules, three that break
-//! one each, which must fail exactly the proofs they break), and its bad configurations.
-//! Real sockets on 127.0.0.1.
+//! one each, which must fail exactly the proofs they break), the ready-made checks of
+//! proofs 4 (a trace capture) and 5 (the store's operator calls) passing and failing,
+//! and its bad configurations. Real sockets on 127.0.0.1.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -17,10 +18,15 @@ use axum::routing::post;
 use axum::{Json, Router};
 use idem_contract::*;
 use idem_runtime::enforce::Enforced;
-use idem_runtime::testing::{Harness, HarnessError, Proof, Report, Request, Scenario, Verdict};
+use idem_runtime::store::{
+    Begin, Inspection, Lease, ListQuery, Listed, MemoryStore, NewRecord, OwnerToken, Record,
+    RecordKey, Resolve, StoredResponse, UnixMillis,
+};
+use idem_runtime::testing::{
+    Harness, HarnessError, OperatorCheck, Proof, Report, Request, Scenario, TraceCapture, Verdict,
+};
 use idem_runtime::{
-    Contracted, Idem, Recover, Recoverer, Resolution, UnknownOperation, identity,
-    store::MemoryStore,
+    Contracted, Idem, Recover, Recoverer, Resolution, Store, StoreError, UnknownOperation, identity,
 };
 use tokio::time::Instant;
 
@@ -75,6 +81,8 @@ const CONTRACT: Contract = Contract {
 
 #[derive(Clone, Default)]
 struct Orders {
+    /// The reconcile function cannot tell: an attempt that died is parked for an operator.
+    undecidable: bool,
     count: Arc<AtomicU64>,
     /// The orders by the operation id that made them.
     by_operation: Arc<Mutex<HashMap<String, serde_json::Value>>>,
@@ -91,6 +99,9 @@ impl Recover<Orders> for CreateOrder {
 }
 
 async fn reconcile_order(orders: Orders, op: UnknownOperation) -> Resolution {
+    if orders.undecidable {
+        return Resolution::unknown("the ledger cannot tell");
+    }
     let found = orders
         .by_operation
         .lock()
@@ -132,9 +143,14 @@ async fn order_status(
 }
 
 fn idem_service() -> (Router, Arc<AtomicU64>) {
-    let orders = Orders::default();
+    let (router, _, count) = idem_service_over(MemoryStore::new(), Orders::default());
+    (router, count)
+}
+
+/// The idem service over `store`, and its handle (for the operator check).
+fn idem_service_over(store: impl Store, orders: Orders) -> (Router, Idem, Arc<AtomicU64>) {
     let count = Arc::clone(&orders.count);
-    let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"))
+    let idem = Idem::new(store, identity::header("x-client-id"))
         .with_heartbeat(Duration::from_millis(300))
         .with_test_faults();
     let router = Router::new()
@@ -142,7 +158,29 @@ fn idem_service() -> (Router, Arc<AtomicU64>) {
         .route("/orders/operations/{key}", axum::routing::get(order_status))
         .with_state(orders)
         .layer(idem.layer());
-    (router, count)
+    (router, idem, count)
+}
+
+/// The capture of this binary's spans, installed once as the global subscriber (the
+/// services run on other threads than the tests).
+fn capture() -> &'static TraceCapture {
+    static CAPTURE: OnceLock<TraceCapture> = OnceLock::new();
+    CAPTURE.get_or_init(|| {
+        let capture = TraceCapture::new();
+        capture
+            .install_global()
+            .expect("the only global subscriber");
+        capture
+    })
+}
+
+/// The harness over an idem service with both ready-made checks plugged in.
+fn fully_checked(store: impl Store, orders: Orders) -> Harness {
+    let (router, idem, effects) = idem_service_over(store, orders);
+    harness(router, effects)
+        .status_lookup("/orders/operations/{key}")
+        .check_trace(capture().check())
+        .check_operator(OperatorCheck::for_idem(&idem, "create_order").check())
 }
 
 #[tokio::test]
@@ -212,6 +250,323 @@ async fn plugged_in_checks_decide_proofs_4_and_5() {
     );
 }
 
+// ----- proofs 4 and 5 with the ready-made checks -----
+
+#[tokio::test]
+async fn the_ready_made_checks_prove_all_five_on_a_correct_idem_service() {
+    let report = fully_checked(MemoryStore::new(), Orders::default())
+        .run()
+        .await
+        .unwrap();
+    println!("{report}");
+    report.assert_passed();
+    assert_eq!(report.passes().len(), 30, "{report}");
+    let trace = |s| {
+        report
+            .verdict(s, Proof::Trace)
+            .unwrap()
+            .evidence()
+            .to_owned()
+    };
+    let operator = |s| {
+        report
+            .verdict(s, Proof::OperatorRestore)
+            .unwrap()
+            .evidence()
+            .to_owned()
+    };
+    // Both physical attempts of the lost answer, the second a resend; one final outcome.
+    let lost = trace(Scenario::LostAnswer);
+    assert!(lost.contains("1 first and 1 resend(s)"), "{lost}");
+    assert!(lost.contains("#1 executed 201, #2 replayed 201"), "{lost}");
+    assert!(lost.contains("idem.operation.end: completed"), "{lost}");
+    // The crashed attempt ended unknown; recovery's decision is the one final outcome.
+    let crash = trace(Scenario::Crash);
+    assert!(crash.contains("#1 unknown"), "{crash}");
+    assert!(crash.contains("idem.operation.end: recovered"), "{crash}");
+    // The operator sees both attempts of the refusals and of the crash.
+    assert!(
+        operator(Scenario::TooManyRequests).contains("#1 released, #2 completed 201"),
+        "{}",
+        operator(Scenario::TooManyRequests)
+    );
+    assert!(
+        operator(Scenario::Crash).contains("#1 lease ended, #2 completed 201"),
+        "{}",
+        operator(Scenario::Crash)
+    );
+    assert!(operator(Scenario::Permanent400).contains("completed 400"));
+    for scenario in Scenario::ALL {
+        assert!(
+            operator(scenario).contains("nothing to restore"),
+            "{scenario:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_crash_recovery_cannot_decide_is_parked_then_restored_through_store_resolve() {
+    let orders = Orders {
+        undecidable: true,
+        ..Orders::default()
+    };
+    let report = fully_checked(MemoryStore::new(), orders)
+        .scenarios([Scenario::Crash])
+        .run()
+        .await
+        .unwrap();
+    println!("{report}");
+    report.assert_passed();
+    assert_eq!(report.passes().len(), 5, "{report}");
+    let verdict = |p| {
+        report
+            .verdict(Scenario::Crash, p)
+            .unwrap()
+            .evidence()
+            .to_owned()
+    };
+    // The client gets the state: parked for an operator.
+    assert!(
+        verdict(Proof::ResultOrState)
+            .contains("409 operation-outcome-unknown (parked for an operator)"),
+        "{}",
+        verdict(Proof::ResultOrState)
+    );
+    assert!(
+        verdict(Proof::Trace).contains("idem.operation.end: parked"),
+        "{}",
+        verdict(Proof::Trace)
+    );
+    // The effect happened, so the operator resolves it as completed; the retry gets the
+    // operator's answer.
+    let restored = verdict(Proof::OperatorRestore);
+    assert!(
+        restored.contains("parked at attempt 2 (the ledger cannot tell); resolved as completed through Store::resolve"),
+        "{restored}"
+    );
+    assert!(
+        restored.contains("the retry got 200 (replayed)"),
+        "{restored}"
+    );
+}
+
+#[tokio::test]
+async fn a_capture_fed_nothing_fails_proof_4_with_its_evidence() {
+    let (router, effects) = idem_service();
+    // Never installed: it sees no span.
+    let deaf = TraceCapture::new();
+    let report = harness(router, effects)
+        .scenarios([Scenario::LostAnswer])
+        .check_trace(deaf.check())
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(failures(&report), [(Scenario::LostAnswer, Proof::Trace)]);
+    let evidence = report
+        .verdict(Scenario::LostAnswer, Proof::Trace)
+        .unwrap()
+        .evidence();
+    assert!(
+        evidence.starts_with("0 idem.attempt span(s) under ")
+            && evidence.ends_with("for 2 request(s) the service answered"),
+        "{evidence}"
+    );
+}
+
+#[tokio::test]
+async fn a_service_whose_trace_misses_the_second_attempt_fails_proof_4() {
+    let service = HandWritten {
+        breaks: Breaks {
+            traces_only_the_first: true,
+            ..Breaks::default()
+        },
+        ..HandWritten::default()
+    };
+    let effects = Arc::clone(&service.effects);
+    let router = Router::new()
+        .route("/orders", post(hand_written))
+        .with_state(service);
+    let report = harness(router, effects)
+        .scenarios([Scenario::LostAnswer, Scenario::Permanent400])
+        .check_trace(capture().check())
+        .run()
+        .await
+        .unwrap();
+    println!("{report}");
+    assert_eq!(
+        failures(&report),
+        [
+            (Scenario::LostAnswer, Proof::Trace),
+            (Scenario::Permanent400, Proof::Trace)
+        ]
+    );
+    let evidence = report
+        .verdict(Scenario::LostAnswer, Proof::Trace)
+        .unwrap()
+        .evidence();
+    assert!(
+        evidence.starts_with("1 idem.attempt span(s) under ")
+            && evidence.contains("for 2 request(s) the service answered: #1 executed 201"),
+        "{evidence}"
+    );
+}
+
+#[tokio::test]
+async fn a_store_that_hides_attempts_from_the_operator_fails_proof_5() {
+    let store = Hobbled {
+        hides_attempts: true,
+        ..Hobbled::default()
+    };
+    let report = fully_checked(store, Orders::default())
+        .scenarios([Scenario::LostAnswer, Scenario::TooManyRequests])
+        .run()
+        .await
+        .unwrap();
+    println!("{report}");
+    // One attempt: nothing hidden. Two: the first is missing.
+    assert_eq!(
+        failures(&report),
+        [(Scenario::TooManyRequests, Proof::OperatorRestore)]
+    );
+    let evidence = report
+        .verdict(Scenario::TooManyRequests, Proof::OperatorRestore)
+        .unwrap()
+        .evidence();
+    assert!(
+        evidence.starts_with("the record counts 2 attempt(s), Store::inspect lists 1"),
+        "{evidence}"
+    );
+}
+
+#[tokio::test]
+async fn a_parked_operation_that_cannot_be_resolved_fails_proof_5() {
+    let store = Hobbled {
+        refuses_resolve: true,
+        ..Hobbled::default()
+    };
+    let orders = Orders {
+        undecidable: true,
+        ..Orders::default()
+    };
+    let report = fully_checked(store, orders)
+        .scenarios([Scenario::Crash])
+        .run()
+        .await
+        .unwrap();
+    println!("{report}");
+    assert_eq!(
+        failures(&report),
+        [(Scenario::Crash, Proof::OperatorRestore)]
+    );
+    let evidence = report
+        .verdict(Scenario::Crash, Proof::OperatorRestore)
+        .unwrap()
+        .evidence();
+    assert!(
+        evidence.contains("Store::resolve (idem ops resolve --as completed) refused: the store is unavailable: the operator's write failed"),
+        "{evidence}"
+    );
+}
+
+/// A memory store that hides all but the last attempt from `inspect`, or refuses every
+/// resolution.
+#[derive(Default)]
+struct Hobbled {
+    inner: MemoryStore,
+    hides_attempts: bool,
+    refuses_resolve: bool,
+}
+
+#[async_trait::async_trait]
+impl Store for Hobbled {
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        new: &NewRecord,
+        now: UnixMillis,
+    ) -> Result<Begin, StoreError> {
+        self.inner.begin(key, new, now).await
+    }
+    async fn get(&self, key: &RecordKey, now: UnixMillis) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key, now).await
+    }
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        response: &StoredResponse,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.inner.complete(key, token, response, now).await
+    }
+    async fn release(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.inner.release(key, token, now).await
+    }
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        until: UnixMillis,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.inner.renew(key, token, until, now).await
+    }
+    async fn park_unknown(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        reason: &str,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.inner.park_unknown(key, token, reason, now).await
+    }
+    async fn take_over(
+        &self,
+        key: &RecordKey,
+        expected: OwnerToken,
+        new_lease: Lease,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError> {
+        self.inner.take_over(key, expected, new_lease, now).await
+    }
+    async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
+        self.inner.purge_expired(now).await
+    }
+    async fn list(&self, query: &ListQuery, now: UnixMillis) -> Result<Vec<Listed>, StoreError> {
+        self.inner.list(query, now).await
+    }
+    async fn inspect(
+        &self,
+        key: &RecordKey,
+        now: UnixMillis,
+    ) -> Result<Option<Inspection>, StoreError> {
+        let mut found = self.inner.inspect(key, now).await?;
+        if self.hides_attempts
+            && let Some(inspection) = &mut found
+        {
+            let last = inspection.attempts.len().saturating_sub(1);
+            inspection.attempts.drain(..last);
+        }
+        Ok(found)
+    }
+    async fn resolve(
+        &self,
+        key: &RecordKey,
+        resolve: &Resolve,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError> {
+        if self.refuses_resolve {
+            return Err(StoreError::unavailable("the operator's write failed"));
+        }
+        self.inner.resolve(key, resolve, now).await
+    }
+}
+
 // ----- hand-written services, each breaking one rule -----
 
 #[derive(Clone, Copy, Default)]
@@ -222,6 +577,9 @@ struct Breaks {
     registers_after_effect: bool,
     /// Registers the key as processing with no lease: a crash leaves it held forever.
     no_lease: bool,
+    /// Emits an `idem.attempt` span for the attempt that registers a new key, none for
+    /// the others: its trace misses every resend.
+    traces_only_the_first: bool,
 }
 
 #[derive(Clone)]
@@ -333,7 +691,20 @@ async fn hand_written(State(s): State<HandWritten>, headers: HeaderMap) -> Respo
                 id
             }
             Some(Entry::Released { id }) => id,
-            None => fresh(),
+            None => {
+                let id = fresh();
+                if s.breaks.traces_only_the_first {
+                    let span = tracing::info_span!(
+                        "idem.attempt",
+                        idem.operation_id = %id,
+                        idem.attempt = 1u32,
+                        idem.outcome = "executed",
+                        http.response.status_code = 201u16,
+                    );
+                    drop(span);
+                }
+                id
+            }
         };
         if !s.breaks.registers_after_effect {
             let until = (!s.breaks.no_lease).then(|| Instant::now() + Duration::from_millis(500));

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use orders::{Backend, Config, Service, publish};
+use tracing_subscriber::prelude::*;
 
 /// An order service whose `POST /orders` carries a full idempotency contract.
 ///
@@ -129,12 +130,12 @@ fn backend(args: &Args) -> Result<Backend, String> {
 
 /// `orders monday`: the report on standard output; non-zero when a proof failed or the
 /// test could not run.
-async fn monday() -> ExitCode {
+async fn monday(trace: &idem::testing::TraceCapture) -> ExitCode {
     println!(
         "orders monday: the Monday test against POST /orders (a fresh service, its embedded SQLite store, a {} ms lease)",
         orders::monday::LEASE.as_millis()
     );
-    match orders::monday::run().await {
+    match orders::monday::run(trace).await {
         Ok(monday) => {
             println!("service database: {} (temporary)\n", monday.db.display());
             println!("{}", monday.report);
@@ -181,17 +182,22 @@ async fn main() -> ExitCode {
         Some(Command::Monday) => "error",
         None => "info,sqlx=warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| default_filter.into()),
-        )
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| default_filter.into());
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    // `monday` also reads idem's spans (proof 4): a layer of its own, beside the log's
+    // filter, for the whole process (the service runs on other threads).
+    let trace = idem::testing::TraceCapture::new();
+    let capture = matches!(args.command, Some(Command::Monday)).then(|| trace.clone());
+    tracing_subscriber::registry()
+        .with(log.with_filter(filter))
+        .with(capture)
         .init();
 
     if let Some(Command::Monday) = args.command {
-        return monday().await;
+        return monday(&trace).await;
     }
 
     if args.emit_openapi.is_some() || args.emit_docs.is_some() {

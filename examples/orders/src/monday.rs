@@ -5,14 +5,16 @@
 //! `Idem::with_test_faults` (only here: `orders` serving never honours the fault header)
 //! and a short lease, so that the crash is recovered in well under a second; then runs
 //! idem's conformance harness ([`idem::testing::Harness`]) against `POST /orders`,
-//! counting business effects as rows of the orders table.
+//! counting business effects as rows of the orders table, reading the service's trace
+//! through a [`TraceCapture`] (proof 4) and its store through idem's operator calls, the
+//! ones `idem ops` makes (proof 5: [`OperatorCheck`]).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use idem::testing::{Harness, HarnessError, Report, Request};
+use idem::testing::{Harness, HarnessError, OperatorCheck, Report, Request, TraceCapture};
 
-use crate::api::CLIENT_ID_HEADER;
+use crate::api::{CLIENT_ID_HEADER, create_order};
 use crate::model::{CreateOrder, LineItem};
 use crate::service::OpenError;
 use crate::{Backend, Config, Service};
@@ -43,19 +45,22 @@ pub struct Monday {
     pub db: PathBuf,
 }
 
-/// Runs the Monday test against a fresh in-process service.
+/// Runs the Monday test against a fresh in-process service; `trace` must be installed
+/// for the whole process (a layer of the global subscriber) for proof 4 to pass.
 ///
 /// # Errors
 ///
 /// When the service cannot start or the harness cannot run; a failed proof is not an
 /// error: see [`Report::passed`].
-pub async fn run() -> Result<Monday, MondayError> {
+pub async fn run(trace: &TraceCapture) -> Result<Monday, MondayError> {
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("orders.db");
     let service = Service::open(&Config::new(Backend::Sqlite { db: db.clone() }))
         .await?
         .map_idem(|idem| idem.with_heartbeat(LEASE).with_test_faults());
     let orders = service.app.orders.clone();
+    let operator =
+        OperatorCheck::for_idem(&service.idem, create_order::CONTRACT.operation.to_string());
     let order = CreateOrder {
         customer_id: "cus_42".into(),
         currency: "EUR".into(),
@@ -75,6 +80,8 @@ pub async fn run() -> Result<Monday, MondayError> {
             let orders = orders.clone();
             async move { orders.count().await.map(|n| u64::try_from(n).unwrap_or(0)) }
         })
+        .check_trace(trace.check())
+        .check_operator(operator.check())
         .run()
         .await?;
     Ok(Monday { report, db })

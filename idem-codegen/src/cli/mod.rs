@@ -4,13 +4,16 @@
 //! JSON Schema of the `x-idempotency` extension.
 //!
 //! `idem ops` lists, shows and resolves the operations in a service's store (feature
-//! `ops`, on by default).
+//! `ops`, on by default). `idem monday` runs the Monday test against a service on
+//! loopback, from its published contract (feature `monday`, on by default).
 //!
 //! Exit codes: 0 on success, 1 when an input is refused (every problem is printed as
 //! `file:line:col: error: message`), 2 for a usage error (clap's convention).
 
 mod docs;
 mod merge;
+#[cfg(feature = "monday")]
+pub mod monday;
 #[cfg(feature = "ops")]
 pub mod ops;
 mod source;
@@ -112,6 +115,25 @@ pub enum Command {
         after_help = "Examples:\n  idem ops list --store orders.db --state unknown\n  idem ops show --store orders.db --operation create_order --client acme --key 7f3c\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --as not-applied --reason \"no order in the ledger\""
     )]
     Ops(ops::OpsArgs),
+    /// Run the Monday test against a service on loopback, from the published contract
+    /// of one of its operations (feature `monday`, on by default).
+    ///
+    /// The contract comes from the OpenAPI document's `x-idempotency` (or a contracts
+    /// file). The scenarios: the answer lost after the commit, then the same request
+    /// with the same key; a 429; a transient 503; a permanent 400; concurrent requests
+    /// with one key; a crash after the effect. The service makes them happen when a
+    /// request carries `Idem-Test-Fault: answer-429 | answer-503 | answer-400 |
+    /// crash-after-effect` (idem does with `Idem::with_test_faults()`; a service in any
+    /// language can). Business effects are counted before and after each scenario by
+    /// `--effects-url` (a number in the body) or `--effects-command` (a number printed).
+    /// Prints scenario × proof and exits with 1 when a proof fails. Proof 4 (the trace)
+    /// is not checked from outside the service's process; proof 5 is, through the store's
+    /// operator calls, with `--store`.
+    #[cfg(feature = "monday")]
+    #[command(
+        after_help = "Examples:\n  idem monday --spec openapi.yaml --operation create_order --base-url http://127.0.0.1:3000 --request-body order.json --client-header x-client-id=monday --effects-url http://127.0.0.1:3000/admin/orders/count\n  idem monday --contracts contracts.json --operation create_order --route \"POST /orders\" --base-url http://127.0.0.1:3000 --request-body '{\"amount\": 1250}' --effects-command \"sqlite3 orders.db 'select count(*) from orders'\" --store orders.db"
+    )]
+    Monday(monday::MondayArgs),
 }
 
 /// The long help of `--target`, shared by `merge`, `docs` and `export`.
@@ -319,6 +341,8 @@ pub fn run(cli: Cli) -> Result<(), Errors> {
         Command::Schema(args) => source::schema(args),
         #[cfg(feature = "ops")]
         Command::Ops(args) => ops::run(args),
+        #[cfg(feature = "monday")]
+        Command::Monday(args) => monday::run(args),
     }
 }
 

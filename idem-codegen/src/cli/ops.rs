@@ -426,7 +426,7 @@ async fn resolve(args: ResolveArgs) -> Result<(), Errors> {
 }
 
 /// Opens the store `args` names, without creating anything.
-async fn open(args: &StoreArgs) -> Result<Box<dyn Store>, Error> {
+pub(super) async fn open(args: &StoreArgs) -> Result<Box<dyn Store>, Error> {
     let spec = args.store.as_str();
     check_text("--store", spec, 4096)?;
     let shown = redact(spec);

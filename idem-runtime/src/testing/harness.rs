@@ -11,6 +11,7 @@ use std::time::Duration;
 use super::report::{Report, Scenario, Verdict};
 use super::scenarios::Run;
 use super::seen::Evidence;
+use super::send::Sender;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 pub(super) type Counter = Arc<dyn Fn() -> BoxFuture<Result<u64, String>> + Send + Sync>;
@@ -240,7 +241,8 @@ impl Harness {
     /// The check of proof 4 (the trace shows both physical attempts and one final
     /// outcome), given what a scenario observed: reads the spans of its operation id
     /// wherever they are collected and says [`Verdict::Pass`] or [`Verdict::Fail`].
-    /// Without it, proof 4 is not checked.
+    /// Without it, proof 4 is not checked. The ready-made one reads idem's own spans:
+    /// [`TraceCapture::check`](super::TraceCapture::check).
     pub fn check_trace<F, Fut>(mut self, check: F) -> Harness
     where
         F: Fn(Evidence) -> Fut + Send + Sync + 'static,
@@ -252,7 +254,8 @@ impl Harness {
 
     /// The check of proof 5 (an operator can restore the state without editing the
     /// database): asks the operator's tooling about the scenario's operation. Without it,
-    /// proof 5 is not checked.
+    /// proof 5 is not checked. The ready-made one uses the store's operator calls (those
+    /// of `idem ops`): [`OperatorCheck::check`](super::OperatorCheck::check).
     pub fn check_operator<F, Fut>(mut self, check: F) -> Harness
     where
         F: Fn(Evidence) -> Fut + Send + Sync + 'static,
@@ -340,12 +343,18 @@ impl Harness {
             .timeout(self.answer_timeout)
             .build()
             .map_err(|e| HarnessError::Client(e.to_string()))?;
+        let sender = Sender {
+            client,
+            request,
+            base: base.clone(),
+            key_header: self.key_header.clone(),
+            client_header: self.client.clone(),
+        };
         let run = Run {
             harness: &self,
-            request,
             base,
             addr,
-            client,
+            sender,
             effects,
         };
         // Proves the counter works before anything is sent.

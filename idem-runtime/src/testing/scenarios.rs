@@ -5,20 +5,19 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::harness::{Counter, Harness, HarnessError, Request};
+use super::harness::{Counter, Harness, HarnessError};
 use super::proxy::Proxy;
 use super::report::{Scenario, ScenarioReport, Verdict};
 use super::seen::{Evidence, Seen};
-use crate::fault::{TEST_FAULT_HEADER, TestFault};
-use crate::{IDEMPOTENT_REPLAYED_HEADER, OPERATION_ID_HEADER};
+use super::send::{Sender, problem_type};
+use crate::fault::TestFault;
 
 /// One run of the harness.
 pub(super) struct Run<'h> {
     pub(super) harness: &'h Harness,
-    pub(super) request: Request,
     pub(super) base: reqwest::Url,
     pub(super) addr: SocketAddr,
-    pub(super) client: reqwest::Client,
+    pub(super) sender: Sender,
     pub(super) effects: Counter,
 }
 
@@ -28,66 +27,14 @@ impl Run<'_> {
     }
 
     async fn send(&self, base: &reqwest::Url, key: &str, fault: Option<TestFault>) -> Seen {
-        let url = match base.join(&self.request.path) {
-            Ok(url) => url,
-            Err(e) => {
-                return Seen {
-                    error: Some(e.to_string()),
-                    ..Seen::default()
-                };
-            }
-        };
-        let mut builder = self
-            .client
-            .request(self.request.method.clone(), url)
-            .body(self.request.body.clone())
-            .header(self.harness.key_header.as_str(), key);
-        for (name, value) in &self.request.headers {
-            builder = builder.header(name.as_str(), value.as_str());
-        }
-        if let Some((name, value)) = &self.harness.client {
-            builder = builder.header(name.as_str(), value.as_str());
-        }
-        if let Some(fault) = fault {
-            builder = builder.header(TEST_FAULT_HEADER, fault.header_value());
-        }
-        let response = match builder.send().await {
-            Ok(response) => response,
-            Err(e) => {
-                return Seen {
-                    error: Some(describe_error(&e)),
-                    ..Seen::default()
-                };
-            }
-        };
-        let header = |name: &str| {
-            response
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let mut seen = Seen {
-            status: Some(response.status().as_u16()),
-            operation_id: header(OPERATION_ID_HEADER),
-            replayed: header(IDEMPOTENT_REPLAYED_HEADER).is_some_and(|v| v == "true"),
-            retry_after: header("retry-after"),
-            location: header("location"),
-            ..Seen::default()
-        };
-        match response.bytes().await {
-            Ok(body) => seen.body = body.to_vec(),
-            Err(e) => seen.error = Some(format!("the answer was cut: {}", describe_error(&e))),
-        }
-        seen.problem_type = problem_type(&seen.body);
-        seen
+        self.sender.send(base, key, fault).await
     }
 
     async fn lookup(&self, key: &str) -> Option<serde_json::Value> {
         let path = self.harness.status_lookup.as_ref()?;
         let path = path.replace("{key}", key);
         let url = self.base.join(&path).ok()?;
-        let mut builder = self.client.get(url);
+        let mut builder = self.sender.client.get(url);
         if let Some((name, value)) = &self.harness.client {
             builder = builder.header(name.as_str(), value.as_str());
         }
@@ -118,9 +65,11 @@ impl Run<'_> {
         let evidence = Evidence {
             scenario,
             key: key.clone(),
+            client: self.harness.client.as_ref().map(|(_, value)| value.clone()),
             answers,
             effects,
             lookup,
+            sender: self.sender.clone(),
         };
         let trace = match &self.harness.trace {
             Some(check) => check(evidence.clone()).await,
@@ -341,7 +290,7 @@ impl Run<'_> {
         let mut answers = vec![first];
         loop {
             let seen = self.send(&self.base, key, None).await;
-            let done = !seen.is_state() && seen.complete();
+            let done = (!seen.is_state() && seen.complete()) || seen.is_parked();
             answers.push(seen);
             if done || Instant::now() >= until {
                 break;
@@ -367,6 +316,13 @@ impl Run<'_> {
         } else if last.success() {
             Verdict::Pass(format!(
                 "recovery decided within {} ms: {} after {} state answer(s)",
+                took.as_millis(),
+                last.describe(),
+                answers.len() - 2
+            ))
+        } else if last.is_parked() {
+            Verdict::Pass(format!(
+                "recovery could not decide within {} ms: the state of the operation, {} (parked for an operator), after {} state answer(s)",
                 took.as_millis(),
                 last.describe(),
                 answers.len() - 2
@@ -501,26 +457,6 @@ fn lookup_summary(found: &serde_json::Value) -> String {
             .get("attempt")
             .map_or_else(|| "?".into(), |v| v.to_string())
     )
-}
-
-fn problem_type(body: &[u8]) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    value.get("type")?.as_str().map(str::to_owned)
-}
-
-fn describe_error(error: &reqwest::Error) -> String {
-    let mut out = if error.is_timeout() {
-        "timed out".to_owned()
-    } else if error.is_connect() {
-        "could not connect".to_owned()
-    } else {
-        "the connection broke".to_owned()
-    };
-    let mut source = std::error::Error::source(error);
-    if let Some(s) = source.take() {
-        out.push_str(&format!(": {s}"));
-    }
-    out
 }
 
 fn new_key() -> String {

@@ -1,6 +1,7 @@
 //! What the harness saw: one answer, and what one scenario observed.
 
 use super::report::Scenario;
+use super::send::Sender;
 
 /// One answer as the harness saw it.
 #[derive(Clone, Debug, Default)]
@@ -44,7 +45,19 @@ impl Seen {
                 || (matches!(self.status(), 409 | 425 | 503) && self.retry_after.is_some()))
     }
 
-    pub(super) fn describe(&self) -> String {
+    /// An answer that says the operation is parked for an operator: idem's 409
+    /// `operation-outcome-unknown` (it has no `Retry-After`: retrying does not help).
+    pub fn is_parked(&self) -> bool {
+        self.complete()
+            && self.status() == 409
+            && self
+                .problem_type
+                .as_deref()
+                .is_some_and(|t| t.ends_with("operation-outcome-unknown"))
+    }
+
+    /// The answer in a few words: its status, its problem type, whether it was replayed.
+    pub fn describe(&self) -> String {
         let mut out = match (self.status, &self.error) {
             (_, Some(error)) => format!("no complete answer ({error})"),
             (Some(status), None) => status.to_string(),
@@ -65,12 +78,17 @@ fn short_type(t: &str) -> &str {
 }
 
 /// What one scenario observed, handed to a plugged-in check of proof 4 or 5.
+///
+/// Made only by the harness (it can send the scenario's request again:
+/// [`Evidence::resend`]).
 #[derive(Clone, Debug)]
 pub struct Evidence {
     /// The scenario.
     pub scenario: Scenario,
     /// Its idempotency key.
     pub key: String,
+    /// The value of the client header the harness sent ([`Harness::client_header`](super::Harness::client_header)), if any.
+    pub client: Option<String>,
     /// The answers, in the order they arrived (a lost answer as the proxy read it).
     pub answers: Vec<Seen>,
     /// The business effects counted during the scenario.
@@ -78,6 +96,7 @@ pub struct Evidence {
     /// The status lookup's answer at the end, if a lookup was configured and answered
     /// 200 with JSON.
     pub lookup: Option<serde_json::Value>,
+    pub(super) sender: Sender,
 }
 
 impl Evidence {
@@ -90,5 +109,24 @@ impl Evidence {
             }
         }
         ids
+    }
+
+    /// The scenario's operation id: the first `Operation-Id` of its answers, else the
+    /// one the status lookup names.
+    pub fn operation_id(&self) -> Option<String> {
+        self.operation_ids().into_iter().next().or_else(|| {
+            self.lookup
+                .as_ref()?
+                .get("operation_id")?
+                .as_str()
+                .map(str::to_owned)
+        })
+    }
+
+    /// Sends the scenario's request again, with its key and without a fault, straight to
+    /// the service, and returns the answer (a check of proof 5 does, after an
+    /// operator's resolution).
+    pub async fn resend(&self) -> Seen {
+        self.sender.send(&self.sender.base, &self.key, None).await
     }
 }
