@@ -83,7 +83,8 @@ use async_trait::async_trait;
 
 pub use memory::MemoryStore;
 pub use ops::{
-    AttemptEnd, AttemptSummary, Inspection, ListQuery, Listed, Resolution, Resolve, ResolveAs,
+    AttemptEnd, AttemptSummary, Inspection, ListQuery, Listed, OperatorResolution, Resolve,
+    ResolveAs,
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;

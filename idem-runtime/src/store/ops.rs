@@ -127,7 +127,7 @@ pub struct Resolve {
 
 /// A recorded operator resolution, as the history keeps it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Resolution {
+pub struct OperatorResolution {
     /// The attempt that was parked.
     pub attempt: u32,
     /// When it was resolved, in unix milliseconds.
@@ -194,7 +194,7 @@ pub struct Inspection {
     /// Every attempt, the first first.
     pub attempts: Vec<AttemptSummary>,
     /// Every recorded operator resolution, the oldest first.
-    pub resolutions: Vec<Resolution>,
+    pub resolutions: Vec<OperatorResolution>,
 }
 
 /// One event of the history, as JSON.
@@ -353,7 +353,7 @@ impl Inspection {
         let resolutions = history
             .iter()
             .filter(|e| e.resolved.is_some())
-            .map(|e| Resolution {
+            .map(|e| OperatorResolution {
                 attempt: e.attempt,
                 at: e.at.unwrap_or_default(),
                 by: e.by.clone().unwrap_or_default(),
