@@ -28,18 +28,17 @@ pub(crate) fn with_fresh_id(response: Response) -> Response {
 }
 
 /// 500 `not-configured`.
-pub(crate) fn not_configured() -> Response {
+pub(crate) fn not_configured() -> Problem {
     Problem::new(
         ProblemType::NotConfigured,
         "the request has no idem handle: add `.layer(idem.layer())` to the router that serves this route",
     )
     .with_operation_id(OperationId::new())
-    .into_response()
 }
 
 /// 500 `not-configured`: another contracted handler has the same operation name, so the
 /// two would share every key.
-pub(crate) fn operation_name_taken(contract: &Contract, other: &str) -> Response {
+pub(crate) fn operation_name_taken(contract: &Contract, other: &str) -> Problem {
     tracing::error!(
         operation = %contract.operation,
         other,
@@ -53,20 +52,21 @@ pub(crate) fn operation_name_taken(contract: &Contract, other: &str) -> Response
         ),
     )
     .with_operation_id(OperationId::new())
-    .into_response()
 }
 
 /// 500 `not-configured`: the contract names body fields that the body type does not have
-/// under any spelling serde reads (see `enforce::wire`).
-pub(crate) fn misconfigured(contract: &Contract, why: &str) -> Response {
-    tracing::error!(operation = %contract.operation, why, "idem: the contract does not fit the body type");
-    Problem::new(ProblemType::NotConfigured, why)
-        .with_operation_id(OperationId::new())
-        .into_response()
+/// under any spelling serde reads (see `crate::serde_names`).
+pub(crate) fn misconfigured(operation: &str, why: &str) -> Problem {
+    tracing::error!(
+        operation,
+        why,
+        "idem: the contract does not fit the body type"
+    );
+    Problem::new(ProblemType::NotConfigured, why).with_operation_id(OperationId::new())
 }
 
 /// 400 `key-missing`.
-pub(crate) fn key_missing(contract: &Contract) -> Response {
+pub(crate) fn key_missing(contract: &Contract) -> Problem {
     let place = match contract.key_scope.header() {
         Some(name) => format!("the `{name}` header"),
         None => "the key member of the JSON body".to_owned(),
@@ -79,40 +79,32 @@ pub(crate) fn key_missing(contract: &Contract) -> Response {
         ),
     )
     .with_operation_id(OperationId::new())
-    .into_response()
 }
 
 /// 400 `key-malformed`.
-pub(crate) fn key_malformed(error: &KeyError) -> Response {
-    Problem::new(ProblemType::KeyMalformed, error.to_string())
-        .with_operation_id(OperationId::new())
-        .into_response()
+pub(crate) fn key_malformed(error: &KeyError) -> Problem {
+    Problem::new(ProblemType::KeyMalformed, error.to_string()).with_operation_id(OperationId::new())
 }
 
 /// 400 `key-malformed` for a key sent in two headers, or a body key that is not a string.
-pub(crate) fn key_malformed_because(why: &str) -> Response {
-    Problem::new(ProblemType::KeyMalformed, why)
-        .with_operation_id(OperationId::new())
-        .into_response()
+pub(crate) fn key_malformed_because(why: &str) -> Problem {
+    Problem::new(ProblemType::KeyMalformed, why).with_operation_id(OperationId::new())
 }
 
 /// 400 `body-malformed`.
-pub(crate) fn body_malformed(why: impl std::fmt::Display) -> Response {
-    Problem::new(ProblemType::BodyMalformed, why.to_string())
-        .with_operation_id(OperationId::new())
-        .into_response()
+pub(crate) fn body_malformed(why: impl std::fmt::Display) -> Problem {
+    Problem::new(ProblemType::BodyMalformed, why.to_string()).with_operation_id(OperationId::new())
 }
 
 /// The body could not be read: 413 `body-too-large` past axum's `DefaultBodyLimit`, else
 /// 400 `body-malformed` (a body cut short, a broken chunked encoding).
-pub(crate) fn body_unreadable(rejection: &axum::extract::rejection::BytesRejection) -> Response {
+pub(crate) fn body_unreadable(rejection: &axum::extract::rejection::BytesRejection) -> Problem {
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
         return Problem::new(
             ProblemType::BodyTooLarge,
             "the request body is larger than this server accepts (axum's `DefaultBodyLimit`); nothing was done",
         )
-        .with_operation_id(OperationId::new())
-        .into_response();
+        .with_operation_id(OperationId::new());
     }
     body_malformed(format_args!(
         "the request body could not be read: {}",
@@ -121,7 +113,7 @@ pub(crate) fn body_unreadable(rejection: &axum::extract::rejection::BytesRejecti
 }
 
 /// 422 `fingerprint-mismatch`: the record is left as it is.
-pub(crate) fn fingerprint_mismatch(record: &Record) -> Response {
+pub(crate) fn fingerprint_mismatch(record: &Record) -> Problem {
     let state = record.state.kind();
     Problem::new(
         ProblemType::FingerprintMismatch,
@@ -131,11 +123,10 @@ pub(crate) fn fingerprint_mismatch(record: &Record) -> Response {
     .with_operation_id(record.operation_id)
     .with_state(state)
     .with_new_key_safe(state == OperationState::Released)
-    .into_response()
 }
 
 /// 409 `operation-in-progress`.
-pub(crate) fn in_progress(id: OperationId, retry_after_secs: u64) -> Response {
+pub(crate) fn in_progress(id: OperationId, retry_after_secs: u64) -> Problem {
     Problem::new(
         ProblemType::OperationInProgress,
         format!(
@@ -146,11 +137,10 @@ pub(crate) fn in_progress(id: OperationId, retry_after_secs: u64) -> Response {
     .with_operation_id(id)
     .with_state(OperationState::Processing)
     .with_retry_after_secs(retry_after_secs)
-    .into_response()
 }
 
 /// 409 `operation-outcome-unknown` (no `Retry-After`: retrying does not help).
-pub(crate) fn outcome_unknown(id: OperationId, reason: &str) -> Response {
+pub(crate) fn outcome_unknown(id: OperationId, reason: &str) -> Problem {
     Problem::new(
         ProblemType::OperationOutcomeUnknown,
         format!(
@@ -160,7 +150,6 @@ pub(crate) fn outcome_unknown(id: OperationId, reason: &str) -> Response {
     )
     .with_operation_id(id)
     .with_state(OperationState::Unknown)
-    .into_response()
 }
 
 /// 503 `attempt-timed-out`: the record stays processing; recovery decides.
@@ -257,7 +246,7 @@ pub(crate) fn store_unavailable(
     contract: &Contract,
     id: Option<OperationId>,
     error: &StoreError,
-) -> Response {
+) -> Problem {
     let id = id.unwrap_or_default();
     tracing::error!(
         operation = %contract.operation,
@@ -272,7 +261,6 @@ pub(crate) fn store_unavailable(
     )
     .with_operation_id(id)
     .with_retry_after_secs(idem.unavailable_retry_after_secs())
-    .into_response()
 }
 
 /// The status lookup path of `key`, percent-encoded, if the contract declares one.

@@ -146,7 +146,7 @@ where
 }
 
 /// The fault a request asks for, when `enabled` (the handle honours the protocol): `Ok(None)`
-/// without the header, `Err(value)` for a value that names no fault.
+/// without the header, `Err(detail)` for a value that names no fault.
 #[cfg(feature = "testing")]
 pub(crate) fn requested(
     enabled: bool,
@@ -155,10 +155,38 @@ pub(crate) fn requested(
     if !enabled {
         return Ok(None);
     }
-    match headers.get(TEST_FAULT_HEADER) {
-        None => Ok(None),
-        Some(value) => TestFault::parse(value.as_bytes())
-            .map(Some)
-            .ok_or_else(|| String::from_utf8_lossy(value.as_bytes()).into_owned()),
-    }
+    let Some(value) = headers.get(TEST_FAULT_HEADER) else {
+        return Ok(None);
+    };
+    TestFault::parse(value.as_bytes()).map(Some).ok_or_else(|| {
+        format!(
+            "the header `{TEST_FAULT_HEADER}` names no fault: `{}`; send one of {}",
+            String::from_utf8_lossy(value.as_bytes()),
+            TestFault::ALL.map(|(name, _)| name).join(", ")
+        )
+    })
+}
+
+/// Without the feature `testing` no fault can be asked for.
+#[cfg(not(feature = "testing"))]
+pub(crate) fn requested(
+    _enabled: bool,
+    _headers: &http::HeaderMap,
+) -> Result<Option<TestFault>, String> {
+    Ok(None)
+}
+
+/// Without the feature `testing` there is no fault: the attempt's optional fault is
+/// always `None`.
+#[cfg(not(feature = "testing"))]
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum TestFault {}
+
+/// Without the feature `testing`, never called: there is no fault to run.
+#[cfg(not(feature = "testing"))]
+pub(crate) async fn run_test_fault<F>(
+    fault: TestFault,
+    _handler: F,
+) -> Result<axum::response::Response, axum::response::Response> {
+    match fault {}
 }

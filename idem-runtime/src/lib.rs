@@ -104,8 +104,8 @@
 #![warn(missing_docs)]
 
 // The modules import one way, a request's path through them, from the store up:
-// operation_id, store, problem, telemetry, identity, fault, reconcile, operation, wire, idem,
-// answer, replay, transaction, attempt, recovery, enforce, lookup, layer (and
+// operation_id, store, problem, telemetry, identity, fault, reconcile, operation, serde_names, idem,
+// answer, replay, transaction, mode, attempt, recovery, enforce, lookup, layer (and
 // fingerprint beside them), and testing on top of all. `tests/layering.rs` checks it.
 mod answer;
 mod attempt;
@@ -116,6 +116,7 @@ mod idem;
 pub mod identity;
 mod layer;
 mod lookup;
+mod mode;
 mod operation;
 mod operation_id;
 pub mod problem;
@@ -123,13 +124,13 @@ mod reconcile;
 pub mod reconciler;
 pub mod recovery;
 mod replay;
+mod serde_names;
 pub mod store;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod transaction;
-mod wire;
 
 #[doc(hidden)]
 #[path = "private.rs"]

@@ -11,6 +11,7 @@ use http::{HeaderValue, StatusCode, header};
 use idem_contract::KeyError;
 
 use crate::answer;
+use crate::enforce::admit;
 use crate::operation::{Contracted, Recover};
 use crate::problem::{Problem, ProblemType};
 use crate::reconcile::Recoverer;
@@ -66,18 +67,12 @@ where
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
-        let Some(idem) = parts.extensions.get::<Idem>().cloned() else {
-            return Err(answer::not_configured());
-        };
-        idem.names()
-            .claim::<C>()
-            .map_err(|other| answer::operation_name_taken(C::CONTRACT, other))?;
-        let client = idem
-            .identity()
+        let admitted = admit::<C>(parts).map_err(IntoResponse::into_response)?;
+        let client = admitted
             .identify(parts)
-            .map_err(answer::with_fresh_id)?;
+            .map_err(IntoResponse::into_response)?;
         Ok(Lookup {
-            idem,
+            idem: admitted.idem,
             client,
             recoverer: C::recoverer(state),
             operation: PhantomData,
@@ -311,7 +306,7 @@ impl IntoResponse for OperationStatus {
             )
             .with_operation_id(OperationId::new())
             .into_response(),
-            OperationStatus::InvalidKey(error) => answer::key_malformed(&error),
+            OperationStatus::InvalidKey(error) => answer::key_malformed(&error).into_response(),
             OperationStatus::Unavailable { retry_after_secs } => Problem::new(
                 ProblemType::StoreUnavailable,
                 "the idempotency store cannot be reached; ask again later",

@@ -87,6 +87,11 @@ impl Problem {
         &self.detail
     }
 
+    /// The operation id the problem names, if any.
+    pub fn operation_id(&self) -> Option<OperationId> {
+        self.operation_id
+    }
+
     /// The `Retry-After` in seconds, if any.
     pub fn retry_after_secs(&self) -> Option<u64> {
         self.retry_after_secs

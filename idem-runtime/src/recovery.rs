@@ -97,15 +97,8 @@ where
         // Unreachable in practice: one request wins at most one takeover per round.
         return Recovered::Failed(StoreError::Corrupt("recovery ran twice".into()));
     };
-    let attempt = Held::start(
-        idem,
-        contract,
-        key,
-        lease.token,
-        started,
-        taken.operation_id,
-        taken.attempt,
-    );
+    let (id, number) = (taken.operation_id, taken.attempt);
+    let attempt = Held::start(idem, contract, key, lease.token, started, id, number);
     tracing::warn!(
         operation = %contract.operation,
         operation_id = %taken.operation_id,
@@ -113,7 +106,17 @@ where
         outcome = "unknown",
         "idem: an attempt's lease ended without an outcome; recovering"
     );
-    let op = UnknownOperation {
+    match make_recoverer().reconcile {
+        Some(reconcile) => {
+            reconcile_in_task(attempt, reconcile, unknown(contract, key, record)).await
+        }
+        None => without_reconcile(attempt, record).await,
+    }
+}
+
+/// The operation as a reconcile function is given it.
+fn unknown(contract: &Contract, key: &RecordKey, record: &Record) -> UnknownOperation {
+    UnknownOperation {
         operation: contract.operation.to_string(),
         operation_id: record.operation_id,
         client: key.client.clone(),
@@ -121,28 +124,38 @@ where
         fingerprint: record.fingerprint.clone(),
         attempt: record.attempt,
         started_at: record.created_at,
-    };
-    let Some(reconcile) = make_recoverer().reconcile else {
-        if record.transactional {
-            // Its attempt did not commit, so it took no effect in the database: there is
-            // nothing for an operator to decide.
-            tracing::info!(
-                operation = %contract.operation,
-                operation_id = %attempt.operation_id,
-                attempt = attempt.attempt,
-                outcome = "not_applied",
-                "idem: the attempt ran in the transactional mode and did not commit; it is run again"
-            );
-            return Recovered::Run(attempt);
-        }
-        let reason = manual_reason(contract);
+    }
+}
+
+/// `manual(..)` recovery: parked for an operator, unless the attempt ran in the
+/// transactional mode, which did not commit and so took no effect in the database.
+async fn without_reconcile(attempt: Held, record: &Record) -> Recovered {
+    if !record.transactional {
+        let reason = manual_reason(attempt.contract);
         return Recovered::Answer(attempt.park(&reason).await);
-    };
-    let operation_id = attempt.operation_id;
+    }
+    tracing::info!(
+        operation = %attempt.contract.operation,
+        operation_id = %attempt.operation_id,
+        attempt = attempt.attempt,
+        outcome = "not_applied",
+        "idem: the attempt ran in the transactional mode and did not commit; it is run again"
+    );
+    Recovered::Run(attempt)
+}
+
+/// Runs [`decide`] in a task of its own, so that a client that hangs up does not cancel
+/// it halfway.
+async fn reconcile_in_task(
+    attempt: Held,
+    reconcile: ReconcileFn,
+    op: UnknownOperation,
+) -> Recovered {
+    let (idem, operation_id) = (attempt.idem.clone(), attempt.operation_id);
     match tokio::spawn(decide(attempt, reconcile, op).in_current_span()).await {
         Ok(recovered) => recovered,
         Err(_) => Recovered::Answer(answer::recovery_pending(
-            idem,
+            &idem,
             operation_id,
             "recovery was interrupted; it runs again when the lease ends",
         )),

@@ -113,6 +113,7 @@ use tracing::Span;
 use tracing::field::Empty;
 
 use crate::operation_id::{OPERATION_ID_HEADER, OperationId};
+use crate::problem::Problem;
 
 /// The span of one physical attempt.
 pub const SPAN_ATTEMPT: &str = "idem.attempt";
@@ -536,20 +537,43 @@ impl AttemptTelemetry {
         self.finish(outcome, response);
     }
 
+    /// The attempt was answered with one of idem's own problems before it ran.
+    pub(crate) fn answered_problem(mut self, problem: &Problem) {
+        let kind = problem.kind();
+        let id = problem.operation_id().map(|id| id.to_string());
+        self.finish_with(
+            Outcome::of_problem(kind),
+            kind.status(),
+            Some(kind),
+            id.as_deref(),
+        );
+    }
+
     fn finish(&mut self, outcome: Outcome, response: &Response) {
-        self.finished = true;
+        let id = response
+            .headers()
+            .get(OPERATION_ID_HEADER)
+            .and_then(|v| v.to_str().ok());
         let status = response.status().as_u16();
+        self.finish_with(outcome, status, problem_of(response), id);
+    }
+
+    fn finish_with(
+        &mut self,
+        outcome: Outcome,
+        status: u16,
+        problem: Option<ProblemType>,
+        operation_id: Option<&str>,
+    ) {
+        self.finished = true;
         let seconds = self.started.elapsed().as_secs_f64();
-        let error = problem_of(response)
+        let error = problem
             .map(ProblemType::slug)
             .or_else(|| (outcome == Outcome::Parked).then_some("result-too-large"))
             .or_else(|| failed_status(outcome, status));
         if !self.span.is_disabled() {
             if !self.has_id
-                && let Some(id) = response
-                    .headers()
-                    .get(OPERATION_ID_HEADER)
-                    .and_then(|v| v.to_str().ok())
+                && let Some(id) = operation_id
             {
                 self.span.record(FIELD_OPERATION_ID, id);
             }

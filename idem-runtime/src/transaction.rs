@@ -173,7 +173,7 @@ where
             return Ok(tx.clone());
         }
         let Some(idem) = parts.extensions.get::<Idem>() else {
-            return Err(answer::not_configured());
+            return Err(answer::not_configured().into_response());
         };
         let Some(store) = idem.transactional_store::<DB>() else {
             return Err(Problem::new(
@@ -193,16 +193,48 @@ where
             }),
         };
         parts.extensions.insert(tx.clone());
-        let control: Arc<dyn TxControl> = tx.cell.clone();
-        parts.extensions.insert(TxSlot(control));
+        parts.extensions.insert(AttemptTx(tx.cell.clone()));
         Ok(tx)
     }
 }
 
-/// How the enforcement finds the transaction of a request: [`Tx`]'s extraction puts it
-/// in the request's extensions, with its database erased.
+/// The transaction of one attempt, as the enforcement drives it: [`Tx`]'s extraction
+/// puts it in the request's extensions, with its database erased (the transactional arm
+/// of [`crate::mode::Mode`]).
 #[derive(Clone)]
-pub(crate) struct TxSlot(pub(crate) Arc<dyn TxControl>);
+pub(crate) struct AttemptTx(Arc<dyn TxControl>);
+
+impl AttemptTx {
+    /// The transaction a handler took, from the request's extensions.
+    pub(crate) fn find(extensions: &http::Extensions) -> Option<AttemptTx> {
+        extensions.get::<AttemptTx>().cloned()
+    }
+
+    /// Takes the right to begin if it is free now; whether it was.
+    pub(crate) async fn try_reserve(&self) -> bool {
+        self.0.try_reserve().await
+    }
+
+    /// Takes the right to begin, waiting for it (a store with one writer).
+    pub(crate) async fn reserve(&self) -> Result<(), StoreError> {
+        self.0.reserve().await
+    }
+
+    /// Begins the transaction (once the key is registered).
+    pub(crate) async fn begin(&self) -> Result<(), StoreError> {
+        self.0.begin().await
+    }
+
+    /// Whether the open transaction holds the database's only write lock (SQLite).
+    pub(crate) fn fences_by_lock(&self) -> bool {
+        self.0.fences_by_lock()
+    }
+
+    /// The transaction, to commit or roll back.
+    pub(crate) fn control(&self) -> Arc<dyn TxControl> {
+        Arc::clone(&self.0)
+    }
+}
 
 /// Why a transaction could not be committed with the record.
 pub(crate) enum CommitError {

@@ -1,5 +1,5 @@
-//! The runtime reads one way (STYLE.md, "Dependencies run one way"): a request goes
-//! layer → enforcement → store and back, and no module imports one that imports it.
+//! The runtime reads one way: a request goes layer → enforcement → store and back, and no
+//! module imports one that imports it.
 //!
 //! This test reads the crate's own sources and checks every `crate::<module>` path
 //! against the order below: a module may name only the modules before it.
@@ -18,11 +18,12 @@ const ORDER: &[&str] = &[
     "fingerprint",
     "reconcile",
     "operation",
-    "wire",
+    "serde_names",
     "idem",
     "answer",
     "replay",
     "transaction",
+    "mode",
     "attempt",
     "recovery",
     "enforce",
@@ -145,6 +146,78 @@ fn every_module_imports_only_from_the_modules_below_it() {
     assert!(
         broken.is_empty(),
         "imports against the grain:\n{}",
+        broken.join("\n")
+    );
+}
+
+/// The stages of the request path in `enforce/`, in the order a request passes them (the
+/// table of `enforce`'s module docs), after the rejection they answer with. A stage may
+/// name only the stages before it; `enforce/mod.rs` composes them.
+const STAGES: &[&str] = &[
+    "rejection",
+    "admit",
+    "key",
+    "read",
+    "significant",
+    "inner",
+    "begin",
+    "register",
+];
+
+/// The stage a name reached through `super::` or `crate::enforce::` belongs to.
+fn stage_of(name: &str) -> Option<&'static str> {
+    if name == "Rejection" {
+        return Some("rejection");
+    }
+    STAGES.iter().copied().find(|stage| *stage == name)
+}
+
+#[test]
+fn each_stage_of_the_request_path_names_only_the_stages_before_it() {
+    let enforce = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/enforce");
+    let mut listed = Vec::new();
+    for entry in std::fs::read_dir(&enforce).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if name != "mod" {
+            listed.push(name);
+        }
+    }
+    for name in &listed {
+        assert!(
+            STAGES.contains(&name.as_str()),
+            "`enforce/{name}` is not a stage of the request path: add it to STAGES in its place"
+        );
+    }
+    let mut broken = Vec::new();
+    for (rank, stage) in STAGES.iter().enumerate() {
+        for file in files(&enforce, stage) {
+            let text = code(&std::fs::read_to_string(&file).unwrap());
+            let top_level = file.parent() == Some(enforce.as_path());
+            let mut prefixes = vec!["crate::enforce::"];
+            if top_level {
+                prefixes.push("super::");
+            }
+            for prefix in prefixes {
+                for (at, _) in text.match_indices(prefix) {
+                    let name = first_segment(&text[at + prefix.len()..]);
+                    let Some(target) = stage_of(&name) else {
+                        continue;
+                    };
+                    let target_rank = STAGES.iter().position(|s| *s == target).unwrap();
+                    if target_rank > rank {
+                        broken.push(format!(
+                            "enforce/{} names `{prefix}{name}` (stage `{target}`), which comes after `{stage}`",
+                            file.strip_prefix(&enforce).unwrap().display()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "stages against the grain:\n{}",
         broken.join("\n")
     );
 }

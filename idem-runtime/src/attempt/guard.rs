@@ -3,17 +3,16 @@
 
 use std::fmt;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 
 use axum::response::{IntoResponse, Response};
-use futures_util::FutureExt;
 use tracing::Instrument;
 
+use super::Held;
 use super::current::Attempt;
-use super::detach::Detach;
-use super::{Ended, Held};
+use super::run::{detached, run_and_settle};
 use crate::OperationId;
 use crate::answer;
+use crate::fault::TestFault;
 use crate::telemetry::AttemptTelemetry;
 
 /// The attempt that holds a contracted operation's key, handed to the handler's code by
@@ -29,33 +28,27 @@ pub struct Guard {
     number: u32,
     /// The attempt's span and metrics, from the extraction on (`crate::telemetry`).
     telemetry: Option<AttemptTelemetry>,
-    /// The fault a request of the test-fault protocol asked for.
-    #[cfg(feature = "testing")]
-    fault: Option<crate::fault::TestFault>,
+    /// The fault a request of the test-fault protocol asked for (always `None` without
+    /// the feature `testing`).
+    fault: Option<TestFault>,
 }
 
 impl Guard {
-    pub(crate) fn new(attempt: Held) -> Guard {
+    /// The guard of `attempt`, which runs `fault` in the handler's place when the
+    /// request asked for one.
+    pub(crate) fn new(attempt: Held, fault: Option<TestFault>) -> Guard {
         Guard {
             operation_id: attempt.operation_id,
             number: attempt.attempt,
             attempt: Some(attempt),
             telemetry: None,
-            #[cfg(feature = "testing")]
-            fault: None,
+            fault,
         }
     }
 
     /// Carries the attempt's telemetry into the handler's run.
     pub(crate) fn observe(&mut self, telemetry: AttemptTelemetry) {
         self.telemetry = Some(telemetry);
-    }
-
-    /// This guard, with the fault a request of the test-fault protocol asked for.
-    #[cfg(feature = "testing")]
-    pub(crate) fn with_fault(mut self, fault: Option<crate::fault::TestFault>) -> Guard {
-        self.fault = fault;
-        self
     }
 
     /// The operation's id.
@@ -135,82 +128,9 @@ impl Guard {
             .as_ref()
             .map_or_else(tracing::Span::none, |t| t.span().clone());
         let until = attempt.handler_deadline();
-        #[cfg(feature = "testing")]
-        let fault = self.fault;
-        let settled = async move {
-            #[cfg(feature = "testing")]
-            if let Some(fault) = fault {
-                return match crate::fault::run_test_fault(fault, handler).await {
-                    // As if the handler had answered it.
-                    Ok(response) => {
-                        let response = attempt.settle(response).await;
-                        if let Some(telemetry) = telemetry {
-                            let (id, number) = (attempt.operation_id, attempt.attempt);
-                            telemetry.settled(&response, attempt.settled(), id, number);
-                        }
-                        response
-                    }
-                    // The attempt dies as its process would: its lease is no longer
-                    // renewed (dropped), nothing is recorded, the connection breaks (its
-                    // telemetry, dropped unfinished, ends as `unknown`, `cancelled`).
-                    Err(broken) => {
-                        drop(attempt);
-                        broken
-                    }
-                };
-            }
-            let response = async {
-                let ran =
-                    tokio::time::timeout_at(until, AssertUnwindSafe(handler).catch_unwind()).await;
-                let response = match ran {
-                    Ok(Ok(output)) => {
-                        std::panic::catch_unwind(AssertUnwindSafe(|| output.into_response()))
-                    }
-                    Ok(Err(panic)) => Err(panic),
-                    Err(_elapsed) => return attempt.settle_ended(Ended::TimedOut).await,
-                };
-                match response {
-                    Ok(response) => attempt.settle(response).await,
-                    Err(_panic) => attempt.settle_ended(Ended::Panicked).await,
-                }
-            }
-            .await;
-            if let Some(telemetry) = telemetry {
-                let (id, number) = (attempt.operation_id, attempt.attempt);
-                telemetry.settled(&response, attempt.settled(), id, number);
-            }
-            response
-        }
-        .instrument(span.clone());
-        // Polled in place, and run to its end on the runtime if the connection closes
-        // first (`Detach`): the handler is never cancelled by a client that hangs up.
-        let settled = AssertUnwindSafe(settled).catch_unwind();
-        let ran = match Detach::new(settled) {
-            Some(detached) => detached.await,
-            None => {
-                return answer::attempt_failed(
-                    self.operation_id,
-                    "could not run: no tokio runtime",
-                    1,
-                );
-            }
-        };
-        match ran {
-            Ok(response) => response,
-            Err(_panic) => {
-                tracing::error!(
-                    parent: &span,
-                    outcome = "panicked",
-                    "idem: settling the attempt failed; the outcome is unknown until the lease ends and recovery decides"
-                );
-                let left = until.saturating_duration_since(tokio::time::Instant::now());
-                answer::attempt_failed(
-                    self.operation_id,
-                    "failed while its answer was settled",
-                    left.as_secs().saturating_add(1),
-                )
-            }
-        }
+        let settled =
+            run_and_settle(attempt, handler, self.fault, telemetry).instrument(span.clone());
+        detached(settled, self.operation_id, until, &span).await
     }
 }
 

@@ -96,8 +96,8 @@ struct Inner {
     names: Arc<Names>,
     /// The recoverers the reconciler runs ([`Idem::recover_with`]).
     recoverers: Vec<crate::reconciler::Registered>,
-    /// Whether requests may ask for a fault of the test-fault protocol.
-    #[cfg(feature = "testing")]
+    /// Whether requests may ask for a fault of the test-fault protocol (only ever set
+    /// with the feature `testing`).
     test_faults: bool,
 }
 
@@ -140,7 +140,6 @@ impl Idem {
                 running: Arc::default(),
                 names: Arc::default(),
                 recoverers: Vec::new(),
-                #[cfg(feature = "testing")]
                 test_faults: false,
             }),
         }
@@ -197,7 +196,6 @@ impl Idem {
     }
 
     /// Whether this handle honours the test-fault protocol.
-    #[cfg(feature = "testing")]
     pub(crate) fn test_faults(&self) -> bool {
         self.inner.test_faults
     }

@@ -12,16 +12,16 @@ use std::sync::Arc;
 use dashmap::DashMap;
 
 use crate::operation::Contracted;
+use crate::serde_names::{self, SerdeNames};
 use crate::telemetry::OperationMetrics;
-use crate::wire::{self, Wire};
 
-/// What one operation's claim holds: its type, and its body fields under their wire names
-/// (resolved once, see [`super::wire`]), or why they cannot be.
+/// What one operation's claim holds: its type, and its body fields under their serde names
+/// (resolved once, see [`crate::serde_names`]), or why they cannot be.
 #[derive(Clone)]
 pub(crate) struct Claim {
     id: TypeId,
     type_name: &'static str,
-    pub(crate) wire: Arc<Result<Wire, String>>,
+    pub(crate) names: Arc<Result<SerdeNames, String>>,
     /// The operation's metric keys (`crate::telemetry`).
     pub(crate) metrics: Arc<OperationMetrics>,
 }
@@ -48,7 +48,11 @@ impl Names {
                 .or_insert_with(|| Claim {
                     id,
                     type_name: type_name::<C>(),
-                    wire: Arc::new(wire::resolve(contract, C::body_fields(), C::query_fields())),
+                    names: Arc::new(serde_names::resolve(
+                        contract,
+                        C::body_fields(),
+                        C::query_fields(),
+                    )),
                     metrics: Arc::new(OperationMetrics::new(name)),
                 })
                 .clone(),

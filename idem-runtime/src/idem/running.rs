@@ -124,7 +124,6 @@ impl Running {
     /// Stops renewing `token`'s lease while the attempt stays alive: for an attempt whose
     /// transaction holds the database's only write lock (SQLite), which fences out every
     /// other writer until it ends, and which the renewal would wait for.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) fn pause(&self, token: OwnerToken) {
         if let Some(mut renewal) = self.attempts.get_mut(&token) {
             renewal.stopped = true;

@@ -1,4 +1,4 @@
-//! The contract's body fields under the names they have on the wire.
+//! The contract's body fields under the names serde reads them by (their serde names).
 //!
 //! A contract names fingerprint fields (and a body key) by their Rust names, which the
 //! compiler checks against the body type. The JSON body may spell them otherwise:
@@ -21,12 +21,12 @@ use std::borrow::Cow;
 use heck::{ToKebabCase, ToLowerCamelCase, ToShoutyKebabCase, ToShoutySnakeCase, ToUpperCamelCase};
 use idem_contract::{Contract, FieldPath, Fingerprint, KeySource};
 
-/// The contract's body fields, resolved to their wire names.
+/// The contract's body fields, resolved to their serde names.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Wire {
-    /// The fingerprint, with wire names.
+pub(crate) struct SerdeNames {
+    /// The fingerprint, with serde names.
     pub(crate) fingerprint: Fingerprint,
-    /// The body member that carries the key, with its wire name.
+    /// The body member that carries the key, with its serde name.
     pub(crate) key_field: Option<FieldPath>,
     /// The significant query parameters, with the names the query string spells
     /// (`rename_all` of the `Query<T>` type followed; a name serde does not read is kept
@@ -44,24 +44,15 @@ pub(crate) fn resolve(
     contract: &Contract,
     members: Option<&[&str]>,
     query_members: Option<&[&str]>,
-) -> Result<Wire, String> {
+) -> Result<SerdeNames, String> {
+    let query = resolve_query(contract, query_members)?;
     let mut missing = Vec::new();
-    let mut resolve_path = |path: &FieldPath| -> FieldPath {
-        let Some(members) = members else {
-            return path.clone();
-        };
-        let mut segments = path.segments();
-        let first = segments.next().unwrap_or_default();
-        let Some(wire) = wire_name(first, members) else {
+    let mut resolve_path = |path: &FieldPath| match members {
+        None => path.clone(),
+        Some(members) => resolve_path(path, members).unwrap_or_else(|first| {
             missing.push(format!("`{first}`"));
-            return path.clone();
-        };
-        let rest: Vec<&str> = segments.collect();
-        let joined = std::iter::once(wire)
-            .chain(rest)
-            .collect::<Vec<_>>()
-            .join(".");
-        FieldPath::parse(joined).unwrap_or_else(|_| path.clone())
+            path.clone()
+        }),
     };
     let fingerprint = match &contract.fingerprint {
         Fingerprint::Body => Fingerprint::Body,
@@ -73,61 +64,75 @@ pub(crate) fn resolve(
         KeySource::Body { field } => Some(resolve_path(field)),
         KeySource::Header { .. } => None,
     };
-    let mut missing_query = Vec::new();
-    let query = contract
-        .fingerprint_query
-        .iter()
-        .map(|name| {
-            let name = name.as_str();
-            match query_members {
-                None => name.to_owned(),
-                Some(members) => match wire_name(name, members) {
-                    Some(wire) => wire.to_owned(),
-                    None => {
-                        missing_query.push(format!("`{name}`"));
-                        name.to_owned()
-                    }
-                },
-            }
-        })
-        .collect();
-    if !missing_query.is_empty() {
-        let members: Vec<String> = query_members
-            .unwrap_or_default()
-            .iter()
-            .map(|m| format!("`{m}`"))
-            .collect();
-        return Err(format!(
-            "the contract of `{}` names the query parameter {}, which serde reads under none of its spellings (the query type's fields are {}): \
-             a `#[serde(rename)]` the contract cannot follow; rename the Rust field",
-            contract.operation,
-            missing_query.join(", "),
-            members.join(", ")
-        ));
-    }
     if missing.is_empty() {
-        return Ok(Wire {
+        return Ok(SerdeNames {
             fingerprint,
             key_field,
             query,
         });
     }
-    let members: Vec<String> = members
-        .unwrap_or_default()
-        .iter()
-        .map(|m| format!("`{m}`"))
-        .collect();
     Err(format!(
         "the contract of `{}` names {} of the JSON body, which serde reads under none of its spellings (the body's members are {}): \
          a `#[serde(rename)]` the contract cannot follow; rename the Rust field, or fingerprint the whole body with `fingerprint = body`",
         contract.operation,
         missing.join(", "),
-        members.join(", ")
+        listed(members.unwrap_or_default())
     ))
 }
 
+/// `path` with its first segment under the name serde reads it by, or that segment when
+/// serde reads it under none of its spellings.
+fn resolve_path<'p>(path: &'p FieldPath, members: &[&'p str]) -> Result<FieldPath, &'p str> {
+    let mut segments = path.segments();
+    let first = segments.next().unwrap_or_default();
+    let serde_name = serde_name(first, members).ok_or(first)?;
+    let joined = std::iter::once(serde_name)
+        .chain(segments)
+        .collect::<Vec<_>>()
+        .join(".");
+    Ok(FieldPath::parse(joined).unwrap_or_else(|_| path.clone()))
+}
+
+/// The contract's significant query parameters under the names serde reads them by.
+fn resolve_query(contract: &Contract, members: Option<&[&str]>) -> Result<Vec<String>, String> {
+    let mut missing = Vec::new();
+    let query = contract
+        .fingerprint_query
+        .iter()
+        .map(|name| {
+            let name = name.as_str();
+            let Some(members) = members else {
+                return name.to_owned();
+            };
+            serde_name(name, members).map_or_else(
+                || {
+                    missing.push(format!("`{name}`"));
+                    name.to_owned()
+                },
+                str::to_owned,
+            )
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(query);
+    }
+    Err(format!(
+        "the contract of `{}` names the query parameter {}, which serde reads under none of its spellings (the query type's fields are {}): \
+         a `#[serde(rename)]` the contract cannot follow; rename the Rust field",
+        contract.operation,
+        missing.join(", "),
+        listed(members.unwrap_or_default())
+    ))
+}
+
+/// `members` in backticks, separated by commas.
+fn listed(members: &[&str]) -> String {
+    let members: Vec<String> = members.iter().map(|m| format!("`{m}`")).collect();
+    members.join(", ")
+}
+
 /// `name` if serde reads it, else the one `rename_all` spelling of it that serde reads.
-fn wire_name<'m>(name: &str, members: &[&'m str]) -> Option<&'m str> {
+fn serde_name<'m>(name: &str, members: &[&'m str]) -> Option<&'m str> {
     if let Some(found) = members.iter().find(|m| **m == name) {
         return Some(found);
     }
@@ -164,7 +169,7 @@ mod tests {
         FieldPath::from_static("items.sku"),
     ];
 
-    fn names(wire: &Wire) -> Vec<String> {
+    fn names(wire: &SerdeNames) -> Vec<String> {
         let Fingerprint::Fields(fields) = &wire.fingerprint else {
             panic!()
         };

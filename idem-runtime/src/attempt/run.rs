@@ -1,0 +1,99 @@
+//! Stage 9, run: the handler to its end, detached from the connection, its panics
+//! caught, in the attempt's span, within the attempt's time; then its answer settled.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+
+use axum::response::{IntoResponse, Response};
+use futures_util::FutureExt;
+use tokio::time::Instant;
+use tracing::Span;
+
+use super::detach::Detach;
+use super::{Ended, Held};
+use crate::fault::{TestFault, run_test_fault};
+use crate::telemetry::AttemptTelemetry;
+use crate::{OperationId, answer};
+
+/// Runs `handler` (or the test `fault` in its place) under `held`, settles its answer, and
+/// ends the attempt's telemetry with the settlement.
+pub(super) async fn run_and_settle<F>(
+    held: Held,
+    handler: F,
+    fault: Option<TestFault>,
+    telemetry: Option<AttemptTelemetry>,
+) -> Response
+where
+    F: Future + Send + 'static,
+    F::Output: IntoResponse + Send,
+{
+    let response = match fault {
+        Some(fault) => match run_test_fault(fault, handler).await {
+            // As if the handler had answered it.
+            Ok(response) => held.settle(response).await,
+            // The attempt dies as its process would: its lease is no longer renewed
+            // (dropped), nothing is recorded, the connection breaks (its telemetry,
+            // dropped unfinished, ends as `unknown`, `cancelled`).
+            Err(broken) => return broken,
+        },
+        None => run(&held, handler).await,
+    };
+    if let Some(telemetry) = telemetry {
+        telemetry.settled(&response, held.settled(), held.operation_id, held.attempt);
+    }
+    response
+}
+
+/// Runs `handler` within the handler's time, panics caught, and settles what it came to.
+async fn run<F>(held: &Held, handler: F) -> Response
+where
+    F: Future,
+    F::Output: IntoResponse,
+{
+    let ran = tokio::time::timeout_at(
+        held.handler_deadline(),
+        AssertUnwindSafe(handler).catch_unwind(),
+    )
+    .await;
+    let response = match ran {
+        Ok(Ok(output)) => std::panic::catch_unwind(AssertUnwindSafe(|| output.into_response())),
+        Ok(Err(panic)) => Err(panic),
+        Err(_elapsed) => return held.settle_ended(Ended::TimedOut).await,
+    };
+    match response {
+        Ok(response) => held.settle(response).await,
+        Err(_panic) => held.settle_ended(Ended::Panicked).await,
+    }
+}
+
+/// Polls `settled` in place, and runs it to its end on the runtime if the connection
+/// closes first ([`Detach`]): the handler is never cancelled by a client that hangs up.
+/// A panic while settling is answered 503 `attempt-failed`, with a `Retry-After` past
+/// `until` (the attempt's time), after which recovery decides.
+pub(super) async fn detached(
+    settled: impl Future<Output = Response> + Send + 'static,
+    operation_id: OperationId,
+    until: Instant,
+    span: &Span,
+) -> Response {
+    let settled = AssertUnwindSafe(settled).catch_unwind();
+    let Some(detached) = Detach::new(settled) else {
+        return answer::attempt_failed(operation_id, "could not run: no tokio runtime", 1);
+    };
+    match detached.await {
+        Ok(response) => response,
+        Err(_panic) => {
+            tracing::error!(
+                parent: span,
+                outcome = "panicked",
+                "idem: settling the attempt failed; the outcome is unknown until the lease ends and recovery decides"
+            );
+            let left = until.saturating_duration_since(Instant::now());
+            answer::attempt_failed(
+                operation_id,
+                "failed while its answer was settled",
+                left.as_secs().saturating_add(1),
+            )
+        }
+    }
+}

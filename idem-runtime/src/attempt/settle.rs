@@ -1,0 +1,139 @@
+//! Stage 10, settle: record the handler's answer, release the key, or hand the operation
+//! to recovery (the table of [`super`]); the transactional mode's side is
+//! `transactional.rs`.
+
+use axum::response::Response;
+
+use super::{Ended, Held};
+use crate::answer::{self, with_operation_id};
+use crate::fault;
+use crate::mode::Mode;
+use crate::replay::{Captured, capture};
+use crate::store::{StoreError, unix_now};
+use crate::telemetry::{self, Outcome};
+
+impl Held {
+    /// Settles the handler's answer (see the module docs of [`super`]).
+    pub(crate) async fn settle(&self, response: Response) -> Response {
+        match &self.mode {
+            Mode::Plain => self.settle_alone(response).await,
+            Mode::Transactional(tx) => self.settle_in_transaction(tx, response).await,
+        }
+    }
+
+    /// Settles an attempt that ended without an answer to record.
+    pub(crate) async fn settle_ended(&self, ended: Ended) -> Response {
+        match &self.mode {
+            Mode::Plain => self.hand_to_recovery(ended).await,
+            Mode::Transactional(tx) => self.roll_back_ended(tx, ended).await,
+        }
+    }
+
+    pub(super) async fn settle_alone(&self, response: Response) -> Response {
+        let status = response.status().as_u16();
+        if self.contract.is_retryable_status(status) {
+            // Releasing is only sound when the effect did not commit: the transactional
+            // mode guarantees it; here the handler must answer a retryable status only
+            // before its effect.
+            return match self.store_release().await {
+                Ok(()) => {
+                    self.log_outcome(Outcome::Released, status);
+                    with_operation_id(response, self.operation_id)
+                }
+                Err(error) => self.write_failed("release", &error),
+            };
+        }
+        if (500..600).contains(&status) {
+            return self.hand_to_recovery(Ended::ServerError(status)).await;
+        }
+        let limit = self.idem.max_stored_body();
+        let (parts, body) = match self.capture(response).await {
+            Ok(Captured::Buffered { parts, body }) => (parts, body),
+            Ok(Captured::TooLarge(response)) => {
+                let reason = format!(
+                    "the result (status {status}) has a body larger than the {limit} bytes idem stores, \
+                     so it cannot be replayed; raise `Idem::with_max_stored_body` or make the answer smaller"
+                );
+                return self.too_large(response, &reason).await;
+            }
+            Ok(Captured::Failed(error)) => {
+                tracing::error!(error = %error, "idem: the handler's response body failed");
+                return self.hand_to_recovery(Ended::BodyFailed).await;
+            }
+            Err(ended) => return self.hand_to_recovery(ended).await,
+        };
+        let stored = self.stored(status, &parts.headers, body.clone());
+        let response = self.answer(parts, body);
+        fault::point("before_complete");
+        match self.store_complete(&stored).await {
+            Ok(()) => {
+                fault::point("after_complete");
+                self.log_outcome(Outcome::Executed, status);
+                response
+            }
+            Err(StoreError::TooLarge { size, limit }) => {
+                let reason = format!(
+                    "the result is {size} bytes and the store keeps at most {limit}, so it cannot be replayed"
+                );
+                self.too_large(response, &reason).await
+            }
+            Err(error) => self.write_failed("complete", &error),
+        }
+    }
+
+    /// The outcome of an attempt without a transaction is unknown: its lease ends now,
+    /// so that the next retry (or status lookup) has recovery decide, exactly as after a
+    /// crash. The answer says so: 503 `attempt-failed` or `attempt-timed-out`.
+    pub(super) async fn hand_to_recovery(&self, ended: Ended) -> Response {
+        self.log_ended(ended);
+        let answer = match ended {
+            Ended::TimedOut => answer::attempt_timed_out(self.contract, self.operation_id),
+            other => answer::attempt_failed(self.operation_id, &other.describe(), 1),
+        };
+        let now = unix_now();
+        match self
+            .idem
+            .store()
+            .renew(&self.key, self.token, now, now)
+            .await
+        {
+            Ok(()) => answer,
+            // Ended already (the time ran out), or taken over: recovery decides either way.
+            Err(StoreError::LeaseLost) => answer,
+            Err(error) => self.write_failed("end the lease", &error),
+        }
+    }
+
+    /// Reads the body of `response` within the handler's time.
+    pub(super) async fn capture(&self, response: Response) -> Result<Captured, Ended> {
+        let limit = self.idem.max_stored_body();
+        tokio::time::timeout_at(self.handler_deadline(), capture(response, limit))
+            .await
+            .map_err(|_elapsed| Ended::TimedOut)
+    }
+
+    /// A result too large to store, without a transaction: the effect happened, so the
+    /// answer goes to this client, and the operation is parked as unknown (a later
+    /// request cannot be answered with it).
+    pub(super) async fn too_large(&self, response: Response, reason: &str) -> Response {
+        tracing::error!(
+            operation = %self.contract.operation,
+            operation_id = %self.operation_id,
+            attempt = self.attempt,
+            outcome = "too_large",
+            "idem: the result is too large to store; the operation is parked as unknown"
+        );
+        let outcome = match self.store_park(reason).await {
+            Ok(()) => {
+                self.parked(response.status().as_u16());
+                Outcome::Parked
+            }
+            Err(error) => {
+                self.log_store_failure("park", &error);
+                Outcome::Unknown
+            }
+        };
+        // (The answer is the result itself, which says neither.)
+        telemetry::tagged(with_operation_id(response, self.operation_id), outcome)
+    }
+}

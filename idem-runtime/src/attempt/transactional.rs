@@ -1,0 +1,255 @@
+//! Stage 10 in the transactional mode: the handler's writes and the key's final state
+//! commit in the attempt's transaction, or everything rolls back and the key is released
+//! ([`crate::transaction`]).
+
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::response::Parts;
+use tokio::time::Instant;
+
+use super::{Ended, Held};
+use crate::answer::{self, with_operation_id};
+use crate::mode::AttemptTx;
+use crate::replay::Captured;
+use crate::store::{OperationState, StoreError, StoredResponse};
+use crate::telemetry::Outcome;
+use crate::transaction::{CommitError, RolledBack};
+
+impl Held {
+    /// Settles the handler's answer in its transaction: a retryable status or another 5xx
+    /// rolls back and releases the key; any other answer is committed with its record.
+    pub(super) async fn settle_in_transaction(
+        &self,
+        tx: &AttemptTx,
+        response: Response,
+    ) -> Response {
+        let status = response.status().as_u16();
+        if self.contract.is_retryable_status(status) || (500..600).contains(&status) {
+            // A status the contract declares retryable is `released`, as without a
+            // transaction; another 5xx is `rolled_back`.
+            let outcome = if self.contract.is_retryable_status(status) {
+                Outcome::Released
+            } else {
+                Outcome::RolledBack
+            };
+            self.log_outcome(outcome, status);
+            let answer = with_operation_id(response, self.operation_id);
+            return self.roll_back_and_release(tx, |_| answer).await;
+        }
+        let (parts, body) = match self.capture(response).await {
+            Ok(Captured::Buffered { parts, body }) => (parts, body),
+            Ok(Captured::TooLarge(_)) => return self.roll_back_too_large(tx, status).await,
+            Ok(Captured::Failed(error)) => {
+                tracing::error!(error = %error, "idem: the handler's response body failed");
+                return self.settle_ended(Ended::BodyFailed).await;
+            }
+            Err(ended) => return self.settle_ended(ended).await,
+        };
+        let stored = self.stored(status, &parts.headers, body.clone());
+        let committed = tx
+            .control()
+            .commit_completed(&self.key, self.token, &stored, self.deadline)
+            .await;
+        match committed {
+            Ok(()) => {
+                self.log_outcome(Outcome::Executed, status);
+                self.answer(parts, body)
+            }
+            Err(CommitError::RolledBack(error, _writer)) => {
+                self.not_committed(error, &stored, parts, body).await
+            }
+            Err(CommitError::Commit(error)) => self.commit_failed(&error).await,
+        }
+    }
+
+    /// An attempt that ended without an answer (a panic, its time): rolled back, the key
+    /// released, 503 `attempt-rolled-back`.
+    pub(super) async fn roll_back_ended(&self, tx: &AttemptTx, ended: Ended) -> Response {
+        let why = ended.describe();
+        self.log_ended(ended);
+        let answer = |state| answer::attempt_rolled_back(self.operation_id, &why, state, 1);
+        self.roll_back_and_release(tx, answer).await
+    }
+
+    /// The answer's body is larger than idem stores: it cannot be replayed, so the attempt
+    /// rolls back (500 `result-too-large`).
+    async fn roll_back_too_large(&self, tx: &AttemptTx, status: u16) -> Response {
+        let limit = self.idem.max_stored_body();
+        let why = format!(
+            "the answer (status {status}) has a body larger than the {limit} bytes idem stores, so it cannot be replayed"
+        );
+        tracing::error!(
+            operation = %self.contract.operation,
+            operation_id = %self.operation_id,
+            limit,
+            outcome = "too_large",
+            "idem: the result is too large to store; the attempt is rolled back"
+        );
+        let answer = |_| answer::result_too_large(self.operation_id, &why);
+        self.roll_back_and_release(tx, answer).await
+    }
+
+    /// The record could not be written in the transaction, so nothing was committed.
+    async fn not_committed(
+        &self,
+        error: StoreError,
+        stored: &StoredResponse,
+        parts: Parts,
+        body: Bytes,
+    ) -> Response {
+        let id = self.operation_id;
+        match error {
+            StoreError::LeaseLost => {
+                self.log_lease_lost("commit");
+                answer::attempt_rolled_back(
+                    id,
+                    "lost its lease before it could commit (the lease ran out, or recovery took the record over)",
+                    OperationState::Processing,
+                    1,
+                )
+            }
+            StoreError::TransactionEnded(why) => {
+                self.transaction_ended(&why, stored, parts, body).await
+            }
+            StoreError::TooLarge { size, limit } => {
+                let why = format!(
+                    "the result is {size} bytes and the store keeps at most {limit}, so it cannot be replayed"
+                );
+                let answer = |_| answer::result_too_large(id, &why);
+                self.release_after_rollback(answer).await
+            }
+            error => {
+                self.log_store_failure("complete", &error);
+                let retry_after = self.idem.unavailable_retry_after_secs();
+                let why = "could not record its answer (the store failed)";
+                let answer = |state| answer::attempt_rolled_back(id, why, state, retry_after);
+                self.release_after_rollback(answer).await
+            }
+        }
+    }
+
+    /// The database ended the transaction before idem could commit it (the handler's
+    /// statement failed, or it ended it): what the handler wrote is rolled back. A
+    /// permanent refusal (4xx) is final even without its writes, so it is recorded alone
+    /// and replayed; anything else releases the key.
+    async fn transaction_ended(
+        &self,
+        why: &str,
+        stored: &StoredResponse,
+        parts: Parts,
+        body: Bytes,
+    ) -> Response {
+        let status = stored.status;
+        tracing::warn!(
+            operation = %self.contract.operation,
+            operation_id = %self.operation_id,
+            attempt = self.attempt,
+            status,
+            why = %why,
+            "idem: the attempt's transaction ended before idem could commit it; what the handler wrote is rolled back"
+        );
+        if (400..500).contains(&status) {
+            return match self.store_complete(stored).await {
+                Ok(()) => {
+                    self.log_outcome(Outcome::Executed, status);
+                    self.answer(parts, body)
+                }
+                Err(error) => self.write_failed("complete", &error),
+            };
+        }
+        let why = format!("ended without its commit: its transaction has ended ({why})");
+        let answer = |state| answer::attempt_rolled_back(self.operation_id, &why, state, 1);
+        self.release_after_rollback(answer).await
+    }
+
+    /// The commit itself failed. Nothing was committed, unless the commit's answer was
+    /// lost on the way back: then the record is completed, the fenced release below
+    /// changes nothing, and the answer cannot say which, so it is 503.
+    async fn commit_failed(&self, error: &StoreError) -> Response {
+        self.log_store_failure("commit", error);
+        match self.store_release().await {
+            Ok(()) => answer::attempt_rolled_back(
+                self.operation_id,
+                "could not commit (the store failed)",
+                OperationState::Released,
+                self.idem.unavailable_retry_after_secs(),
+            ),
+            Err(_) => {
+                answer::store_unavailable(&self.idem, self.contract, Some(self.operation_id), error)
+                    .into_response()
+            }
+        }
+    }
+
+    /// Rolls `tx` back, then releases the key; answers with `answer(state)` when that is
+    /// recorded (`released`, or `processing` when another attempt took the record over),
+    /// else 503 `store-unavailable`.
+    async fn roll_back_and_release(
+        &self,
+        tx: &AttemptTx,
+        answer: impl FnOnce(OperationState) -> Response,
+    ) -> Response {
+        // Half of what is left of the lease may go to the rollback (it waits for a
+        // statement of the handler that is still running), the rest to the release.
+        let now = Instant::now();
+        let halfway = now + self.deadline.saturating_duration_since(now) / 2;
+        let _writer = match tx.control().roll_back(&self.key, self.token, halfway).await {
+            RolledBack::Released => {
+                self.log_outcome(Outcome::Released, 0);
+                return answer(OperationState::Released);
+            }
+            RolledBack::LeaseLost => {
+                self.log_lease_lost("release");
+                return answer(OperationState::Processing);
+            }
+            // Nothing can commit; the release goes on beside the unfinished rollback
+            // (on PostgreSQL, on another connection; with SQLite it waits for the lock
+            // the rollback holds, within the lease).
+            RolledBack::Pending => crate::store::Reservation::default(),
+            // The writer's turn (SQLite) is kept until the key is released.
+            RolledBack::Rolled(writer) => writer,
+        };
+        match tokio::time::timeout_at(self.deadline, self.release_after_rollback(answer)).await {
+            Ok(answered) => answered,
+            // The release waits for a lock the unfinished rollback holds (SQLite's one
+            // writer). Nothing was committed, so nothing took effect; the record stays
+            // processing until its lease ends, and then recovery finds it not applied.
+            Err(_elapsed) => {
+                tracing::warn!(
+                    operation = %self.contract.operation,
+                    operation_id = %self.operation_id,
+                    "idem: the key could not be released within the lease (a statement of the handler still holds the database); recovery releases it"
+                );
+                answer::attempt_rolled_back(
+                    self.operation_id,
+                    "did not finish within its time",
+                    OperationState::Processing,
+                    1,
+                )
+            }
+        }
+    }
+
+    /// Releases the key of an attempt whose transaction has rolled back; a lapsed lease
+    /// that its token still owns is revived once first.
+    async fn release_after_rollback(
+        &self,
+        answer: impl FnOnce(OperationState) -> Response,
+    ) -> Response {
+        let released = match self.store_release().await {
+            Err(StoreError::LeaseLost) => match self.revive().await {
+                Ok(()) => self.store_release().await,
+                Err(error) => Err(error),
+            },
+            other => other,
+        };
+        match released {
+            Ok(()) => answer(OperationState::Released),
+            Err(StoreError::LeaseLost) => {
+                self.log_lease_lost("release");
+                answer(OperationState::Processing)
+            }
+            Err(error) => self.write_failed("release", &error),
+        }
+    }
+}

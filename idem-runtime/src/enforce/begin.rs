@@ -1,0 +1,67 @@
+//! Stage 5 and 6, the mode's two moments around registration: the right to begin the
+//! attempt's transaction is taken before the key is registered, and the transaction
+//! begins once the key is held. The plain mode does neither.
+
+use idem_contract::Contract;
+
+use super::Rejection;
+use crate::Idem;
+use crate::answer;
+use crate::attempt::Held;
+use crate::mode::Mode;
+use crate::store::{RecordKey, RecordState, unix_now};
+
+/// Takes the right to begin the transaction before anything is registered: with
+/// SQLite's one writer the wait happens here, where a client that gives up leaves
+/// nothing behind, and it is not charged to the attempt's lease. A duplicate of a key
+/// that is held or finished is answered from its record without waiting.
+///
+/// # Errors
+///
+/// 503 `store-unavailable` when the record cannot be read or the wait is over first.
+pub(crate) async fn reserve(
+    mode: &Mode,
+    idem: &Idem,
+    contract: &Contract,
+    key: &RecordKey,
+) -> Result<(), Rejection> {
+    let Mode::Transactional(tx) = mode else {
+        return Ok(());
+    };
+    if tx.try_reserve().await {
+        return Ok(());
+    }
+    let unavailable = |error| answer::store_unavailable(idem, contract, None, &error);
+    let answered_from_record = match idem.store().get(key, unix_now()).await {
+        Ok(Some(record)) => !matches!(record.state, RecordState::Released),
+        Ok(None) => false,
+        Err(error) => return Err(unavailable(error).into()),
+    };
+    if !answered_from_record {
+        tx.reserve().await.map_err(unavailable)?;
+    }
+    Ok(())
+}
+
+/// Begins the attempt's transaction now that `held` holds the key, and attaches it.
+///
+/// # Errors
+///
+/// 503 `store-unavailable` when it cannot begin; the key is given back first, since
+/// nothing ran.
+pub(crate) async fn begin(
+    mode: Mode,
+    mut held: Held,
+    contract: &Contract,
+) -> Result<Held, Rejection> {
+    let Mode::Transactional(tx) = mode else {
+        return Ok(held);
+    };
+    if let Err(error) = tx.begin().await {
+        let _ = held.release().await;
+        let id = Some(held.operation_id);
+        return Err(answer::store_unavailable(&held.idem, contract, id, &error).into());
+    }
+    held.attach(tx);
+    Ok(held)
+}

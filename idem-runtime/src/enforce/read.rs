@@ -1,0 +1,49 @@
+//! Stage 2, read: the path parameters and the body, each read once, before anything is
+//! registered.
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::RawPathParamsRejection;
+use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
+use http::request::Parts;
+
+use super::Rejection;
+use crate::answer;
+
+/// What the request carries besides its headers.
+pub(crate) struct Read {
+    /// The route's path parameters, name and value, in the route's order: they name the
+    /// resource the intent is about, so they are always significant.
+    pub(crate) path_params: Vec<(String, String)>,
+    /// The whole body.
+    pub(crate) bytes: Bytes,
+}
+
+/// Reads the path parameters and the body.
+///
+/// # Errors
+///
+/// axum's rejection of the path parameters (a value that is not valid UTF-8);
+/// 413 `body-too-large` past axum's `DefaultBodyLimit`; 400 `body-malformed` for a body
+/// cut short.
+pub(crate) async fn read<S: Send + Sync>(
+    parts: &mut Parts,
+    body: Body,
+    state: &S,
+) -> Result<Read, Rejection> {
+    let path_params = match RawPathParams::from_request_parts(parts, state).await {
+        Ok(params) => params
+            .iter()
+            .map(|(name, value)| (name.to_owned(), value.to_owned()))
+            .collect(),
+        Err(RawPathParamsRejection::MissingPathParams(_)) => Vec::new(),
+        Err(rejection) => return Err(Rejection::refused(rejection)),
+    };
+    // The body is read with the request's own `DefaultBodyLimit`: a shadow request
+    // carries the extensions that hold it.
+    let mut shadow = Request::new(body);
+    *shadow.extensions_mut() = parts.extensions.clone();
+    let bytes = Bytes::from_request(shadow, state)
+        .await
+        .map_err(|rejection| answer::body_unreadable(&rejection))?;
+    Ok(Read { path_params, bytes })
+}

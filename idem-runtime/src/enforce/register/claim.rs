@@ -1,0 +1,118 @@
+//! One round's claim: the record's insert-if-absent, under a fresh lease.
+
+use idem_contract::Contract;
+use tokio::time::Instant;
+
+use super::Registration;
+use crate::attempt::Held;
+use crate::enforce::Rejection;
+use crate::store::{Begin, Lease, NewRecord, OwnerToken, Record, StoreError, UnixMillis, unix_now};
+use crate::{Idem, OperationId, answer};
+
+/// What one claim came to.
+pub(super) enum Claimed {
+    /// This request holds the key: run the handler.
+    Held(Held),
+    /// The key has a record already, as it was when the claim began (unix milliseconds):
+    /// answer from it. A lease is judged at that time, not at the answer's (which a slow
+    /// store may bring much later, when the record has moved on).
+    Exists(Record, UnixMillis),
+    /// The claim succeeded, but another instance took the record over before this one
+    /// could renew its lease: look again.
+    LostRace,
+}
+
+impl<F> Registration<'_, F> {
+    /// Registers the key as processing, or finds its record.
+    ///
+    /// # Errors
+    ///
+    /// 503 `store-unavailable` when the store fails.
+    pub(super) async fn claim(&mut self) -> Result<Claimed, Rejection> {
+        let now = unix_now();
+        let started = Instant::now();
+        let new = new_record(
+            self.idem,
+            self.contract,
+            self.fingerprint,
+            self.transactional,
+            now,
+        );
+        let record = match self.idem.store().begin(self.key, &new, now).await {
+            Ok(Begin::Started(record)) => record,
+            Ok(Begin::Exists(record)) => {
+                crate::telemetry::found_record(record.attempt);
+                return Ok(Claimed::Exists(record, now));
+            }
+            Err(error) => return Err(self.unavailable(self.last_id, &error)),
+        };
+        // A registration that waited (for a connection, a slow or returning server) may
+        // have written a lease that has run out already, and another instance may take
+        // the record over as if this attempt had died. Renew it before the handler runs:
+        // the renewal succeeds only while this token still owns the record, so a takeover
+        // that came first fences this attempt out before it does anything, and one that
+        // comes later finds a live lease.
+        if started.elapsed() >= self.idem.lease_for(self.contract) / 3 {
+            match self.renew(new.lease.token).await {
+                Ok(()) => {}
+                Err(StoreError::LeaseLost) => return Ok(Claimed::LostRace),
+                Err(error) => return Err(self.unavailable(Some(record.operation_id), &error)),
+            }
+        }
+        tracing::debug!(
+            operation = %self.contract.operation,
+            operation_id = %record.operation_id,
+            attempt = record.attempt,
+            "idem: key registered"
+        );
+        let (id, number) = (record.operation_id, record.attempt);
+        let held = Held::start(
+            self.idem,
+            self.contract,
+            self.key,
+            new.lease.token,
+            started,
+            id,
+            number,
+        );
+        Ok(Claimed::Held(held))
+    }
+
+    /// Renews the lease of `token` for a whole lease from now.
+    async fn renew(&self, token: OwnerToken) -> Result<(), StoreError> {
+        let now = unix_now();
+        let until = now.saturating_add(lease_ms(self.idem, self.contract));
+        self.idem.store().renew(self.key, token, until, now).await
+    }
+
+    /// 503 `store-unavailable`.
+    pub(super) fn unavailable(&self, id: Option<OperationId>, error: &StoreError) -> Rejection {
+        answer::store_unavailable(self.idem, self.contract, id, error).into()
+    }
+}
+
+/// The record a new attempt registers at `now`, with a fresh operation id and owner token.
+fn new_record(
+    idem: &Idem,
+    contract: &Contract,
+    fingerprint: &str,
+    transactional: bool,
+    now: UnixMillis,
+) -> NewRecord {
+    NewRecord {
+        operation_id: OperationId::new(),
+        fingerprint: fingerprint.to_owned(),
+        lease: Lease {
+            token: OwnerToken::random(),
+            until: now.saturating_add(lease_ms(idem, contract)),
+        },
+        expires_at: now.saturating_add(contract.ttl.as_millis()),
+        transactional,
+        holds_until: now.saturating_add(contract.lease().as_millis()),
+    }
+}
+
+/// The lease an attempt holds in the store at a time, in milliseconds.
+fn lease_ms(idem: &Idem, contract: &Contract) -> u64 {
+    u64::try_from(idem.lease_for(contract).as_millis()).unwrap_or(u64::MAX)
+}

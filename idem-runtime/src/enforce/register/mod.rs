@@ -1,0 +1,79 @@
+//! Stage 5, register: claim the key with one insert-if-absent, or answer from what the
+//! store knows — a replay, 422, the contract's concurrency answer, a recovery, 409 for an
+//! unknown outcome, or 503 when the store fails (fail closed).
+
+mod claim;
+mod concurrency;
+mod existing;
+
+use std::sync::Arc;
+
+use idem_contract::Contract;
+use tokio::time::Instant;
+
+use self::claim::Claimed;
+use self::existing::Next;
+use super::Rejection;
+use crate::attempt::Held;
+use crate::reconcile::Recoverer;
+use crate::store::RecordKey;
+use crate::{Idem, OperationId, answer};
+
+/// How often registration looks at the store again after a concurrent change (a release,
+/// a lost takeover, the end of a wait) before it answers 409.
+const MAX_ROUNDS: usize = 8;
+
+/// One registration of a key, across its rounds.
+pub(crate) struct Registration<'a, F> {
+    idem: &'a Idem,
+    contract: &'static Contract,
+    key: &'a Arc<RecordKey>,
+    fingerprint: &'a str,
+    /// Whether the attempt runs in the transactional mode (recorded with the key).
+    transactional: bool,
+    /// Makes the contract's recoverer; taken by the round that wins a takeover.
+    make_recoverer: Option<F>,
+    /// When a `concurrency = wait(..)` wait ends, once it has begun.
+    wait_until: Option<Instant>,
+    /// The operation id of the last record seen.
+    last_id: Option<OperationId>,
+}
+
+/// Claims `key` for a request whose fingerprint is `fingerprint`: the attempt that holds
+/// it, or the answer to give instead (see the module docs).
+pub(crate) async fn register<F>(
+    idem: &Idem,
+    contract: &'static Contract,
+    key: &Arc<RecordKey>,
+    fingerprint: &str,
+    transactional: bool,
+    make_recoverer: F,
+) -> Result<Held, Rejection>
+where
+    F: FnOnce() -> Recoverer,
+{
+    let mut registration = Registration {
+        idem,
+        contract,
+        key,
+        fingerprint,
+        transactional,
+        make_recoverer: Some(make_recoverer),
+        wait_until: None,
+        last_id: None,
+    };
+    for _ in 0..MAX_ROUNDS {
+        let (record, now) = match registration.claim().await? {
+            Claimed::Held(held) => return Ok(held),
+            Claimed::Exists(record, now) => (record, now),
+            Claimed::LostRace => continue,
+        };
+        registration.last_id = Some(record.operation_id);
+        match registration.answer_from(&record, now).await? {
+            Next::Run(held) => return Ok(held),
+            Next::LookAgain => {}
+        }
+    }
+    let id = registration.last_id.unwrap_or_default();
+    Err(answer::in_progress(id, 1).into())
+}

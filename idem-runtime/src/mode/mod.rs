@@ -1,0 +1,38 @@
+//! The mode an attempt runs in: plain, or transactional (its handler takes the
+//! transaction, [`crate::transaction::Tx`], and idem commits the business writes with
+//! the key's final state).
+//!
+//! One type in every feature set: without the SQL stores (features `sqlite` and
+//! `postgres`) the transactional arm holds an uninhabited type, so the request path
+//! matches on the mode and needs no `cfg` of its own.
+
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+mod none;
+
+use http::Extensions;
+
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+pub(crate) use self::none::AttemptTx;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) use crate::transaction::AttemptTx;
+
+/// How an attempt's outcome is recorded.
+pub(crate) enum Mode {
+    /// Two writes: the handler's effect, then the record of its answer.
+    Plain,
+    /// The handler's writes and the record commit in the attempt's transaction.
+    Transactional(AttemptTx),
+}
+
+impl Mode {
+    /// The mode of a request: transactional when the handler took the transaction (its
+    /// extractor left it in the request's `extensions`).
+    pub(crate) fn of(extensions: &Extensions) -> Mode {
+        AttemptTx::find(extensions).map_or(Mode::Plain, Mode::Transactional)
+    }
+
+    /// Whether the attempt runs in the transactional mode.
+    pub(crate) fn is_transactional(&self) -> bool {
+        matches!(self, Mode::Transactional(_))
+    }
+}

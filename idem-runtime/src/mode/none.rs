@@ -1,0 +1,33 @@
+//! Without a SQL store there is no transactional mode: its arm of [`super::Mode`] holds
+//! this uninhabited type, whose methods are never called.
+
+use http::Extensions;
+
+use crate::store::StoreError;
+
+/// The transaction of an attempt: none can exist without the features `sqlite` or
+/// `postgres`.
+pub(crate) enum AttemptTx {}
+
+impl AttemptTx {
+    /// Never finds one.
+    pub(crate) fn find(_extensions: &Extensions) -> Option<AttemptTx> {
+        None
+    }
+
+    pub(crate) async fn try_reserve(&self) -> bool {
+        match *self {}
+    }
+
+    pub(crate) async fn reserve(&self) -> Result<(), StoreError> {
+        match *self {}
+    }
+
+    pub(crate) async fn begin(&self) -> Result<(), StoreError> {
+        match *self {}
+    }
+
+    pub(crate) fn fences_by_lock(&self) -> bool {
+        match *self {}
+    }
+}
