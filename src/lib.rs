@@ -150,7 +150,7 @@ pub use idem_runtime::{
     DEFAULT_UNAVAILABLE_RETRY_AFTER, IDEMPOTENT_REPLAYED_HEADER, Idem, IdemLayer, IdemService,
     Lookup, MIN_HEARTBEAT_LEASE, MemoryStore, OPERATION_ID_HEADER, OperationId, OperationReport,
     OperationStatus, Reconciled, Resolution, Store, StoreError, UnknownOperation, enforce,
-    fingerprint, identity, problem, reconciler, recovery, store, telemetry,
+    fingerprint, identity, problem, reconciler, recovery, store,
 };
 #[cfg(feature = "postgres")]
 pub use idem_runtime::{PgTx, PostgresStore};
@@ -165,6 +165,16 @@ pub mod transaction {
     #[cfg(feature = "sqlite")]
     pub use idem_runtime::transaction::SqliteTx;
     pub use idem_runtime::transaction::Tx;
+}
+
+#[cfg(feature = "server")]
+pub mod telemetry {
+    // Inner docs: their links (`[`SPAN_ATTEMPT`]`) resolve in this module.
+    #![doc = guide_links!()]
+    #![doc = include_str!("../docs/telemetry.md")]
+
+    #[doc(inline)]
+    pub use idem_runtime::telemetry::*;
 }
 
 /// The guides: the pages of the repository's `docs/` folder, each a module here so that
