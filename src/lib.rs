@@ -58,14 +58,67 @@
 //! - [`store`]: the store trait and its backends ([`MemoryStore`], [`SqliteStore`],
 //!   `PostgresStore` with the feature `postgres`, `RedisStore` with the feature `redis`).
 //! - [`model`]: the contract as data, its rules ([`check()`](fn@check)) and its JSON Schema.
+//! - [`telemetry`]: the spans, events and counters, and what is never recorded.
 //! - `testing` (feature `testing`): the Monday test, a conformance harness pointed at a
 //!   contracted operation, the test-fault protocol it drives (`Idem::with_test_faults`),
 //!   and the checks of its proofs 4 and 5: `TraceCapture` (idem's spans) and
 //!   `OperatorCheck` (the store's operator calls).
+//! - [`guide`]: every answer, recovery an operator can run, the stores, the Monday test,
+//!   publishing, the client, a service of your own from scratch, and the design.
 //!
-//! The README lists every answer; [`problem`] every problem type.
+//! [`guide::answers`] lists every answer; [`problem`] every problem type.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+/// The rustdoc targets of the links between the guides of the repository's `docs/`
+/// folder, put before each guide's text. Each guide ends with its own definitions
+/// (`[answers]: answers.md`), which serve GitHub; Markdown uses the first definition of a
+/// label, so in rustdoc these win. A doctest of a guide with this prefix is reported
+/// under `src/lib.rs` and its module (`guide::client`), not under its file: `contract`
+/// and `transaction`, whose many examples are worth their file and line, link no other
+/// guide and take no prefix.
+macro_rules! guide_links {
+    () => {
+        concat!(
+            "[answers]: crate::guide::answers\n",
+            "[client]: crate::guide::client\n",
+            "[conformance]: crate::guide::conformance\n",
+            "[design]: crate::guide::design\n",
+            "[operations]: crate::guide::operations\n",
+            "[publishing]: crate::guide::publishing\n",
+            "[stores]: crate::guide::stores\n",
+            "[your-own-service]: crate::guide::your_own_service\n",
+            server_links!(),
+            transaction_links!(),
+        )
+    };
+}
+
+#[cfg(feature = "server")]
+macro_rules! server_links {
+    () => {
+        "[contract]: macro@crate::contract\n[telemetry]: crate::telemetry\n"
+    };
+}
+#[cfg(not(feature = "server"))]
+macro_rules! server_links {
+    () => {
+        ""
+    };
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+macro_rules! transaction_links {
+    () => {
+        "[transaction]: crate::transaction\n"
+    };
+}
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+macro_rules! transaction_links {
+    () => {
+        ""
+    };
+}
 
 #[cfg(feature = "server")]
 #[doc = include_str!("../docs/contract.md")]
@@ -97,7 +150,7 @@ pub use idem_runtime::{
     DEFAULT_UNAVAILABLE_RETRY_AFTER, IDEMPOTENT_REPLAYED_HEADER, Idem, IdemLayer, IdemService,
     Lookup, MIN_HEARTBEAT_LEASE, MemoryStore, OPERATION_ID_HEADER, OperationId, OperationReport,
     OperationStatus, Reconciled, Resolution, Store, StoreError, UnknownOperation, enforce,
-    fingerprint, identity, problem, reconciler, recovery, store, telemetry,
+    fingerprint, identity, problem, reconciler, recovery, store,
 };
 #[cfg(feature = "postgres")]
 pub use idem_runtime::{PgTx, PostgresStore};
@@ -112,6 +165,47 @@ pub mod transaction {
     #[cfg(feature = "sqlite")]
     pub use idem_runtime::transaction::SqliteTx;
     pub use idem_runtime::transaction::Tx;
+}
+
+#[cfg(feature = "server")]
+pub mod telemetry {
+    // Inner docs: their links (`[`SPAN_ATTEMPT`]`) resolve in this module.
+    #![doc = guide_links!()]
+    #![doc = include_str!("../docs/telemetry.md")]
+
+    #[doc(inline)]
+    pub use idem_runtime::telemetry::*;
+}
+
+/// The guides: the pages of the repository's `docs/` folder, each a module here so that
+/// their Rust examples compile as doctests. The attribute's reference is
+/// [`contract`](macro@crate::contract), the transactional mode's
+/// `transaction` (features `sqlite`, `postgres`), telemetry's `telemetry`.
+pub mod guide {
+    #[doc = guide_links!()]
+    #[doc = include_str!("../docs/your-own-service.md")]
+    pub mod your_own_service {}
+    #[doc = guide_links!()]
+    #[doc = include_str!("../docs/answers.md")]
+    pub mod answers {}
+    #[doc = guide_links!()]
+    #[doc = include_str!("../docs/operations.md")]
+    pub mod operations {}
+    #[doc = guide_links!()]
+    #[doc = include_str!("../docs/stores.md")]
+    pub mod stores {}
+    #[doc = guide_links!()]
+    #[doc = include_str!("../docs/conformance.md")]
+    pub mod conformance {}
+    #[doc = guide_links!()]
+    #[doc = include_str!("../docs/publishing.md")]
+    pub mod publishing {}
+    #[doc = guide_links!()]
+    #[doc = include_str!("../docs/client.md")]
+    pub mod client {}
+    #[doc = guide_links!()]
+    #[doc = include_str!("../docs/design.md")]
+    pub mod design {}
 }
 
 /// The client side of a contract: the retry policy it declares, one key per intent,

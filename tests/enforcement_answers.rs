@@ -1,8 +1,8 @@
-//! The answers of the README's table ("The answers") that need no recovery, over real
-//! sockets, with the handler runs counted (issue 2, §3): keys, fingerprints and replays,
-//! concurrent duplicates, retryable and permanent answers, a store that is down, answers
-//! given before the handler, oversized results, the status lookup. Recovery is in
-//! `enforcement_recovery.rs`, the transactional mode in `transactional.rs`.
+//! The answers of docs/answers.md that need no recovery, over real sockets, with the
+//! handler runs counted: keys, fingerprints and replays, concurrent duplicates, retryable
+//! and permanent answers, a store that is down, answers given before the handler,
+//! oversized results, the status lookup. Recovery is in `enforcement_recovery.rs`, the
+//! transactional mode in `transactional.rs`.
 
 mod common;
 

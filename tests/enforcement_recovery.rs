@@ -1,5 +1,5 @@
 //! Leases, the server's deadline, recovery of unknown outcomes, and the concurrency
-//! answers `wait` and `accepted`, over real sockets (the README's table of answers;
+//! answers `wait` and `accepted`, over real sockets (docs/answers.md;
 //! docs/contract.md, `deadline`, `concurrency` and `recovery`).
 
 mod common;

@@ -1,7 +1,7 @@
 //! The SQLite file breaks while the service serves, without the transactional mode (the
 //! business write on the pool, the record on the store): the file moved away, made
 //! immutable (read-only even for root), or its folder moved away, each then repaired,
-//! under a stream of requests with fresh keys over real sockets (the README's answers:
+//! under a stream of requests with fresh keys over real sockets (docs/answers.md:
 //! "the SQLite file is moved, removed or replaced, or turns read-only").
 //!
 //! Whatever the fault: no 5xx is ever stored as a final result, no answer claims an

@@ -1,4 +1,4 @@
-//! Telemetry (`idem::telemetry`, DESIGN §8.4 and §9), over real sockets: every request to
+//! Telemetry (`idem::telemetry`, docs/telemetry.md), over real sockets: every request to
 //! a contracted handler is one `idem.attempt` span with OpenTelemetry's and idem's
 //! attributes, an operation's final state is one `idem.operation.end` event, the counters
 //! follow the same outcomes, and no body, key, token, cookie or client identity reaches
@@ -516,7 +516,7 @@ fn field<'a>(span: &'a SpanData, name: &str) -> Option<&'a str> {
 
 // ---------------------------------------------------------------------------------------
 
-/// The Monday test's trace (DESIGN §8.4): the answer to the first attempt is lost, the
+/// The Monday test's trace (proof 4, docs/conformance.md): the answer to the first attempt is lost, the
 /// client sends the same request with the same key, and the trace shows both physical
 /// attempts, linked by the operation id, and one final outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

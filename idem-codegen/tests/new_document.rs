@@ -251,7 +251,8 @@ fn a_webhook_needs_openapi_3_1() {
     common::validate(&path);
 }
 
-/// The README's "your own service": its two publishing commands, on its crate.
+/// The guide "your own service" (docs/your-own-service.md): its two publishing commands,
+/// on its crate.
 #[test]
 fn the_readmes_own_service_publishes_from_scratch() {
     let dir = tempfile::tempdir().unwrap();

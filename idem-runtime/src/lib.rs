@@ -10,7 +10,7 @@
 //! 3. contracted handlers (made by the macro, or written by hand with
 //!    [`enforce::Enforced`]) and their status lookups ([`Lookup`]).
 //!
-//! Every answer of idem's table (the README's "The answers") is produced here: a replay with
+//! Every answer of idem's table (`docs/answers.md`) is produced here: a replay with
 //! `Idempotent-Replayed: true`, the [problems](problem) (400, 401, 409, 422, 503) with a
 //! stable `type` each, the concurrency answers, recovery of operations whose outcome is
 //! unknown ([`recovery`]), and fail-closed 503s when the store fails. Every answer carries

@@ -1,103 +1,10 @@
 //! Telemetry: one span per physical attempt, one event when an operation reaches its
 //! final state, and counters of both, under names defined once, here.
 //!
-//! # What a span can honestly mean here
-//!
-//! A business operation is one idempotency key of one client (DESIGN §9: "spans and logs
-//! separate the business operation from its physical attempts"). The server sees its
-//! attempts as separate HTTP requests, minutes apart, possibly on other instances: there
-//! is no moment at which an "operation" span could be opened before the first attempt and
-//! closed after the last. So idem does not fake one. Instead:
-//!
-//! - **every request to a contracted handler is one `idem.attempt` span**, whether the
-//!   handler runs or the answer comes from the record (a replay, 409, 422, 503, a
-//!   rejection). It is a child of whatever span the request already has (an HTTP server
-//!   span of `tower-http`'s `TraceLayer` or of an OpenTelemetry middleware), and the
-//!   handler's own spans and logs are its children;
-//! - **the operation is identified across attempts by `idem.operation_id`**, the
-//!   server-assigned, time-ordered id that every answer carries in `Operation-Id` and the
-//!   status lookup reports: every attempt span of one operation carries the same value,
-//!   so a query on it gathers the operation's attempts in any backend;
-//! - **one `idem.operation.end` event marks the operation's final state**, emitted once,
-//!   by the attempt (or the status lookup, or the reconciler) that records it: `completed` (the handler's
-//!   answer was stored), `recovered` (recovery found an earlier attempt applied and
-//!   stored its answer) or `parked` (the outcome is unknown and waits for an operator).
-//!   The store's fencing makes each of these transitions happen once per operation, so
-//!   the event does too. An attempt that releases the key, or ends with its outcome
-//!   unknown, is not final: a later attempt (or recovery) finishes the operation.
-//!
-//! # Names
-//!
-//! OpenTelemetry's names where a semantic convention exists, `idem.*` otherwise.
-//!
-//! | name | kind | source | value |
-//! |---|---|---|---|
-//! | `idem.attempt` ([`SPAN_ATTEMPT`]) | span (INFO) | idem | one physical attempt: every request to a contracted handler |
-//! | `idem.operation` ([`FIELD_OPERATION`]) | span field | idem | the contract's operation name, such as `create_order` |
-//! | `idem.operation_id` ([`FIELD_OPERATION_ID`]) | span field | idem | the operation's id, the same for all its attempts (`Operation-Id`) |
-//! | `idem.attempt` ([`FIELD_ATTEMPT`]) | span field | idem | the attempt's number, 1 for the first (see below) |
-//! | `http.request.resend_count` ([`FIELD_RESEND_COUNT`]) | span field | OTel HTTP | `idem.attempt − 1`, set only when above 0 |
-//! | `http.route` ([`FIELD_ROUTE`]) | span field | OTel HTTP | the matched route template (axum's `MatchedPath`), such as `/orders/{id}` |
-//! | `http.request.method` ([`FIELD_METHOD`]) | span field | OTel HTTP | `POST`, `PUT`, … |
-//! | `http.response.status_code` ([`FIELD_STATUS_CODE`]) | span field | OTel HTTP | the status of the answer |
-//! | `idem.outcome` ([`FIELD_OUTCOME`]) | span field | idem | the attempt's [`Outcome`] |
-//! | `error.type` ([`FIELD_ERROR_TYPE`]) | span field | OTel | the failure's class: the slug of the problem idem answered with (`fingerprint-mismatch`, `store-unavailable`, …), `result-too-large`, `cancelled` (the request was dropped before its answer), or the status code of a 4xx/5xx that is no problem of idem's (an extractor's rejection, a handler's 5xx) |
-//! | `idem.duration_s` ([`FIELD_DURATION`]) | event field | idem | the attempt's duration in seconds, on `idem.attempt.end` |
-//! | `idem.final_outcome` ([`FIELD_OPERATION_OUTCOME`]) | event field | idem | the operation's [`FinalOutcome`], on `idem.operation.end` |
-//! | `idem.attempt.end` ([`EVENT_ATTEMPT_END`]) | event (INFO) | idem | the attempt's outcome, once per attempt, inside its span |
-//! | `idem.operation.end` ([`EVENT_OPERATION_END`]) | event (INFO) | idem | the operation's final outcome, once per operation |
-//! | `idem_attempts_total` ([`METRIC_ATTEMPTS`]) | counter | idem | attempts, by `operation` and `outcome` |
-//! | `idem_attempt_duration_seconds` ([`METRIC_ATTEMPT_DURATION`]) | histogram | idem | attempt durations, by `operation` and `outcome` |
-//! | `idem_operations_total` ([`METRIC_OPERATIONS`]) | counter | idem | operations that reached a final state, by `operation` and `outcome` ([`FinalOutcome`]) |
-//!
-//! The metrics' labels are [`LABEL_OPERATION`] and [`LABEL_OUTCOME`]: the contract's name
-//! and a value of a closed set, so their cardinality is the number of contracted
-//! operations times 14. Keys, clients and operation ids are never labels.
-//!
-//! **The attempt number.** An attempt that registers the key (the handler runs, or
-//! recovery runs for it) has the number the store counted: 1 for the first, one more
-//! after each release or "not applied" recovery. A request answered from the record (a
-//! replay, 409, 422) is a resend of an operation the server knows, and carries the
-//! record's count plus one. The store does not write on such answers, so this is a lower
-//! bound: two replays in a row both say 2. `http.request.resend_count` follows it, and is
-//! absent on a first attempt (OpenTelemetry: "MUST NOT be set for the first request").
-//!
-//! `idem.attempt` names both the span and the attempt number's attribute: a span's name
-//! is no attribute, and no attribute name is also a namespace of others (OpenTelemetry's
-//! naming rule), hence `idem.duration_s` and `idem.final_outcome` rather than
-//! `idem.attempt.duration` or `idem.operation.outcome`.
-//!
-//! Spans are recorded through [`tracing`]; export them to OpenTelemetry with
-//! `tracing-opentelemetry` (the span's fields become its attributes; an event becomes a
-//! span event named by its message, its fields its attributes: find the final outcome
-//! by `idem.final_outcome`). Metrics go through the [`metrics`] facade: install any
-//! recorder (Prometheus, OpenTelemetry, …) and call [`describe_metrics`] once for their
-//! help texts. The repository's `examples/telemetry` exports both over OTLP.
-//!
-//! Besides these, idem logs a warning or an error at each step that goes wrong (a store
-//! failure, a panic, a lost lease, recovery), with fields of their own (`operation`,
-//! `operation_id`, `step`, …); inside an attempt they are events of its span.
-//!
-//! **Cost.** With no subscriber and no recorder installed, a request pays a clock read,
-//! a few disabled-callsite checks and calls to the no-op recorder; a new key and a
-//! replay allocate nothing for telemetry (the metric keys are made once per operation).
-//! A problem answer carries its case in the response's extensions, for the span: one
-//! small allocation, on answers that are not the common path.
-//!
-//! # What is never recorded
-//!
-//! No span, event or metric of idem's holds a request or response body, the idempotency
-//! key (it is client-chosen and may carry what the client put in it), the client's
-//! identity (the value of the identity header, or what the application's
-//! `ClientIdentity` returned), an owner token, the fingerprint, or the value of any
-//! header (`Authorization`, `Cookie` and the rest). Idem records the operation's name,
-//! its id (server-assigned, random and time-ordered: it names no one), the route
-//! template (not the path, whose parameters may be personal), the method, statuses and
-//! the closed sets of outcomes and error classes. Two things come from the application
-//! and are logged as given: the reason a reconcile function returns, and store errors'
-//! messages. The integration test `tests/telemetry.rs` of the `idem` package checks every
-//! captured span, event and metric for bodies, keys, tokens, the client identity and
-//! header values.
+//! The guide (what a span can honestly mean when a business operation is several HTTP
+//! requests, every name with its value, the attempt number, the cost, what is never
+//! recorded, and how to export it all over OTLP) is the `telemetry` module of the `idem`
+//! crate, `docs/telemetry.md` in the repository.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -138,7 +45,7 @@ pub const FIELD_METHOD: &str = "http.request.method";
 pub const FIELD_STATUS_CODE: &str = "http.response.status_code";
 /// The attempt's [`Outcome`].
 pub const FIELD_OUTCOME: &str = "idem.outcome";
-/// OpenTelemetry's error class (see the module docs for its values).
+/// OpenTelemetry's error class (its values: the guide, `idem::telemetry`).
 pub const FIELD_ERROR_TYPE: &str = "error.type";
 /// The attempt's duration in seconds (on [`EVENT_ATTEMPT_END`]).
 pub const FIELD_DURATION: &str = "idem.duration_s";

@@ -1,5 +1,5 @@
 //! The orders service as a new user runs it: the real binary, on 127.0.0.1, with its
-//! SQLite file, answering every row of the README's answer table.
+//! SQLite file, answering every row of the answer table (docs/answers.md).
 
 mod common;
 

@@ -1,5 +1,5 @@
-//! The README's "your own service", as a user runs it: the binary on 127.0.0.1, and the
-//! code in the README the same as `src/main.rs`.
+//! The guide "your own service" (`docs/your-own-service.md`), as a user runs it: the
+//! binary on 127.0.0.1, and the code in the guide the same as `src/main.rs`.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -39,13 +39,15 @@ impl Drop for Service {
     }
 }
 
+/// The guide's block is `no_run`: it is also a doctest of the `idem` crate
+/// (`idem::guide::your_own_service`), which compiles it but must not serve forever.
 #[test]
-fn the_readme_shows_this_crates_main_rs() {
-    let readme = include_str!("../../../README.md");
+fn the_guide_shows_this_crates_main_rs() {
+    let guide = include_str!("../../../docs/your-own-service.md");
     let main = include_str!("../src/main.rs");
     assert!(
-        readme.contains(&format!("```rust\n{main}```")),
-        "README.md's \"your own service\" must show examples/transfers/src/main.rs as it is"
+        guide.contains(&format!("```rust,no_run\n{main}```")),
+        "docs/your-own-service.md must show examples/transfers/src/main.rs as it is"
     );
 }
 

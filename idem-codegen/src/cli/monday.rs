@@ -1,5 +1,6 @@
-//! `idem monday`: the Monday test (DESIGN §8) against any service on loopback, written in
-//! Rust or not (feature `monday`, on by default).
+//! `idem monday`: the Monday test (docs/conformance.md; its design, docs/design.md)
+//! against any service on loopback, written in Rust or not (feature `monday`, on by
+//! default).
 //!
 //! The contract of one operation comes from a published OpenAPI document (its
 //! `x-idempotency`) or a contracts file; the scenarios go to a base URL on loopback
