@@ -1,5 +1,6 @@
 //! The retry loop: one intent, its attempts, and the typed outcome.
 
+use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -8,9 +9,10 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri}
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use idem_contract::KeySource;
 use idem_contract::headers::{IDEMPOTENT_REPLAYED_HEADER, OPERATION_ID_HEADER};
 use idem_contract::problem::ProblemType;
+use idem_contract::{FieldPath, KeySource};
+use serde_json::{Map, Value};
 
 use crate::backoff::Jitter;
 use crate::budget::RetryBudget;
@@ -46,6 +48,94 @@ pub enum CallError {
     /// A header name or value is invalid.
     #[error("invalid header: {0}")]
     Header(String),
+}
+
+/// Why [`Client::execute`] sent nothing: the call cannot carry the intent's key where
+/// the contract puts it, or lacks what the contract requires of every request.
+///
+/// Nothing was sent (not the command, not the status lookup), so nothing can have taken
+/// effect: this is neither a completed nor an unknown outcome, and it is not one of
+/// [`Outcome`]'s variants. The intent comes back as it was, to be sent again once the
+/// call is fixed (its key was not used).
+#[derive(Debug)]
+pub struct NotSent {
+    /// The intent, as it was before the call.
+    pub intent: Intent,
+    /// What is wrong with the call.
+    pub reason: Refusal,
+}
+
+impl fmt::Display for NotSent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "nothing was sent for `{}`: {}",
+            self.intent.policy.operation(),
+            self.reason
+        )
+    }
+}
+
+impl std::error::Error for NotSent {}
+
+/// What is wrong with a call, found before anything is sent ([`NotSent`]).
+///
+/// A field path (`field`, `at`) is written with dots, as the contract writes it
+/// (`request.key`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The contract puts the key in a member of the JSON body, and the call has no body
+    /// ([`Call::new`] without [`Call::json`]).
+    #[error(
+        "the contract puts the key in the JSON body member `{field}`, and the call has no body"
+    )]
+    EmptyBody {
+        /// The key's member.
+        field: String,
+    },
+    /// The contract puts the key in a member of the JSON body, and the body is a form
+    /// (`application/x-www-form-urlencoded`): this client writes keys into JSON bodies
+    /// only.
+    #[error(
+        "the contract puts the key in the body member `{field}`, and the call's body is a form; this client places keys in JSON bodies only"
+    )]
+    FormBody {
+        /// The key's member.
+        field: String,
+    },
+    /// The contract puts the key in a member of the JSON body, and the body is not JSON.
+    #[error(
+        "the contract puts the key in the JSON body member `{field}`, and the call's body is not JSON"
+    )]
+    BodyNotJson {
+        /// The key's member.
+        field: String,
+    },
+    /// The body is JSON but not an object (an array, `null`, a string, a number, a
+    /// boolean), so the key's member has nowhere to go.
+    #[error(
+        "the contract puts the key in the JSON body member `{field}`, and the call's body is {found}, not an object"
+    )]
+    BodyNotObject {
+        /// The key's member.
+        field: String,
+        /// What the body is: `an array`, `null`, `a string`, `a number` or `a boolean`.
+        found: &'static str,
+    },
+    /// A member on the way to the key's member is there and is not an object
+    /// (`{"request": 5}` for the member `request.key`).
+    #[error(
+        "the contract puts the key in the JSON body member `{field}`, and the body's `{at}` is {found}, not an object"
+    )]
+    PathBlocked {
+        /// The key's member.
+        field: String,
+        /// The member in the way.
+        at: String,
+        /// What it is: `an array`, `a string`, `a number` or `a boolean`.
+        found: &'static str,
+    },
 }
 
 impl Call {
@@ -188,7 +278,23 @@ impl<T: Transport> Client<T> {
     /// [`LOOKUP_TIMEOUT`], at the call's scheme and authority with the lookup's path and
     /// the call's headers but not its body); a completed operation found there is returned as
     /// [`Outcome::Completed`] with `from_lookup`.
-    pub async fn execute(&self, mut intent: Intent, call: &Call) -> Outcome {
+    ///
+    /// # Errors
+    ///
+    /// [`NotSent`], before anything is sent, when the call cannot carry the key where the
+    /// contract puts it ([`Refusal`] says why: a body key with no body, a body that is
+    /// not a JSON object, a member in the way). The intent comes back unchanged.
+    pub async fn execute(&self, mut intent: Intent, call: &Call) -> Result<Outcome, NotSent> {
+        let request = match keyed(call, &intent) {
+            Ok(request) => request,
+            Err(reason) => {
+                tracing::warn!(
+                    idem.operation = %intent.policy.operation(),
+                    "idem: nothing sent: {reason}"
+                );
+                return Err(NotSent { intent, reason });
+            }
+        };
         let span = tracing::info_span!(
             "idem.operation",
             idem.operation = %intent.policy.operation(),
@@ -196,8 +302,8 @@ impl<T: Transport> Client<T> {
             idem.outcome = tracing::field::Empty,
             idem.attempts = tracing::field::Empty,
         );
-        async move {
-            let outcome = self.run(&mut intent, call).await;
+        let outcome = async move {
+            let outcome = self.run(&mut intent, &request).await;
             let outcome = match outcome {
                 Ok(outcome) => outcome,
                 Err((reason, last)) => self.unknown(intent, call, reason, last).await,
@@ -222,17 +328,17 @@ impl<T: Transport> Client<T> {
             outcome
         }
         .instrument(span)
-        .await
+        .await;
+        Ok(outcome)
     }
 
     /// The attempts; `Err` when they stop without a definite answer.
     async fn run(
         &self,
         intent: &mut Intent,
-        call: &Call,
+        request: &Request<Bytes>,
     ) -> Result<Outcome, (StopReason, Option<LastAttempt>)> {
         let policy = Arc::clone(&intent.policy);
-        let request = keyed(call, intent);
         let started = *intent.started.get_or_insert_with(Instant::now);
         let deadline = started + policy.deadline();
         let mut last: Option<LastAttempt> = None;
@@ -515,8 +621,9 @@ enum Verdict {
     Stop(StopReason, Option<Problem>),
 }
 
-/// The request every attempt of `intent` sends: `call` with the key.
-fn keyed(call: &Call, intent: &Intent) -> Request<Bytes> {
+/// The request every attempt of `intent` sends: `call` with the key where the contract
+/// puts it; or why it cannot be made.
+fn keyed(call: &Call, intent: &Intent) -> Result<Request<Bytes>, Refusal> {
     let mut body = call.body.clone();
     let mut headers = call.headers.clone();
     match intent.policy.key() {
@@ -529,32 +636,84 @@ fn keyed(call: &Call, intent: &Intent) -> Request<Bytes> {
             }
         }
         KeySource::Body { field } => {
-            if let Ok(mut json) = serde_json::from_slice::<serde_json::Value>(&call.body) {
-                let mut at = &mut json;
-                let segments: Vec<&str> = field.segments().collect();
-                for (i, segment) in segments.iter().enumerate() {
-                    let Some(object) = at.as_object_mut() else {
-                        break;
-                    };
-                    if i + 1 == segments.len() {
-                        object.insert((*segment).to_owned(), intent.key.as_str().into());
-                        break;
-                    }
-                    at = object
-                        .entry((*segment).to_owned())
-                        .or_insert_with(|| serde_json::Value::Object(Default::default()));
-                }
-                if let Ok(bytes) = serde_json::to_vec(&json) {
-                    body = bytes.into();
-                }
-            }
+            body = with_body_key(call, field, intent.key.as_str())?.into();
         }
     }
     let mut request = Request::new(body);
     *request.method_mut() = call.method.clone();
     *request.uri_mut() = call.uri.clone();
     *request.headers_mut() = headers;
-    request
+    Ok(request)
+}
+
+/// `call`'s JSON body with `key` at the member `field`: the objects on its way made when
+/// absent (or `null`, which the server reads as absent), the rest of the body kept.
+fn with_body_key(call: &Call, field: &FieldPath, key: &str) -> Result<Vec<u8>, Refusal> {
+    let name = || field.to_string();
+    let form = call
+        .headers
+        .get_all(http::header::CONTENT_TYPE)
+        .iter()
+        .any(|v| {
+            v.to_str().is_ok_and(|ct| {
+                ct.trim_start()
+                    .to_ascii_lowercase()
+                    .starts_with("application/x-www-form-urlencoded")
+            })
+        });
+    if form {
+        return Err(Refusal::FormBody { field: name() });
+    }
+    if call.body.is_empty() {
+        return Err(Refusal::EmptyBody { field: name() });
+    }
+    let mut json: Value =
+        serde_json::from_slice(&call.body).map_err(|_| Refusal::BodyNotJson { field: name() })?;
+    let segments: Vec<&str> = field.segments().collect();
+    let Some((last, parents)) = segments.split_last() else {
+        return Err(Refusal::EmptyBody { field: name() });
+    };
+    let mut at = match &mut json {
+        Value::Object(object) => object,
+        other => {
+            return Err(Refusal::BodyNotObject {
+                field: name(),
+                found: json_kind(other),
+            });
+        }
+    };
+    for (i, segment) in parents.iter().enumerate() {
+        let next = at
+            .entry((*segment).to_owned())
+            .or_insert_with(|| Value::Object(Map::new()));
+        if next.is_null() {
+            *next = Value::Object(Map::new());
+        }
+        at = match next {
+            Value::Object(object) => object,
+            other => {
+                return Err(Refusal::PathBlocked {
+                    field: name(),
+                    at: segments[..=i].join("."),
+                    found: json_kind(other),
+                });
+            }
+        };
+    }
+    at.insert((*last).to_owned(), key.into());
+    serde_json::to_vec(&json).map_err(|_| Refusal::BodyNotJson { field: name() })
+}
+
+/// What a JSON value is, for a message.
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {

@@ -11,7 +11,7 @@
 //! let client = Client::new()?;
 //! let order = serde_json::json!({"customer_id": "cus_42", "amount_minor": 1999});
 //! let call = Call::post_json("http://127.0.0.1:3000/orders", &order)?.header("x-client-id", "acme")?;
-//! match client.execute(Intent::new(policy), &call).await {   // one key for this intent
+//! match client.execute(Intent::new(policy), &call).await? {   // one key for this intent
 //!     Outcome::Completed(done) => println!("{} (replayed: {})", done.status, done.replayed),
 //!     Outcome::Failed(failed) => println!("refused: {:?}", failed.problem),
 //!     Outcome::Unknown(unknown) => println!("unknown: keep key {} and retry later", unknown.key()),
@@ -70,7 +70,7 @@ pub mod transport;
 
 pub use backoff::{Backoff, Jitter};
 pub use budget::RetryBudget;
-pub use client::{Call, CallError, Client, LOOKUP_TIMEOUT};
+pub use client::{Call, CallError, Client, LOOKUP_TIMEOUT, NotSent, Refusal};
 /// The header names the server writes and the client reads (`Operation-Id`,
 /// `Idempotent-Replayed`).
 pub use idem_contract::headers;

@@ -16,7 +16,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use idem_client::{
-    Backoff, Call, Client, Intent, LastAttempt, Outcome, RetryPolicy, StopReason, TransportError,
+    Backoff, Call, Client, Intent, LastAttempt, Outcome, Refusal, RetryPolicy, StopReason,
+    TransportError,
 };
 use idem_contract::{Retryable, StatusCode as Status, TransportFailure};
 
@@ -155,7 +156,8 @@ async fn a_lost_answer_after_the_commit_is_replayed_and_the_effect_happens_once(
     let client = Client::new().unwrap();
     let outcome = client
         .execute(Intent::new(policy), &transfer_call(&base))
-        .await;
+        .await
+        .unwrap();
     let Outcome::Completed(done) = outcome else {
         panic!("{outcome:?}");
     };
@@ -178,7 +180,8 @@ async fn when_every_answer_is_lost_the_status_lookup_gives_the_outcome() {
     let outcome = Client::new()
         .unwrap()
         .execute(Intent::new(policy), &transfer_call(&base))
-        .await;
+        .await
+        .unwrap();
     let Outcome::Completed(done) = outcome else {
         panic!("{outcome:?}");
     };
@@ -222,7 +225,7 @@ async fn an_upstream_that_always_answers_429_gets_exactly_max_attempts_requests(
     let client = Client::new()
         .unwrap()
         .with_budget(idem_client::RetryBudget::unlimited());
-    let outcome = client.execute(Intent::new(policy), &call).await;
+    let outcome = client.execute(Intent::new(policy), &call).await.unwrap();
     let Outcome::Unknown(unknown) = outcome else {
         panic!("{outcome:?}");
     };
@@ -279,7 +282,8 @@ async fn a_connection_cut_after_the_request_is_retried_only_when_declared() {
     let outcome = Client::new()
         .unwrap()
         .execute(Intent::new(cut_policy(&reset)), &call)
-        .await;
+        .await
+        .unwrap();
     assert!(
         matches!(outcome, Outcome::Completed(ref c) if c.attempts == 2),
         "{outcome:?}"
@@ -293,7 +297,8 @@ async fn a_connection_cut_after_the_request_is_retried_only_when_declared() {
             Intent::new(cut_policy(&[Retryable::Status(Status(503))])),
             &call,
         )
-        .await;
+        .await
+        .unwrap();
     let Outcome::Unknown(unknown) = outcome else {
         panic!("{outcome:?}");
     };
@@ -318,7 +323,8 @@ async fn a_refused_connection_and_a_slow_server_are_told_apart() {
     let outcome = Client::new()
         .unwrap()
         .execute(Intent::new(cut_policy(&[])), &call)
-        .await;
+        .await
+        .unwrap();
     let Outcome::Unknown(unknown) = outcome else {
         panic!("{outcome:?}");
     };
@@ -350,7 +356,8 @@ async fn a_refused_connection_and_a_slow_server_are_told_apart() {
     let outcome = Client::new()
         .unwrap()
         .execute(Intent::new(policy), &call)
-        .await;
+        .await
+        .unwrap();
     let Outcome::Unknown(unknown) = outcome else {
         panic!("{outcome:?}");
     };
@@ -407,7 +414,10 @@ async fn hostile_answers_never_pass_for_definite_ones() {
 
     let call = Call::post_json(&format!("http://{addr}/big"), &json!({})).unwrap();
     let reset = [Retryable::Transport(TransportFailure::ConnectionReset)];
-    let outcome = client.execute(Intent::new(policy(&reset)), &call).await;
+    let outcome = client
+        .execute(Intent::new(policy(&reset)), &call)
+        .await
+        .unwrap();
     let Outcome::Unknown(unknown) = outcome else {
         panic!("{outcome:?}");
     };
@@ -432,7 +442,8 @@ async fn hostile_answers_never_pass_for_definite_ones() {
             Intent::new(policy(&[Retryable::Status(Status(503))])),
             &call,
         )
-        .await;
+        .await
+        .unwrap();
     let Outcome::Unknown(unknown) = outcome else {
         panic!("{outcome:?}");
     };
@@ -460,4 +471,136 @@ fn calls_refuse_what_is_not_http() {
     assert!(call.clone().header("bad header", "v").is_err());
     assert!(call.clone().header("x-ok", "line\nbreak").is_err());
     assert!(call.header("x-ok", "fine").is_ok());
+}
+
+/// A plain upstream (no idem) that answers 503 to every request, and counts them: a
+/// request that reached it is one the client sent.
+async fn counting_upstream() -> (String, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&hits);
+    let addr = serve(Router::new().route(
+        "/charges",
+        post(move || {
+            let counter = Arc::clone(&counter);
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        }),
+    ))
+    .await;
+    (format!("http://{addr}/charges"), hits)
+}
+
+/// The policy of a contract that puts the key in the body member `field`.
+fn body_key_policy(field: &str) -> RetryPolicy {
+    let extension: idem_contract::extension::Extension = serde_json::from_value(json!({
+        "operation": "create_charge",
+        "key_scope": {"per": "client", "source": {"in": "body", "field": field}},
+        "fingerprint": "body", "ttl": "1d", "deadline": {"total": "10s"}, "max_attempts": 3,
+        "retryable": [503], "concurrency": {"response": "conflict", "retry_after": "1s"},
+        "status_lookup": {}, "recovery": {"kind": "reconcile"}
+    }))
+    .unwrap();
+    fast(RetryPolicy::from_extension(&extension))
+}
+
+#[tokio::test]
+async fn a_body_key_that_cannot_be_placed_sends_nothing_and_says_why() {
+    let (url, hits) = counting_upstream().await;
+    let client = Client::new()
+        .unwrap()
+        .with_budget(idem_client::RetryBudget::unlimited());
+    let json_call = |body: Value| Call::post_json(&url, &body).unwrap();
+    let cases: Vec<(&str, Call, Refusal)> = vec![
+        (
+            "[]",
+            json_call(json!([])),
+            Refusal::BodyNotObject {
+                field: "request.key".into(),
+                found: "an array",
+            },
+        ),
+        (
+            "null",
+            json_call(json!(null)),
+            Refusal::BodyNotObject {
+                field: "request.key".into(),
+                found: "null",
+            },
+        ),
+        (
+            "\"\"",
+            json_call(json!("")),
+            Refusal::BodyNotObject {
+                field: "request.key".into(),
+                found: "a string",
+            },
+        ),
+        (
+            "5",
+            json_call(json!(5)),
+            Refusal::BodyNotObject {
+                field: "request.key".into(),
+                found: "a number",
+            },
+        ),
+        (
+            "no body",
+            Call::new(http::Method::POST, &url).unwrap(),
+            Refusal::EmptyBody {
+                field: "request.key".into(),
+            },
+        ),
+        (
+            "a member in the way",
+            json_call(json!({"request": "r-1"})),
+            Refusal::PathBlocked {
+                field: "request.key".into(),
+                at: "request".into(),
+                found: "a string",
+            },
+        ),
+        (
+            "a form",
+            Call::new(http::Method::POST, &url)
+                .unwrap()
+                .header("content-type", "application/x-www-form-urlencoded")
+                .unwrap(),
+            Refusal::FormBody {
+                field: "request.key".into(),
+            },
+        ),
+    ];
+    for (name, call, expected) in cases {
+        let intent = Intent::new(body_key_policy("request.key"));
+        let key = intent.key().clone();
+        let error = match client.execute(intent, &call).await {
+            Err(error) => error,
+            Ok(outcome) => panic!("{name}: sent anyway: {outcome:?}"),
+        };
+        assert_eq!(error.reason, expected, "{name}");
+        assert_eq!(error.intent.key(), &key, "{name}: the intent comes back");
+        assert_eq!(error.intent.attempts(), 0, "{name}");
+        let message = error.to_string();
+        assert!(
+            message.starts_with("nothing was sent for `create_charge`: ")
+                && message.contains("`request.key`"),
+            "{name}: {message}"
+        );
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "nothing reached the server");
+
+    // Where the key can go, it goes: `null` and absent members are made objects.
+    for body in [json!({}), json!({"request": null}), json!({"request": {}})] {
+        let outcome = client
+            .execute(
+                Intent::new(body_key_policy("request.key")),
+                &json_call(body.clone()),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{body}: {e}"));
+        assert!(matches!(outcome, Outcome::Unknown(_)), "{outcome:?}");
+    }
+    assert_eq!(hits.load(Ordering::SeqCst), 9, "3 bodies × 3 attempts");
 }

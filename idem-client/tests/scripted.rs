@@ -23,6 +23,7 @@ async fn a_429_is_retried_after_its_retry_after_with_the_same_key() {
     let Outcome::Completed(done) = client(&script)
         .execute(Intent::new(policy()), &call())
         .await
+        .unwrap()
     else {
         panic!("completed");
     };
@@ -50,6 +51,7 @@ async fn attempts_never_exceed_max_attempts_and_the_lookup_is_asked() {
     let Outcome::Unknown(unknown) = client(&script)
         .execute(Intent::new(policy()), &call())
         .await
+        .unwrap()
     else {
         panic!("unknown");
     };
@@ -83,6 +85,7 @@ async fn a_retry_after_longer_than_the_deadline_stops_at_once() {
     let Outcome::Unknown(unknown) = client(&script)
         .execute(Intent::new(policy()), &call())
         .await
+        .unwrap()
     else {
         panic!("unknown");
     };
@@ -108,7 +111,10 @@ async fn ignoring_retry_after_ignores_it_on_every_attempt() {
     ]);
     let policy = policy().obey_retry_after(false);
     let t0 = Instant::now();
-    let outcome = client(&script).execute(Intent::new(policy), &call()).await;
+    let outcome = client(&script)
+        .execute(Intent::new(policy), &call())
+        .await
+        .unwrap();
     assert!(
         matches!(outcome, Outcome::Completed(ref c) if c.attempts == 3),
         "{outcome:?}"
@@ -125,7 +131,8 @@ async fn permanent_answers_stop_at_once() {
         let script = Script::new([status(code), status(201)]);
         let outcome = client(&script)
             .execute(Intent::new(policy()), &call())
-            .await;
+            .await
+            .unwrap();
         let Outcome::Failed(failed) = outcome else {
             panic!("{code}: {outcome:?}");
         };
@@ -140,7 +147,8 @@ async fn a_still_processing_409_is_retried_after_its_retry_after() {
     let t0 = Instant::now();
     let outcome = client(&script)
         .execute(Intent::new(policy()), &call())
-        .await;
+        .await
+        .unwrap();
     assert!(
         matches!(outcome, Outcome::Completed(ref c) if c.attempts == 2),
         "{outcome:?}"
@@ -154,6 +162,7 @@ async fn an_outcome_the_server_does_not_know_stops_and_says_so() {
     let Outcome::Unknown(unknown) = client(&script)
         .execute(Intent::new(policy()), &call())
         .await
+        .unwrap()
     else {
         panic!("unknown");
     };
@@ -176,7 +185,10 @@ async fn timeouts_are_bounded_and_no_attempt_starts_after_the_deadline() {
             Duration::from_millis(10),
         ));
     let t0 = Instant::now();
-    let Outcome::Unknown(unknown) = client(&script).execute(Intent::new(policy), &call()).await
+    let Outcome::Unknown(unknown) = client(&script)
+        .execute(Intent::new(policy), &call())
+        .await
+        .unwrap()
     else {
         panic!("unknown");
     };
@@ -203,7 +215,8 @@ async fn a_failure_the_contract_does_not_declare_stops_as_unknown() {
         let script = Script::new([step, status(201)]);
         let outcome = client(&script)
             .execute(Intent::new(policy()), &call())
-            .await;
+            .await
+            .unwrap();
         let Outcome::Unknown(unknown) = outcome else {
             panic!("{outcome:?}");
         };
@@ -217,13 +230,21 @@ async fn a_spent_retry_budget_stops_retries_and_the_outcome_says_so() {
     let script = Script::new(std::iter::repeat_n(status(503), 10));
     // gRPC's rule: retries while tokens > max_tokens / 2; 4 tokens allow 1 failure.
     let client = client(&script).with_budget(RetryBudget::new(4, 0.1).unwrap());
-    let Outcome::Unknown(first) = client.execute(Intent::new(policy()), &call()).await else {
+    let Outcome::Unknown(first) = client
+        .execute(Intent::new(policy()), &call())
+        .await
+        .unwrap()
+    else {
         panic!("unknown");
     };
     assert_eq!(first.reason, StopReason::BudgetExhausted);
     assert_eq!(script.posts().len(), 2);
     // The budget is the client's: the next intent gets no retry either.
-    let Outcome::Unknown(second) = client.execute(Intent::new(policy()), &call()).await else {
+    let Outcome::Unknown(second) = client
+        .execute(Intent::new(policy()), &call())
+        .await
+        .unwrap()
+    else {
         panic!("unknown");
     };
     assert_eq!(second.attempts, 1);
@@ -241,6 +262,7 @@ async fn the_status_lookups_completed_answer_is_the_outcome() {
     let Outcome::Completed(done) = client(&script)
         .execute(Intent::new(policy()), &call())
         .await
+        .unwrap()
     else {
         panic!("completed from the lookup");
     };
@@ -261,12 +283,16 @@ async fn an_unknown_intent_resumes_with_its_key_and_its_deadline() {
         Step::Answer(201, vec![("idempotent-replayed", "true")], "{}"),
     ]);
     let client = client(&script);
-    let Outcome::Unknown(unknown) = client.execute(Intent::new(policy()), &call()).await else {
+    let Outcome::Unknown(unknown) = client
+        .execute(Intent::new(policy()), &call())
+        .await
+        .unwrap()
+    else {
         panic!("unknown");
     };
     let key = unknown.key().clone();
     // All attempts are spent: resuming asks nothing more of the server's operation.
-    let again = client.execute(unknown.intent, &call()).await;
+    let again = client.execute(unknown.intent, &call()).await.unwrap();
     let Outcome::Unknown(again) = again else {
         panic!("{again:?}");
     };
@@ -291,7 +317,10 @@ async fn a_replay_is_flagged_and_the_key_can_go_in_the_body() {
     )
     .map(|e| RetryPolicy::from_extension(&e))
     .unwrap();
-    let Outcome::Completed(done) = client(&script).execute(Intent::new(policy), &call()).await
+    let Outcome::Completed(done) = client(&script)
+        .execute(Intent::new(policy), &call())
+        .await
+        .unwrap()
     else {
         panic!("completed");
     };
