@@ -123,6 +123,24 @@ pub enum Refusal {
         /// What the body is: `an array`, `null`, `a string`, `a number` or `a boolean`.
         found: &'static str,
     },
+    /// The call carries a key of its own, where the contract puts the key (the key
+    /// header, under any case of its name, or the body member), and it is not the
+    /// intent's key. The client never replaces a caller's key: make the intent with that
+    /// key (`Intent::resume`), or leave it out of the call.
+    #[error(
+        "the call carries its own idempotency key in `{at}`, and it is not the intent's key; make the intent with that key (Intent::resume) or leave it out of the call"
+    )]
+    KeyConflict {
+        /// The key header's name, or the key's member.
+        at: String,
+    },
+    /// The key header cannot be written: the contract's header name is not a valid
+    /// HTTP field name.
+    #[error("the contract's key header `{name}` is not a valid header name")]
+    KeyHeaderName {
+        /// The name, as the contract gives it.
+        name: String,
+    },
     /// A member on the way to the key's member is there and is not an object
     /// (`{"request": 5}` for the member `request.key`).
     #[error(
@@ -182,7 +200,12 @@ impl Call {
         Ok(self)
     }
 
-    /// The same call with the header `name: value` (the client identity, credentials).
+    /// The same call with the header `name: value` (the client identity, credentials),
+    /// added to those of the same name.
+    ///
+    /// The key is the intent's, and [`Client::execute`] writes it: a key header set here
+    /// must name the intent's key (as the server reads it: `abc` and `"abc"` are one
+    /// key), or the call is refused ([`Refusal::KeyConflict`]); it is never replaced.
     ///
     /// # Errors
     ///
@@ -283,7 +306,9 @@ impl<T: Transport> Client<T> {
     ///
     /// [`NotSent`], before anything is sent, when the call cannot carry the key where the
     /// contract puts it ([`Refusal`] says why: a body key with no body, a body that is
-    /// not a JSON object, a member in the way). The intent comes back unchanged.
+    /// not a JSON object, a member in the way), or already carries another key there
+    /// ([`Refusal::KeyConflict`]: a caller's key is never replaced). The intent comes
+    /// back unchanged.
     pub async fn execute(&self, mut intent: Intent, call: &Call) -> Result<Outcome, NotSent> {
         let request = match keyed(call, &intent) {
             Ok(request) => request,
@@ -583,14 +608,20 @@ impl<T: Transport> Client<T> {
     /// identity, credentials) but not its body.
     async fn lookup(&self, intent: &Intent, call: &Call) -> Option<LookupAnswer> {
         let path = intent.policy.status_lookup()?;
-        let key = idem_contract::lookup::encode_key(intent.key.as_str());
+        // Written as the server's lookup reads it back (`KeyScope::lookup_key`).
+        let scope = intent.policy.key_scope();
+        let key = idem_contract::lookup::encode_key(&scope.key_for_lookup(intent.key.as_str()));
         let path = path.replace(idem_contract::lookup::KEY_PLACEHOLDER, &key);
         let mut parts = call.uri.clone().into_parts();
         parts.path_and_query = Some(path.parse().ok()?);
         let uri = Uri::from_parts(parts).ok()?;
         let mut request = Request::get(uri).body(Bytes::new()).ok()?;
+        let key_header = scope.header().map(str::to_ascii_lowercase);
         for (name, value) in &call.headers {
-            if name != http::header::CONTENT_TYPE && name != http::header::CONTENT_LENGTH {
+            if name != http::header::CONTENT_TYPE
+                && name != http::header::CONTENT_LENGTH
+                && key_header.as_deref() != Some(name.as_str())
+            {
                 request.headers_mut().append(name, value.clone());
             }
         }
@@ -628,12 +659,21 @@ fn keyed(call: &Call, intent: &Intent) -> Result<Request<Bytes>, Refusal> {
     let mut headers = call.headers.clone();
     match intent.policy.key() {
         KeySource::Header { name } => {
-            if let (Ok(name), Ok(value)) = (
-                HeaderName::try_from(name.as_ref()),
-                HeaderValue::try_from(intent.key.as_str()),
-            ) {
-                headers.insert(name, value);
+            let scope = intent.policy.key_scope();
+            let header =
+                HeaderName::try_from(name.as_ref()).map_err(|_| Refusal::KeyHeaderName {
+                    name: name.to_string(),
+                })?;
+            // A key the caller set is compared as the server reads it (`"abc"` is `abc`).
+            let conflict = headers.get_all(&header).iter().any(|value| {
+                scope.header_key(value.as_bytes()).ok().as_deref() != Some(intent.key.as_str())
+            });
+            if conflict {
+                return Err(Refusal::KeyConflict {
+                    at: name.to_string(),
+                });
             }
+            headers.insert(header, intent.key.header_value(&scope));
         }
         KeySource::Body { field } => {
             body = with_body_key(call, field, intent.key.as_str())?.into();
@@ -700,7 +740,13 @@ fn with_body_key(call: &Call, field: &FieldPath, key: &str) -> Result<Vec<u8>, R
             }
         };
     }
-    at.insert((*last).to_owned(), key.into());
+    match at.get(*last) {
+        None | Some(Value::Null) => {
+            at.insert((*last).to_owned(), key.into());
+        }
+        Some(Value::String(own)) if own == key => {}
+        Some(_) => return Err(Refusal::KeyConflict { at: name() }),
+    }
     serde_json::to_vec(&json).map_err(|_| Refusal::BodyNotJson { field: name() })
 }
 

@@ -9,6 +9,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use http::HeaderValue;
+use idem_contract::KeyScope;
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -28,6 +30,15 @@ impl IdempotencyKey {
     /// The key as sent (bare, without RFC 8941 quotes).
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The key header's value that the server reads back as this key
+    /// (`KeyScope::header_key`): the key itself, or, for a key that starts with `"`, the
+    /// RFC 8941 string that quotes it.
+    pub(crate) fn header_value(&self, scope: &KeyScope) -> HeaderValue {
+        // A key is visible ASCII, and quoting adds only `"` and `\`: always a valid value.
+        HeaderValue::from_str(&scope.key_for_lookup(&self.0))
+            .unwrap_or_else(|_| HeaderValue::from_static(""))
     }
 }
 

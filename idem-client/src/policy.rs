@@ -247,6 +247,16 @@ impl RetryPolicy {
         self.key_format
     }
 
+    /// The contract's key scope, as far as a client knows it: where the key goes and
+    /// what it looks like (the server's own rules read keys with it).
+    pub(crate) fn key_scope(&self) -> KeyScope {
+        KeyScope {
+            source: self.key.clone(),
+            format: self.key_format,
+            ..KeyScope::CLIENT
+        }
+    }
+
     /// The requests one business operation may cost, the first included.
     pub fn max_attempts(&self) -> u32 {
         self.max_attempts

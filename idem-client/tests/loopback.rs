@@ -473,23 +473,28 @@ fn calls_refuse_what_is_not_http() {
     assert!(call.header("x-ok", "fine").is_ok());
 }
 
-/// A plain upstream (no idem) that answers 503 to every request, and counts them: a
-/// request that reached it is one the client sent.
-async fn counting_upstream() -> (String, Arc<AtomicUsize>) {
-    let hits = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&hits);
+/// What a plain upstream received: each request's headers and body.
+type Seen = Arc<std::sync::Mutex<Vec<(axum::http::HeaderMap, axum::body::Bytes)>>>;
+
+/// A plain upstream (no idem) on `/charges` that answers `status` to every request and
+/// records it: a request it saw is one the client sent.
+async fn recording_upstream(status: StatusCode) -> (String, Seen) {
+    let seen = Seen::default();
+    let record = Arc::clone(&seen);
     let addr = serve(Router::new().route(
         "/charges",
-        post(move || {
-            let counter = Arc::clone(&counter);
-            async move {
-                counter.fetch_add(1, Ordering::SeqCst);
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-        }),
+        post(
+            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                let record = Arc::clone(&record);
+                async move {
+                    record.lock().unwrap().push((headers, body));
+                    status
+                }
+            },
+        ),
     ))
     .await;
-    (format!("http://{addr}/charges"), hits)
+    (format!("http://{addr}/charges"), seen)
 }
 
 /// The policy of a contract that puts the key in the body member `field`.
@@ -507,7 +512,7 @@ fn body_key_policy(field: &str) -> RetryPolicy {
 
 #[tokio::test]
 async fn a_body_key_that_cannot_be_placed_sends_nothing_and_says_why() {
-    let (url, hits) = counting_upstream().await;
+    let (url, seen) = recording_upstream(StatusCode::SERVICE_UNAVAILABLE).await;
     let client = Client::new()
         .unwrap()
         .with_budget(idem_client::RetryBudget::unlimited());
@@ -589,7 +594,7 @@ async fn a_body_key_that_cannot_be_placed_sends_nothing_and_says_why() {
             "{name}: {message}"
         );
     }
-    assert_eq!(hits.load(Ordering::SeqCst), 0, "nothing reached the server");
+    assert_eq!(seen.lock().unwrap().len(), 0, "nothing reached the server");
 
     // Where the key can go, it goes: `null` and absent members are made objects.
     for body in [json!({}), json!({"request": null}), json!({"request": {}})] {
@@ -602,5 +607,126 @@ async fn a_body_key_that_cannot_be_placed_sends_nothing_and_says_why() {
             .unwrap_or_else(|e| panic!("{body}: {e}"));
         assert!(matches!(outcome, Outcome::Unknown(_)), "{outcome:?}");
     }
-    assert_eq!(hits.load(Ordering::SeqCst), 9, "3 bodies × 3 attempts");
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 9, "3 bodies × 3 attempts");
+    for (_, body) in seen.iter() {
+        let body: Value = serde_json::from_slice(body).unwrap();
+        assert!(body["request"]["key"].is_string(), "{body}");
+    }
+}
+
+#[tokio::test]
+async fn a_key_the_caller_set_is_never_replaced() {
+    let (url, seen) = recording_upstream(StatusCode::CREATED).await;
+    let client = Client::new().unwrap();
+    let policy = || cut_policy(&[]);
+
+    // Another key in the key header, under any case of its name: refused, nothing sent.
+    for name in ["Idempotency-Key", "idempotency-key", "IDEMPOTENCY-KEY"] {
+        let call = Call::post_json(&url, &json!({}))
+            .unwrap()
+            .header(name, "mine")
+            .unwrap();
+        let error = client
+            .execute(Intent::new(policy()), &call)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error.reason,
+            Refusal::KeyConflict {
+                at: "Idempotency-Key".into()
+            },
+            "{name}"
+        );
+        assert!(
+            error.to_string().contains("its own idempotency key"),
+            "{error}"
+        );
+    }
+    // Twice, once with the intent's key: still another key.
+    let intent = Intent::new(policy());
+    let call = Call::post_json(&url, &json!({}))
+        .unwrap()
+        .header("idempotency-key", intent.key().as_str())
+        .unwrap()
+        .header("idempotency-key", "mine")
+        .unwrap();
+    assert!(client.execute(intent, &call).await.is_err());
+    // A header name the contract does not use is the caller's business.
+    let policy_x = || {
+        fast(
+            RetryPolicy::builder("create_charge")
+                .key_header("X-Request-Key")
+                .max_attempts(1)
+                .deadline(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        )
+    };
+    let call = Call::post_json(&url, &json!({}))
+        .unwrap()
+        .header("x-request-key", "mine")
+        .unwrap();
+    let error = client
+        .execute(Intent::new(policy_x()), &call)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.reason,
+        Refusal::KeyConflict {
+            at: "X-Request-Key".into()
+        }
+    );
+    assert!(seen.lock().unwrap().is_empty(), "nothing was sent");
+
+    // The intent's own key, bare or as an RFC 8941 string: sent once, as the intent's.
+    for quoted in [false, true] {
+        let intent = Intent::new(policy());
+        let key = intent.key().clone();
+        let value = if quoted {
+            format!("\"{key}\"")
+        } else {
+            key.to_string()
+        };
+        let call = Call::post_json(&url, &json!({}))
+            .unwrap()
+            .header("Idempotency-Key", &value)
+            .unwrap();
+        let outcome = client.execute(intent, &call).await.unwrap();
+        assert!(matches!(outcome, Outcome::Completed(_)), "{outcome:?}");
+        let seen = seen.lock().unwrap();
+        let (headers, _) = seen.last().unwrap();
+        let values: Vec<_> = headers.get_all("idempotency-key").iter().collect();
+        assert_eq!(values, [key.as_str()], "one key header, the intent's");
+    }
+
+    // In the body: another key, or a member that is not a string, is refused.
+    let body_policy = || body_key_policy("request.key");
+    for body in [
+        json!({"request": {"key": "mine"}}),
+        json!({"request": {"key": 5}}),
+        json!({"request": {"key": ""}}),
+    ] {
+        let call = Call::post_json(&url, &body).unwrap();
+        let error = client
+            .execute(Intent::new(body_policy()), &call)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error.reason,
+            Refusal::KeyConflict {
+                at: "request.key".into()
+            },
+            "{body}"
+        );
+    }
+    let intent = Intent::new(body_policy());
+    let body = json!({"request": {"key": intent.key().as_str(), "note": "n"}});
+    let outcome = client
+        .execute(intent, &Call::post_json(&url, &body).unwrap())
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Outcome::Completed(_)), "{outcome:?}");
+    let sent: Value = serde_json::from_slice(&seen.lock().unwrap().last().unwrap().1).unwrap();
+    assert_eq!(sent, body, "the body as the caller wrote it");
 }
