@@ -9,6 +9,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri}
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use idem_contract::extension::MAX_IDENTITY_LEN;
 use idem_contract::headers::{IDEMPOTENT_REPLAYED_HEADER, OPERATION_ID_HEADER};
 use idem_contract::problem::ProblemType;
 use idem_contract::{FieldPath, KeySource};
@@ -21,6 +22,7 @@ use crate::outcome::{
     Completed, Failed, LastAttempt, LookupAnswer, OperationStatus, Outcome, Problem, StopReason,
     Unknown,
 };
+use crate::policy::RetryPolicy;
 use crate::transport::{Answer, Reqwest, Transport, TransportError};
 
 /// How long the status lookup may take, once the attempts have stopped.
@@ -133,6 +135,18 @@ pub enum Refusal {
     KeyConflict {
         /// The key header's name, or the key's member.
         at: String,
+    },
+    /// The contract names the client by a request header (its published
+    /// `client_identity`, [`crate::RetryPolicy::client_identity_header`]), and the call
+    /// has no valid one. The server would answer 401 `client-identity-missing`; the
+    /// client checks the server's rules first: one value, 1 to 255 visible ASCII
+    /// characters (spaces and tabs around it do not count).
+    #[error("the contract names the client by the `{header}` header: {why}")]
+    ClientIdentity {
+        /// The header's name, as the contract publishes it.
+        header: String,
+        /// What is wrong, such as `the call has none`.
+        why: String,
     },
     /// The key header cannot be written: the contract's header name is not a valid
     /// HTTP field name.
@@ -306,11 +320,16 @@ impl<T: Transport> Client<T> {
     ///
     /// [`NotSent`], before anything is sent, when the call cannot carry the key where the
     /// contract puts it ([`Refusal`] says why: a body key with no body, a body that is
-    /// not a JSON object, a member in the way), or already carries another key there
-    /// ([`Refusal::KeyConflict`]: a caller's key is never replaced). The intent comes
-    /// back unchanged.
+    /// not a JSON object, a member in the way), already carries another key there
+    /// ([`Refusal::KeyConflict`]: a caller's key is never replaced), or lacks the client
+    /// identity header the contract publishes ([`Refusal::ClientIdentity`], with the
+    /// header's name). The intent comes back unchanged.
     pub async fn execute(&self, mut intent: Intent, call: &Call) -> Result<Outcome, NotSent> {
-        let request = match keyed(call, &intent) {
+        let request = keyed(call, &intent).and_then(|request| {
+            identified(call, &intent.policy)?;
+            Ok(request)
+        });
+        let request = match request {
             Ok(request) => request,
             Err(reason) => {
                 tracing::warn!(
@@ -684,6 +703,43 @@ fn keyed(call: &Call, intent: &Intent) -> Result<Request<Bytes>, Refusal> {
     *request.uri_mut() = call.uri.clone();
     *request.headers_mut() = headers;
     Ok(request)
+}
+
+/// Whether `call` names the client as `policy`'s contract asks, by the rules of the
+/// server's `idem::identity::header`.
+fn identified(call: &Call, policy: &RetryPolicy) -> Result<(), Refusal> {
+    let Some(name) = policy.client_identity_header() else {
+        return Ok(());
+    };
+    let refuse = |why: &str| Refusal::ClientIdentity {
+        header: name.to_owned(),
+        why: why.to_owned(),
+    };
+    let header =
+        HeaderName::try_from(name).map_err(|_| refuse("that is not a valid header name"))?;
+    let mut values = call.headers.get_all(&header).iter();
+    let value = values
+        .next()
+        .ok_or_else(|| refuse("the call has none; add it with Call::header"))?;
+    if values.next().is_some() {
+        return Err(refuse("the call sends it more than once"));
+    }
+    let value = value
+        .to_str()
+        .map_err(|_| refuse("the call's value is not visible ASCII"))?
+        .trim_matches([' ', '\t']);
+    if value.is_empty() {
+        return Err(refuse("the call's value is empty"));
+    }
+    if value.bytes().any(|b| !b.is_ascii_graphic()) {
+        return Err(refuse("the call's value has a space or a tab inside"));
+    }
+    if value.len() > MAX_IDENTITY_LEN {
+        return Err(refuse(&format!(
+            "the call's value is longer than {MAX_IDENTITY_LEN} bytes"
+        )));
+    }
+    Ok(())
 }
 
 /// `call`'s JSON body with `key` at the member `field`: the objects on its way made when

@@ -470,6 +470,8 @@ fn calls_refuse_what_is_not_http() {
     let call = Call::new(http::Method::POST, "http://127.0.0.1:1/orders").unwrap();
     assert!(call.clone().header("bad header", "v").is_err());
     assert!(call.clone().header("x-ok", "line\nbreak").is_err());
+    assert!(call.clone().header("x-client-id", "a\u{0}b").is_err());
+    assert!(call.clone().header("", "v").is_err());
     assert!(call.header("x-ok", "fine").is_ok());
 }
 
@@ -729,4 +731,81 @@ async fn a_key_the_caller_set_is_never_replaced() {
     assert!(matches!(outcome, Outcome::Completed(_)), "{outcome:?}");
     let sent: Value = serde_json::from_slice(&seen.lock().unwrap().last().unwrap().1).unwrap();
     assert_eq!(sent, body, "the body as the caller wrote it");
+}
+
+#[tokio::test]
+async fn a_call_without_the_published_client_identity_sends_nothing() {
+    let (url, seen) = recording_upstream(StatusCode::CREATED).await;
+    let client = Client::new().unwrap();
+    let policy = || {
+        fast(
+            RetryPolicy::builder("create_charge")
+                .max_attempts(1)
+                .deadline(Duration::from_secs(10))
+                .client_identity_header("X-Client-Id")
+                .build()
+                .unwrap(),
+        )
+    };
+    assert_eq!(policy().client_identity_header(), Some("X-Client-Id"));
+    let long = "a".repeat(256);
+    let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
+        (vec![], "the call has none"),
+        (vec![("authorization", "Bearer t")], "the call has none"),
+        (vec![("x-client-id", "")], "the call's value is empty"),
+        (vec![("x-client-id", "  \t ")], "the call's value is empty"),
+        (vec![("x-client-id", "ac me")], "a space or a tab inside"),
+        // obs-text: HTTP lets it through, the server's identity rules do not.
+        (vec![("x-client-id", "café")], "not visible ASCII"),
+        (vec![("x-client-id", &long)], "longer than 255 bytes"),
+        (
+            vec![("x-client-id", "acme"), ("X-Client-Id", "acme")],
+            "more than once",
+        ),
+    ];
+    for (headers, why) in cases {
+        let mut call = Call::post_json(&url, &json!({})).unwrap();
+        for (name, value) in &headers {
+            call = call.header(name, value).unwrap();
+        }
+        let error = client
+            .execute(Intent::new(policy()), &call)
+            .await
+            .unwrap_err();
+        let message = error.to_string();
+        assert!(
+            matches!(&error.reason, Refusal::ClientIdentity { header, why: w }
+                if header == "X-Client-Id" && w.contains(why)),
+            "{headers:?}: {message}"
+        );
+        assert!(message.contains("`X-Client-Id`"), "{message}");
+    }
+    assert!(seen.lock().unwrap().is_empty(), "nothing was sent");
+
+    // Any case of the name; spaces around the value do not count, as on the server.
+    for (name, value) in [("x-client-id", "acme"), ("X-CLIENT-ID", " acme ")] {
+        let call = Call::post_json(&url, &json!({}))
+            .unwrap()
+            .header(name, value)
+            .unwrap();
+        let outcome = client.execute(Intent::new(policy()), &call).await.unwrap();
+        assert!(matches!(outcome, Outcome::Completed(_)), "{outcome:?}");
+    }
+    // Without a published identity nothing is checked.
+    let call = Call::post_json(&url, &json!({})).unwrap();
+    let outcome = client
+        .execute(Intent::new(cut_policy(&[])), &call)
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Outcome::Completed(_)), "{outcome:?}");
+    assert_eq!(seen.lock().unwrap().len(), 3);
+
+    // A builder refuses an identity header that is not a header name.
+    let error = RetryPolicy::builder("create_charge")
+        .max_attempts(1)
+        .deadline(Duration::from_secs(10))
+        .client_identity_header("x client")
+        .build()
+        .unwrap_err();
+    assert!(error.to_string().contains("`x client`"), "{error}");
 }
