@@ -128,7 +128,7 @@ pub enum Refusal {
     /// The call carries a key of its own, where the contract puts the key (the key
     /// header, under any case of its name, or the body member), and it is not the
     /// intent's key. The client never replaces a caller's key: make the intent with that
-    /// key (`Intent::resume`), or leave it out of the call.
+    /// key ([`Intent::resume`]), or leave it out of the call.
     #[error(
         "the call carries its own idempotency key in `{at}`, and it is not the intent's key; make the intent with that key (Intent::resume) or leave it out of the call"
     )]
@@ -295,12 +295,12 @@ impl<T: Transport> Client<T> {
     }
 
     /// Sends `call` for `intent` under its policy until a definite answer, and returns
-    /// the outcome:
+    /// the outcome. One `execute` is one window of the intent:
     ///
     /// - each attempt carries the intent's key (a header, or the body member the policy
     ///   names), and is bounded by the per-attempt timeout and what is left of the
-    ///   deadline; no attempt starts after the deadline, and at most `max_attempts` are
-    ///   sent, the first included;
+    ///   deadline, counted from the start of this `execute`; no attempt starts after the
+    ///   deadline, and at most `max_attempts` are sent, the first included;
     /// - 2xx and 3xx complete it (a replay is flagged); a 4xx the contract does not
     ///   declare retryable fails it for good (400, 401, 403, 404, 422, ...);
     /// - a declared retryable status or transport failure, and idem's 409
@@ -316,6 +316,11 @@ impl<T: Transport> Client<T> {
     /// the call's headers but not its body); a completed operation found there is returned as
     /// [`Outcome::Completed`] with `from_lookup`.
     ///
+    /// When the key may have been sent before (the intent came back in an
+    /// [`Outcome::Unknown`], or was made by [`Intent::resume`]), the status lookup is
+    /// asked first, before any request: see [`Intent::resume`] for what each of its
+    /// answers does.
+    ///
     /// # Errors
     ///
     /// [`NotSent`], before anything is sent, when the call cannot carry the key where the
@@ -324,7 +329,7 @@ impl<T: Transport> Client<T> {
     /// ([`Refusal::KeyConflict`]: a caller's key is never replaced), or lacks the client
     /// identity header the contract publishes ([`Refusal::ClientIdentity`], with the
     /// header's name). The intent comes back unchanged.
-    pub async fn execute(&self, mut intent: Intent, call: &Call) -> Result<Outcome, NotSent> {
+    pub async fn execute(&self, intent: Intent, call: &Call) -> Result<Outcome, NotSent> {
         let request = keyed(call, &intent).and_then(|request| {
             identified(call, &intent.policy)?;
             Ok(request)
@@ -346,12 +351,8 @@ impl<T: Transport> Client<T> {
             idem.outcome = tracing::field::Empty,
             idem.attempts = tracing::field::Empty,
         );
-        let outcome = async move {
-            let outcome = self.run(&mut intent, &request).await;
-            let outcome = match outcome {
-                Ok(outcome) => outcome,
-                Err((reason, last)) => self.unknown(intent, call, reason, last).await,
-            };
+        let outcome = async {
+            let outcome = self.window(intent, call, &request).await;
             let span = tracing::Span::current();
             let (name, attempts, operation_id) = match &outcome {
                 Outcome::Completed(c) => ("completed", c.attempts, c.operation_id.clone()),
@@ -362,7 +363,8 @@ impl<T: Transport> Client<T> {
             if let Outcome::Unknown(unknown) = &outcome {
                 tracing::warn!(
                     reason = ?unknown.reason,
-                    "idem: no definite answer; keep the key and retry it later, or ask the status lookup"
+                    "idem: no definite answer; execute the same intent again to resume it under its key \
+                     (a new window), or save the key and resume with Intent::resume"
                 );
             }
             span.record("idem.attempts", attempts);
@@ -376,22 +378,85 @@ impl<T: Transport> Client<T> {
         Ok(outcome)
     }
 
-    /// The attempts; `Err` when they stop without a definite answer.
+    /// One window of `intent`: the status lookup first when the key may have been sent
+    /// before, then the attempts, then the lookup again if they end without an answer.
+    async fn window(&self, mut intent: Intent, call: &Call, request: &Request<Bytes>) -> Outcome {
+        let policy = Arc::clone(&intent.policy);
+        let mut window = Window {
+            deadline: Instant::now() + policy.deadline(),
+            attempts: 0,
+            first_wait: None,
+            first_lookup: None,
+        };
+        if intent.resumed && policy.status_lookup().is_some() {
+            let left = window.deadline.saturating_duration_since(Instant::now());
+            let lookup = self.lookup(&intent, call, LOOKUP_TIMEOUT.min(left)).await;
+            tracing::info!(
+                lookup = lookup_name(lookup.as_ref()),
+                "idem: resuming under the same key; the status lookup answered first"
+            );
+            if let Some(LookupAnswer::Status(status)) = &lookup {
+                intent.operation_id = Some(status.operation_id.clone());
+                match status.state.as_str() {
+                    "completed" => {
+                        if let Some(done) = completed_from_lookup(&intent, status, 0) {
+                            self.budget.record_success();
+                            return Outcome::Completed(done);
+                        }
+                    }
+                    "processing" => window.first_wait = status.retry_after.map(Duration::from_secs),
+                    _ => {}
+                }
+            }
+            let unknown_on_server =
+                matches!(&lookup, Some(LookupAnswer::Status(s)) if s.state == "unknown");
+            if unknown_on_server {
+                // A request would be answered 409 `operation-outcome-unknown`: none is sent.
+                return Outcome::Unknown(Box::new(Unknown {
+                    operation_id: intent.operation_id.clone(),
+                    intent,
+                    reason: StopReason::OutcomeUnknownOnServer,
+                    last: None,
+                    lookup,
+                    attempts: 0,
+                }));
+            }
+            window.first_lookup = Some(lookup);
+        }
+        match self.run(&mut intent, request, &mut window).await {
+            Ok(outcome) => outcome,
+            Err((reason, last)) => self.unknown(intent, call, reason, last, window).await,
+        }
+    }
+
+    /// The attempts of one window; `Err` when they stop without a definite answer.
     async fn run(
         &self,
         intent: &mut Intent,
         request: &Request<Bytes>,
+        window: &mut Window,
     ) -> Result<Outcome, (StopReason, Option<LastAttempt>)> {
         let policy = Arc::clone(&intent.policy);
-        let started = *intent.started.get_or_insert_with(Instant::now);
-        let deadline = started + policy.deadline();
+        let deadline = window.deadline;
         let mut last: Option<LastAttempt> = None;
         let mut retry_after: Option<Duration> = None;
         loop {
-            if intent.attempts >= policy.max_attempts() {
+            if window.attempts >= policy.max_attempts() {
                 return Err((StopReason::AttemptsExhausted, last));
             }
-            if intent.attempts > 0 {
+            if window.attempts == 0
+                && let Some(wait) = window.first_wait.filter(|_| policy.obeys_retry_after())
+            {
+                // The status lookup said another attempt is running: not before its lease ends.
+                if wait >= deadline.saturating_duration_since(Instant::now()) {
+                    return Err((
+                        StopReason::RetryAfterBeyondDeadline { retry_after: wait },
+                        last,
+                    ));
+                }
+                tokio::time::sleep(wait).await;
+            }
+            if window.attempts > 0 {
                 let now = Instant::now();
                 let left = deadline.saturating_duration_since(now);
                 let asked = retry_after.filter(|_| policy.obeys_retry_after());
@@ -410,7 +475,7 @@ impl<T: Transport> Client<T> {
                     let mut jitter = self.jitter.lock().unwrap_or_else(|e| e.into_inner());
                     policy
                         .backoff()
-                        .delay(intent.attempts - 1, asked, &mut jitter)
+                        .delay(window.attempts - 1, asked, &mut jitter)
                 };
                 if delay >= left {
                     return Err((StopReason::DeadlineReached, last));
@@ -423,11 +488,13 @@ impl<T: Transport> Client<T> {
             }
             let left = deadline - now;
             let timeout = policy.per_attempt().map_or(left, |p| p.min(left));
-            let resend = intent.attempts;
+            let resend = window.attempts;
+            window.attempts += 1;
             intent.attempts += 1;
+            intent.resumed = true;
             let span = tracing::info_span!(
                 "idem.attempt",
-                idem.attempt = intent.attempts,
+                idem.attempt = window.attempts,
                 http.request.resend_count = tracing::field::Empty,
                 http.response.status_code = tracing::field::Empty,
                 error.r#type = tracing::field::Empty,
@@ -464,7 +531,7 @@ impl<T: Transport> Client<T> {
                         intent.operation_id = Some(id.to_owned());
                     }
                     let problem = Problem::parse(&answer.headers, &answer.body);
-                    match self.classify(intent, &answer, problem) {
+                    match self.classify(intent, &answer, problem, window.attempts) {
                         Verdict::Done(outcome) => return Ok(*outcome),
                         Verdict::Retry { failure, problem } => {
                             retry_after =
@@ -504,7 +571,13 @@ impl<T: Transport> Client<T> {
     }
 
     /// What to do after `answer`, whose problem details (if any) are `problem`.
-    fn classify(&self, intent: &Intent, answer: &Answer, problem: Option<Problem>) -> Verdict {
+    fn classify(
+        &self,
+        intent: &Intent,
+        answer: &Answer,
+        problem: Option<Problem>,
+        attempts: u32,
+    ) -> Verdict {
         let status = answer.status;
         let kind = problem.as_ref().and_then(Problem::idem_type);
         if kind == Some(ProblemType::OperationInProgress) {
@@ -549,7 +622,7 @@ impl<T: Transport> Client<T> {
                 body: answer.body.clone(),
                 replayed,
                 from_lookup: false,
-                attempts: intent.attempts,
+                attempts,
             })));
         }
         if status.is_client_error() {
@@ -561,7 +634,7 @@ impl<T: Transport> Client<T> {
                 status,
                 problem,
                 body: answer.body.clone(),
-                attempts: intent.attempts,
+                attempts,
             })));
         }
         // A 5xx the contract does not declare retryable: the server may have acted.
@@ -576,56 +649,41 @@ impl<T: Transport> Client<T> {
         call: &Call,
         reason: StopReason,
         last: Option<LastAttempt>,
+        window: Window,
     ) -> Outcome {
-        let lookup = self.lookup(&intent, call).await;
+        // Nothing was sent since the lookup that opened the window: its answer stands.
+        let lookup = match window.first_lookup {
+            Some(lookup) if window.attempts == 0 => lookup,
+            _ => self.lookup(&intent, call, LOOKUP_TIMEOUT).await,
+        };
         if let Some(LookupAnswer::Status(status)) = &lookup
             && status.state == "completed"
-            && let Some(stored) = &status.response
-            && let Ok(code) = StatusCode::from_u16(stored.status)
+            && let Some(done) = completed_from_lookup(&intent, status, window.attempts)
         {
-            let mut headers = HeaderMap::new();
-            for (name, value) in &stored.headers {
-                if let (Ok(name), Some(Ok(value))) = (
-                    HeaderName::try_from(name.as_str()),
-                    value.as_str().map(HeaderValue::try_from),
-                ) {
-                    headers.insert(name, value);
-                }
-            }
-            let body = stored
-                .body
-                .as_ref()
-                .and_then(|b| serde_json::to_vec(b).ok())
-                .unwrap_or_default();
-            return Outcome::Completed(Completed {
-                key: intent.key.clone(),
-                operation_id: Some(status.operation_id.clone()),
-                status: code,
-                headers,
-                body: body.into(),
-                replayed: true,
-                from_lookup: true,
-                attempts: intent.attempts,
-            });
+            return Outcome::Completed(done);
         }
         let operation_id = match &lookup {
             Some(LookupAnswer::Status(status)) => Some(status.operation_id.clone()),
             _ => intent.operation_id.clone(),
         };
-        let attempts = intent.attempts;
         Outcome::Unknown(Box::new(Unknown {
             intent,
             operation_id,
             reason,
             last,
             lookup,
-            attempts,
+            attempts: window.attempts,
         }))
     }
 
     /// Asks the status lookup about the intent's key, with the call's headers (the client
     /// identity, credentials) but not its body.
-    async fn lookup(&self, intent: &Intent, call: &Call) -> Option<LookupAnswer> {
+    async fn lookup(
+        &self,
+        intent: &Intent,
+        call: &Call,
+        timeout: Duration,
+    ) -> Option<LookupAnswer> {
         let path = intent.policy.status_lookup()?;
         // Written as the server's lookup reads it back (`KeyScope::lookup_key`).
         let scope = intent.policy.key_scope();
@@ -645,7 +703,7 @@ impl<T: Transport> Client<T> {
             }
         }
         let span = tracing::info_span!("idem.status_lookup");
-        let answer = tokio::time::timeout(LOOKUP_TIMEOUT, self.transport.send(request))
+        let answer = tokio::time::timeout(timeout, self.transport.send(request))
             .instrument(span)
             .await
             .ok()?
@@ -658,6 +716,63 @@ impl<T: Transport> Client<T> {
             StatusCode::NOT_FOUND => LookupAnswer::NotFound,
             other => LookupAnswer::Other(other),
         })
+    }
+}
+
+/// One window of an intent: at most `max_attempts` requests before `deadline`.
+struct Window {
+    /// When the window closes: its start (when `execute` began) plus the deadline.
+    deadline: Instant,
+    /// The requests sent in this window.
+    attempts: u32,
+    /// How long to wait before the first request (the status lookup's `processing`).
+    first_wait: Option<Duration>,
+    /// What the status lookup said when it opened the window, if it was asked.
+    first_lookup: Option<Option<LookupAnswer>>,
+}
+
+/// The completed outcome a status lookup's `completed` report gives, with its stored
+/// answer; `None` when it has none, or a status that is not one.
+fn completed_from_lookup(
+    intent: &Intent,
+    status: &OperationStatus,
+    attempts: u32,
+) -> Option<Completed> {
+    let stored = status.response.as_ref()?;
+    let code = StatusCode::from_u16(stored.status).ok()?;
+    let mut headers = HeaderMap::new();
+    for (name, value) in &stored.headers {
+        if let (Ok(name), Some(Ok(value))) = (
+            HeaderName::try_from(name.as_str()),
+            value.as_str().map(HeaderValue::try_from),
+        ) {
+            headers.insert(name, value);
+        }
+    }
+    let body = stored
+        .body
+        .as_ref()
+        .and_then(|b| serde_json::to_vec(b).ok())
+        .unwrap_or_default();
+    Some(Completed {
+        key: intent.key.clone(),
+        operation_id: Some(status.operation_id.clone()),
+        status: code,
+        headers,
+        body: body.into(),
+        replayed: true,
+        from_lookup: true,
+        attempts,
+    })
+}
+
+/// A status lookup's answer in a word, for telemetry.
+fn lookup_name(lookup: Option<&LookupAnswer>) -> &str {
+    match lookup {
+        None => "no_answer",
+        Some(LookupAnswer::Status(status)) => status.state.as_str(),
+        Some(LookupAnswer::NotFound) => "not_found",
+        Some(LookupAnswer::Other(_)) => "other",
     }
 }
 

@@ -26,8 +26,14 @@
 //!   member of the JSON body). An intent is not `Clone` and [`Client::execute`] takes it
 //!   by value, so it cannot be sent for another purchase by mistake; an
 //!   [`Outcome::Unknown`] gives it back, to resume with the same key.
-//! - **Budgets.** At most `max_attempts` requests, the first included; none starts after
-//!   the deadline (counted from the first send); each is bounded by the per-attempt
+//! - **Resuming.** Executing an intent again (the one an [`Outcome::Unknown`] gave back,
+//!   or one made from a saved key with [`Intent::resume`] after a restart) opens a new
+//!   window under the same key: a fresh `max_attempts` and deadline, after asking the
+//!   status lookup first; an operation it finds completed is returned without sending
+//!   the command again. [`Intent::resume`] says exactly what that guarantees.
+//! - **Budgets.** At most `max_attempts` requests per window (one
+//!   [`Client::execute`]), the first included; none starts after the deadline (counted
+//!   from the start of `execute`); each is bounded by the per-attempt
 //!   timeout; retries spend the client's [`RetryBudget`] (gRPC's retry throttling), and
 //!   a spent budget stops them.
 //! - **Spacing.** Capped exponential backoff with full jitter ([`Backoff`]), never sooner
@@ -71,6 +77,9 @@ pub mod transport;
 pub use backoff::{Backoff, Jitter};
 pub use budget::RetryBudget;
 pub use client::{Call, CallError, Client, LOOKUP_TIMEOUT, NotSent, Refusal};
+/// Why a key was refused ([`IdempotencyKey::parse`], [`Intent::resume`]): the server's
+/// own key rules.
+pub use idem_contract::KeyError;
 /// The header names the server writes and the client reads (`Operation-Id`,
 /// `Idempotent-Replayed`).
 pub use idem_contract::headers;

@@ -38,9 +38,11 @@ pub struct Completed {
     /// Whether the server replayed a stored result (`Idempotent-Replayed: true`), or the
     /// answer came from the status lookup: an earlier attempt did the work.
     pub replayed: bool,
-    /// Whether the answer was read from the status lookup, after the attempts ran out.
+    /// Whether the answer was read from the status lookup: after the attempts stopped
+    /// without one, or, on a resume, before any was sent.
     pub from_lookup: bool,
-    /// The attempts sent, the first included.
+    /// The requests this window sent, the first included (one [`crate::Client::execute`]
+    /// is one window): 0 when the status lookup, asked first on a resume, had the answer.
     pub attempts: u32,
 }
 
@@ -57,16 +59,23 @@ pub struct Failed {
     pub problem: Option<Problem>,
     /// The body as received.
     pub body: Bytes,
-    /// The attempts sent, the first included.
+    /// The requests this window sent, the first included.
     pub attempts: u32,
 }
 
-/// No definite answer. Keep the key: retry later with the same intent
-/// ([`Unknown::intent`]), or ask the status lookup, and never start the operation again
-/// with a new key unless the server says it is safe ([`Unknown::new_key_safe`]).
+/// No definite answer. Keep the key: execute the same intent again ([`Unknown::intent`])
+/// to resume it, now or later, or save the key ([`Unknown::key`]) and resume after a
+/// restart ([`Intent::resume`]); never start the operation again with a new key unless
+/// the server says it is safe ([`Unknown::new_key_safe`]).
+///
+/// Executing the intent again opens a new window under the same key: a fresh
+/// `max_attempts` and deadline, after the status lookup is asked first (its completed
+/// answer is returned without sending the command again); [`Intent::resume`] says
+/// exactly what it guarantees.
 #[derive(Debug)]
 pub struct Unknown {
-    /// The intent, to resume with the same key.
+    /// The intent: executing it again resumes the operation under the same key, in a
+    /// new window (see [`Intent::resume`]).
     pub intent: Intent,
     /// The server's operation id, if any answer carried one.
     pub operation_id: Option<String>,
@@ -76,7 +85,9 @@ pub struct Unknown {
     pub last: Option<LastAttempt>,
     /// What the status lookup said, when the contract has one and it answered.
     pub lookup: Option<LookupAnswer>,
-    /// The attempts sent, the first included.
+    /// The requests this window sent, the first included: 0 when the status lookup,
+    /// asked first on a resume, answered that the server does not know, or that another
+    /// attempt runs longer than the window.
     pub attempts: u32,
 }
 
@@ -107,11 +118,12 @@ impl Unknown {
 /// Why a client stopped without a definite answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StopReason {
-    /// All `max_attempts` were sent.
+    /// All `max_attempts` of the window were sent.
     AttemptsExhausted,
     /// The next attempt would start after the deadline.
     DeadlineReached,
-    /// The server asked to wait longer (`Retry-After`) than the deadline leaves.
+    /// The server asked to wait longer (`Retry-After`, or, on a resume, the status
+    /// lookup's `retry_after`) than the deadline leaves.
     RetryAfterBeyondDeadline {
         /// What the server asked for.
         retry_after: std::time::Duration,
@@ -121,7 +133,8 @@ pub enum StopReason {
     /// An answer or failure the contract does not declare retryable, after which the
     /// outcome is not known (a 5xx, a timeout, a reset connection).
     NotRetryable,
-    /// The server itself does not know (409 `operation-outcome-unknown`).
+    /// The server itself does not know (409 `operation-outcome-unknown`, or, on a
+    /// resume, the status lookup's state `unknown`).
     OutcomeUnknownOnServer,
 }
 
@@ -167,6 +180,9 @@ pub struct OperationStatus {
     /// In the state `unknown`: why.
     #[serde(default)]
     pub reason: Option<String>,
+    /// In the state `processing`: whole seconds until the running attempt's lease ends.
+    #[serde(default)]
+    pub retry_after: Option<u64>,
 }
 
 /// A stored answer, as the status lookup shows it.

@@ -16,8 +16,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use idem_client::{
-    Backoff, Call, Client, Intent, LastAttempt, Outcome, Refusal, RetryPolicy, StopReason,
-    TransportError,
+    Backoff, Call, Client, IdempotencyKey, Intent, LastAttempt, Outcome, Refusal, RetryPolicy,
+    StopReason, TransportError,
 };
 use idem_contract::{Retryable, StatusCode as Status, TransportFailure};
 
@@ -108,9 +108,15 @@ async fn read_message(stream: &mut TcpStream) -> Option<Vec<u8>> {
 /// `POST` for which `drop(n)` is true (`n` counts them from 0): the server has done
 /// its work, the client never hears of it.
 async fn lossy_proxy(upstream: String, drop: fn(usize) -> bool) -> String {
+    counting_proxy(upstream, drop).await.0
+}
+
+/// [`lossy_proxy`], and the number of `POST`s it forwarded.
+async fn counting_proxy(upstream: String, drop: fn(usize) -> bool) -> (String, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let posts = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&posts);
     tokio::spawn(async move {
         while let Ok((mut client, _)) = listener.accept().await {
             let upstream = upstream.clone();
@@ -131,7 +137,7 @@ async fn lossy_proxy(upstream: String, drop: fn(usize) -> bool) -> String {
             });
         }
     });
-    format!("http://127.0.0.1:{}", addr.port())
+    (format!("http://127.0.0.1:{}", addr.port()), counted)
 }
 
 fn transfer_call(base: &str) -> Call {
@@ -808,4 +814,97 @@ async fn a_call_without_the_published_client_identity_sends_nothing() {
         .build()
         .unwrap_err();
     assert!(error.to_string().contains("`x client`"), "{error}");
+}
+
+#[tokio::test]
+async fn a_job_that_restarts_resumes_with_its_saved_key() {
+    let service = idem_service().await;
+
+    // Before the restart: the order is placed, every answer is lost, and the job has no
+    // lookup to ask; all it keeps is the key.
+    let (lossy, _) = counting_proxy(service.clone(), |_| true).await;
+    let blind = fast(
+        RetryPolicy::builder("create_transfer")
+            .max_attempts(2)
+            .deadline(Duration::from_secs(10))
+            .per_attempt(Duration::from_secs(2))
+            .retryable([Retryable::Transport(TransportFailure::ConnectionReset)])
+            .build()
+            .unwrap(),
+    );
+    let outcome = Client::new()
+        .unwrap()
+        .execute(Intent::new(blind), &transfer_call(&lossy))
+        .await
+        .unwrap();
+    let Outcome::Unknown(unknown) = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(unknown.attempts, 2);
+    let saved: String = unknown.key().as_str().to_owned();
+    drop(unknown);
+
+    // After: the intent made again from the saved key asks the lookup first, and the
+    // order it finds is the outcome; the command is not sent again.
+    let (base, posts) = counting_proxy(service.clone(), |_| false).await;
+    let policy = fast(RetryPolicy::from_contract(&create_transfer::CONTRACT));
+    let intent = Intent::resume(policy.clone(), IdempotencyKey::parse(&saved).unwrap()).unwrap();
+    let outcome = Client::new()
+        .unwrap()
+        .execute(intent, &transfer_call(&base))
+        .await
+        .unwrap();
+    let Outcome::Completed(done) = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(done.from_lookup && done.replayed);
+    assert_eq!((done.attempts, done.status.as_u16()), (0, 201));
+    assert_eq!(done.key.as_str(), saved);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&done.body).unwrap()["amount_minor"],
+        500
+    );
+    assert_eq!(
+        posts.load(Ordering::SeqCst),
+        0,
+        "the command was not sent again"
+    );
+
+    // A saved key the server never saw: the lookup says 404, and the command is sent.
+    let fresh = IdempotencyKey::parse("job-42:transfer-1").unwrap();
+    let outcome = Client::new()
+        .unwrap()
+        .execute(
+            Intent::resume(policy, fresh).unwrap(),
+            &transfer_call(&base),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome, Outcome::Completed(d) if d.attempts == 1 && !d.from_lookup && !d.replayed),
+        "{outcome:?}"
+    );
+    assert_eq!(posts.load(Ordering::SeqCst), 1);
+}
+
+/// A key that starts with `"` is sent as the RFC 8941 string that quotes it, in the
+/// header and in the lookup's path, so the server reads back the same key.
+#[tokio::test]
+async fn a_saved_key_with_quotes_reaches_the_server_as_it_is() {
+    let base = idem_service().await;
+    let base = format!("http://{base}");
+    let policy = fast(RetryPolicy::from_contract(&create_transfer::CONTRACT));
+    let key = r#""quoted\key""#;
+    let client = Client::new().unwrap();
+    for round in 0..2 {
+        let intent = Intent::resume(policy.clone(), IdempotencyKey::parse(key).unwrap()).unwrap();
+        let outcome = client.execute(intent, &transfer_call(&base)).await.unwrap();
+        let Outcome::Completed(done) = outcome else {
+            panic!("round {round}: {outcome:?}");
+        };
+        assert_eq!(done.key.as_str(), key);
+        // The first round: not found, sent, 201; the second: found by the lookup.
+        assert_eq!(done.from_lookup, round == 1, "round {round}");
+        assert_eq!(done.status, 201);
+    }
 }
