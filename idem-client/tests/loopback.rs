@@ -2,6 +2,7 @@
 //! a proxy that loses answers, an upstream that always answers 429, and connections cut
 //! after the request was read.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -21,8 +22,18 @@ use idem_client::{
 };
 use idem_contract::{Retryable, StatusCode as Status, TransportFailure};
 
-/// How many times the handler ran.
-static EFFECTS: AtomicUsize = AtomicUsize::new(0);
+/// How many times the handler ran, by `amount_minor` (each test that counts effects
+/// sends its own amount: the tests of this file run at once, against one handler).
+static EFFECTS: std::sync::Mutex<BTreeMap<u64, usize>> = std::sync::Mutex::new(BTreeMap::new());
+
+fn effects(amount_minor: u64) -> usize {
+    EFFECTS
+        .lock()
+        .unwrap()
+        .get(&amount_minor)
+        .copied()
+        .unwrap_or(0)
+}
 
 #[derive(Deserialize)]
 struct Transfer {
@@ -48,7 +59,11 @@ async fn transfer_status(
     recovery = manual("https://runbooks.example.com/transfers"),
 )]
 async fn create_transfer(Json(body): Json<Transfer>) -> (StatusCode, Json<Value>) {
-    EFFECTS.fetch_add(1, Ordering::SeqCst);
+    *EFFECTS
+        .lock()
+        .unwrap()
+        .entry(body.amount_minor)
+        .or_default() += 1;
     (
         StatusCode::CREATED,
         Json(json!({"amount_minor": body.amount_minor})),
@@ -141,10 +156,17 @@ async fn counting_proxy(upstream: String, drop: fn(usize) -> bool) -> (String, A
 }
 
 fn transfer_call(base: &str) -> Call {
-    Call::post_json(&format!("{base}/transfers"), &json!({"amount_minor": 500}))
-        .unwrap()
-        .header("x-client-id", "acme")
-        .unwrap()
+    transfer_of(base, 500)
+}
+
+fn transfer_of(base: &str, amount_minor: u64) -> Call {
+    Call::post_json(
+        &format!("{base}/transfers"),
+        &json!({"amount_minor": amount_minor}),
+    )
+    .unwrap()
+    .header("x-client-id", "acme")
+    .unwrap()
 }
 
 fn fast(policy: RetryPolicy) -> RetryPolicy {
@@ -157,11 +179,10 @@ fn fast(policy: RetryPolicy) -> RetryPolicy {
 #[tokio::test]
 async fn a_lost_answer_after_the_commit_is_replayed_and_the_effect_happens_once() {
     let base = lossy_proxy(idem_service().await, |n| n == 0).await;
-    let before = EFFECTS.load(Ordering::SeqCst);
     let policy = fast(RetryPolicy::from_contract(&create_transfer::CONTRACT));
     let client = Client::new().unwrap();
     let outcome = client
-        .execute(Intent::new(policy), &transfer_call(&base))
+        .execute(Intent::new(policy), &transfer_of(&base, 7001))
         .await
         .unwrap();
     let Outcome::Completed(done) = outcome else {
@@ -173,10 +194,10 @@ async fn a_lost_answer_after_the_commit_is_replayed_and_the_effect_happens_once(
     assert_eq!(done.status, 201);
     assert_eq!(
         serde_json::from_slice::<Value>(&done.body).unwrap()["amount_minor"],
-        500
+        7001
     );
     assert!(done.operation_id.is_some());
-    assert_eq!(EFFECTS.load(Ordering::SeqCst) - before, 1, "one effect");
+    assert_eq!(effects(7001), 1, "one effect");
 }
 
 #[tokio::test]
@@ -834,7 +855,7 @@ async fn a_job_that_restarts_resumes_with_its_saved_key() {
     );
     let outcome = Client::new()
         .unwrap()
-        .execute(Intent::new(blind), &transfer_call(&lossy))
+        .execute(Intent::new(blind), &transfer_of(&lossy, 7002))
         .await
         .unwrap();
     let Outcome::Unknown(unknown) = outcome else {
@@ -851,7 +872,7 @@ async fn a_job_that_restarts_resumes_with_its_saved_key() {
     let intent = Intent::resume(policy.clone(), IdempotencyKey::parse(&saved).unwrap()).unwrap();
     let outcome = Client::new()
         .unwrap()
-        .execute(intent, &transfer_call(&base))
+        .execute(intent, &transfer_of(&base, 7002))
         .await
         .unwrap();
     let Outcome::Completed(done) = outcome else {
@@ -862,13 +883,14 @@ async fn a_job_that_restarts_resumes_with_its_saved_key() {
     assert_eq!(done.key.as_str(), saved);
     assert_eq!(
         serde_json::from_slice::<Value>(&done.body).unwrap()["amount_minor"],
-        500
+        7002
     );
     assert_eq!(
         posts.load(Ordering::SeqCst),
         0,
         "the command was not sent again"
     );
+    assert_eq!(effects(7002), 1, "one transfer, across the restart");
 
     // A saved key the server never saw: the lookup says 404, and the command is sent.
     let fresh = IdempotencyKey::parse("job-42:transfer-1").unwrap();
@@ -876,7 +898,7 @@ async fn a_job_that_restarts_resumes_with_its_saved_key() {
         .unwrap()
         .execute(
             Intent::resume(policy, fresh).unwrap(),
-            &transfer_call(&base),
+            &transfer_of(&base, 7003),
         )
         .await
         .unwrap();
@@ -885,6 +907,7 @@ async fn a_job_that_restarts_resumes_with_its_saved_key() {
         "{outcome:?}"
     );
     assert_eq!(posts.load(Ordering::SeqCst), 1);
+    assert_eq!(effects(7003), 1);
 }
 
 /// A key that starts with `"` is sent as the RFC 8941 string that quotes it, in the
@@ -898,7 +921,10 @@ async fn a_saved_key_with_quotes_reaches_the_server_as_it_is() {
     let client = Client::new().unwrap();
     for round in 0..2 {
         let intent = Intent::resume(policy.clone(), IdempotencyKey::parse(key).unwrap()).unwrap();
-        let outcome = client.execute(intent, &transfer_call(&base)).await.unwrap();
+        let outcome = client
+            .execute(intent, &transfer_of(&base, 7004))
+            .await
+            .unwrap();
         let Outcome::Completed(done) = outcome else {
             panic!("round {round}: {outcome:?}");
         };
@@ -907,4 +933,5 @@ async fn a_saved_key_with_quotes_reaches_the_server_as_it_is() {
         assert_eq!(done.from_lookup, round == 1, "round {round}");
         assert_eq!(done.status, 201);
     }
+    assert_eq!(effects(7004), 1);
 }
