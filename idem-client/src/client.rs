@@ -615,6 +615,7 @@ impl<T: Transport> Client<T> {
             let replayed = header_str(&answer.headers, IDEMPOTENT_REPLAYED_HEADER)
                 .is_some_and(|v| v.eq_ignore_ascii_case("true"));
             return Verdict::Done(Box::new(Outcome::Completed(Completed {
+                operation: intent.policy.operation().to_owned(),
                 key: intent.key.clone(),
                 operation_id: intent.operation_id.clone(),
                 status,
@@ -629,6 +630,7 @@ impl<T: Transport> Client<T> {
             // A definite refusal: the server answered, and the request is at fault.
             self.budget.record_success();
             return Verdict::Done(Box::new(Outcome::Failed(Failed {
+                operation: intent.policy.operation().to_owned(),
                 key: intent.key.clone(),
                 operation_id: intent.operation_id.clone(),
                 status,
@@ -755,6 +757,7 @@ fn completed_from_lookup(
         .and_then(|b| serde_json::to_vec(b).ok())
         .unwrap_or_default();
     Some(Completed {
+        operation: intent.policy.operation().to_owned(),
         key: intent.key.clone(),
         operation_id: Some(status.operation_id.clone()),
         status: code,

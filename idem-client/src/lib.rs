@@ -10,11 +10,19 @@
 //! let policy = RetryPolicy::from_openapi(openapi, "create_order")?;
 //! let client = Client::new()?;
 //! let order = serde_json::json!({"customer_id": "cus_42", "amount_minor": 1999});
-//! let call = Call::post_json("http://127.0.0.1:3000/orders", &order)?.header("x-client-id", "acme")?;
-//! match client.execute(Intent::new(policy), &call).await? {   // one key for this intent
-//!     Outcome::Completed(done) => println!("{} (replayed: {})", done.status, done.replayed),
+//! // The document names the header the server tells clients apart by (`X-Client-Id`):
+//! // a call without it is refused before it is sent.
+//! let identity = policy.client_identity_header().unwrap_or("x-client-id");
+//! let call = Call::post_json("http://127.0.0.1:3000/orders", &order)?.header(identity, "acme")?;
+//! // `?`: nothing was sent (the call cannot carry the key, or lacks the identity).
+//! let outcome = client.execute(Intent::new(policy), &call).await?;   // one key for this intent
+//! tracing::info!("{outcome}");   // one line: outcome=completed operation=create_order status=201 ...
+//! match outcome {
+//!     Outcome::Completed(done) => println!("order {}", done.json::<serde_json::Value>()?["id"]),
 //!     Outcome::Failed(failed) => println!("refused: {:?}", failed.problem),
-//!     Outcome::Unknown(unknown) => println!("unknown: keep key {} and retry later", unknown.key()),
+//!     // Save the key; `Intent::resume(policy, IdempotencyKey::parse(&saved)?)` later, or
+//!     // `client.execute(unknown.intent, &call)` now: a new window under the same key.
+//!     Outcome::Unknown(unknown) => println!("unknown: resume under key {}", unknown.key()),
 //! }
 //! # Ok(()) }
 //! ```
@@ -85,8 +93,8 @@ pub use idem_contract::KeyError;
 pub use idem_contract::headers;
 pub use intent::{IdempotencyKey, Intent};
 pub use outcome::{
-    Completed, Failed, LastAttempt, LookupAnswer, OperationStatus, Outcome, Problem, StopReason,
-    StoredAnswer, Unknown,
+    BodyError, Completed, Failed, LastAttempt, LookupAnswer, OperationStatus, Outcome, Problem,
+    StopReason, StoredAnswer, Unknown,
 };
 pub use policy::{PolicyBuilder, PolicyError, RetryPolicy};
 pub use transport::{Answer, Reqwest, Transport, TransportError};

@@ -881,9 +881,19 @@ async fn a_job_that_restarts_resumes_with_its_saved_key() {
     assert!(done.from_lookup && done.replayed);
     assert_eq!((done.attempts, done.status.as_u16()), (0, 201));
     assert_eq!(done.key.as_str(), saved);
-    assert_eq!(
-        serde_json::from_slice::<Value>(&done.body).unwrap()["amount_minor"],
-        7002
+    #[derive(Deserialize)]
+    struct Transferred {
+        amount_minor: u64,
+    }
+    assert_eq!(done.json::<Transferred>().unwrap().amount_minor, 7002);
+    assert!(done.json::<Vec<u8>>().is_err());
+    let line = done.to_string();
+    assert!(
+        line.starts_with(
+            "outcome=completed operation=create_transfer status=201 attempts=0 replayed=true from_lookup=true operation_id="
+        ) && !line.contains(&saved)
+            && !line.contains('\n'),
+        "{line}"
     );
     assert_eq!(
         posts.load(Ordering::SeqCst),
