@@ -25,7 +25,9 @@ use crate::outcome::{
 use crate::policy::RetryPolicy;
 use crate::transport::{Answer, Reqwest, Transport, TransportError};
 
-/// How long the status lookup may take, once the attempts have stopped.
+/// How long the status lookup may take: once the attempts have stopped without an answer,
+/// and, on a resume, before the first request (there, no longer than what is left of the
+/// window's deadline either).
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One request of a business operation, sent unchanged on every attempt (the client adds
@@ -125,6 +127,19 @@ pub enum Refusal {
         /// What the body is: `an array`, `null`, `a string`, `a number` or `a boolean`.
         found: &'static str,
     },
+    /// A member on the way to the key's member is there and is not an object
+    /// (`{"request": 5}` for the member `request.key`).
+    #[error(
+        "the contract puts the key in the JSON body member `{field}`, and the body's `{at}` is {found}, not an object"
+    )]
+    PathBlocked {
+        /// The key's member.
+        field: String,
+        /// The member in the way.
+        at: String,
+        /// What it is: `an array`, `a string`, `a number` or `a boolean`.
+        found: &'static str,
+    },
     /// The call carries a key of its own, where the contract puts the key (the key
     /// header, under any case of its name, or the body member), and it is not the
     /// intent's key. The client never replaces a caller's key: make the intent with that
@@ -154,19 +169,6 @@ pub enum Refusal {
     KeyHeaderName {
         /// The name, as the contract gives it.
         name: String,
-    },
-    /// A member on the way to the key's member is there and is not an object
-    /// (`{"request": 5}` for the member `request.key`).
-    #[error(
-        "the contract puts the key in the JSON body member `{field}`, and the body's `{at}` is {found}, not an object"
-    )]
-    PathBlocked {
-        /// The key's member.
-        field: String,
-        /// The member in the way.
-        at: String,
-        /// What it is: `an array`, `a string`, `a number` or `a boolean`.
-        found: &'static str,
     },
 }
 
@@ -400,7 +402,6 @@ impl<T: Transport> Client<T> {
                 match status.state.as_str() {
                     "completed" => {
                         if let Some(done) = completed_from_lookup(&intent, status, 0) {
-                            self.budget.record_success();
                             return Outcome::Completed(done);
                         }
                     }

@@ -67,9 +67,11 @@
 //! A `tracing` span `idem.operation` per intent (`idem.operation`, `idem.operation_id`,
 //! `idem.outcome`, `idem.attempts`) and a child `idem.attempt` per request, with
 //! OpenTelemetry's `http.request.resend_count` (absent on the first attempt, n on the
-//! n-th resend), `http.response.status_code` and `error.type`; an `info` event for each
-//! attempt that did not end the operation, and a `warn` event for an unknown outcome.
-//! No body, header value, URL or key is recorded.
+//! n-th resend within the window), `http.response.status_code` and `error.type`; an
+//! `info` event for each attempt that did not end the operation and for the status
+//! lookup that opens a resumed window, and a `warn` event for an unknown outcome and for
+//! a call refused before sending ([`NotSent`]). No body, header value, URL or key is
+//! recorded. An [`Outcome`] prints as one log line of the same kind (its `Display`).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
