@@ -247,6 +247,16 @@ impl RetryPolicy {
         self.key_format
     }
 
+    /// The contract's key scope, as far as a client knows it: where the key goes and
+    /// what it looks like (the server's own rules read keys with it).
+    pub(crate) fn key_scope(&self) -> KeyScope {
+        KeyScope {
+            source: self.key.clone(),
+            format: self.key_format,
+            ..KeyScope::CLIENT
+        }
+    }
+
     /// The requests one business operation may cost, the first included.
     pub fn max_attempts(&self) -> u32 {
         self.max_attempts
@@ -291,6 +301,21 @@ impl RetryPolicy {
     /// How the server tells clients apart, when published.
     pub fn client_identity(&self) -> Option<&ClientIdentity> {
         self.client_identity.as_ref()
+    }
+
+    /// The request header that names the client, when the contract publishes one
+    /// (`client_identity` in `x-idempotency`, such as `X-Client-Id`), or the policy was
+    /// given one ([`RetryPolicy::with_client_identity`],
+    /// [`PolicyBuilder::client_identity_header`]). Every call under the policy must
+    /// carry it, or [`crate::Client::execute`] sends nothing
+    /// ([`crate::Refusal::ClientIdentity`]). `None`: the server knows the client some
+    /// other way (its credentials), and nothing is checked. A policy read from the
+    /// contract const ([`RetryPolicy::from_contract`]) or a contracts file has none:
+    /// identity is the service's configuration, not the contract's.
+    pub fn client_identity_header(&self) -> Option<&str> {
+        self.client_identity
+            .as_ref()
+            .and_then(ClientIdentity::header_name)
     }
 
     /// The backoff between attempts.
@@ -364,7 +389,8 @@ impl PolicyBuilder {
         self
     }
 
-    /// The request header that names the client.
+    /// The request header that names the client (checked by [`PolicyBuilder::build`]);
+    /// every call under the policy must carry it.
     pub fn client_identity_header(mut self, name: impl Into<String>) -> PolicyBuilder {
         self.client_identity = Some(ClientIdentity::header(name.into()));
         self
@@ -379,7 +405,8 @@ impl PolicyBuilder {
     /// `max_attempts` or `deadline` is missing, the key header is not a header name, or
     /// a rule is broken (`max_attempts` of 0 or above the ceiling, a per-attempt timeout
     /// longer than the deadline, a permanent status in `retryable`, a status lookup path
-    /// without `{key}`): every problem in one message, one per line.
+    /// without `{key}`), or the client identity header is not a header name: every
+    /// problem in one message, one per line.
     pub fn build(self) -> Result<RetryPolicy, PolicyError> {
         let mut problems = Vec::new();
         if self.max_attempts.is_none() {
@@ -424,6 +451,16 @@ impl PolicyBuilder {
         {
             problems.push(format!(
                 "the status lookup path `{path}` must start with `/` and hold `{{key}}` once"
+            ));
+        }
+        if let Some(name) = self
+            .client_identity
+            .as_ref()
+            .and_then(ClientIdentity::header_name)
+            && !idem_contract::extension::is_header_name(name)
+        {
+            problems.push(format!(
+                "the client identity header `{name}` is not a header name"
             ));
         }
         if !problems.is_empty() {

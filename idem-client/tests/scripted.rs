@@ -14,7 +14,7 @@ use idem_client::{
 };
 use idem_contract::{Retryable, TransportFailure};
 
-use common::{Script, Step, call, client, policy, problem, status, with_retry_after};
+use common::{Script, Step, call, client, policy, problem, report, status, with_retry_after};
 
 #[tokio::test(start_paused = true)]
 async fn a_429_is_retried_after_its_retry_after_with_the_same_key() {
@@ -23,6 +23,7 @@ async fn a_429_is_retried_after_its_retry_after_with_the_same_key() {
     let Outcome::Completed(done) = client(&script)
         .execute(Intent::new(policy()), &call())
         .await
+        .unwrap()
     else {
         panic!("completed");
     };
@@ -50,6 +51,7 @@ async fn attempts_never_exceed_max_attempts_and_the_lookup_is_asked() {
     let Outcome::Unknown(unknown) = client(&script)
         .execute(Intent::new(policy()), &call())
         .await
+        .unwrap()
     else {
         panic!("unknown");
     };
@@ -83,6 +85,7 @@ async fn a_retry_after_longer_than_the_deadline_stops_at_once() {
     let Outcome::Unknown(unknown) = client(&script)
         .execute(Intent::new(policy()), &call())
         .await
+        .unwrap()
     else {
         panic!("unknown");
     };
@@ -108,7 +111,10 @@ async fn ignoring_retry_after_ignores_it_on_every_attempt() {
     ]);
     let policy = policy().obey_retry_after(false);
     let t0 = Instant::now();
-    let outcome = client(&script).execute(Intent::new(policy), &call()).await;
+    let outcome = client(&script)
+        .execute(Intent::new(policy), &call())
+        .await
+        .unwrap();
     assert!(
         matches!(outcome, Outcome::Completed(ref c) if c.attempts == 3),
         "{outcome:?}"
@@ -125,7 +131,8 @@ async fn permanent_answers_stop_at_once() {
         let script = Script::new([status(code), status(201)]);
         let outcome = client(&script)
             .execute(Intent::new(policy()), &call())
-            .await;
+            .await
+            .unwrap();
         let Outcome::Failed(failed) = outcome else {
             panic!("{code}: {outcome:?}");
         };
@@ -140,7 +147,8 @@ async fn a_still_processing_409_is_retried_after_its_retry_after() {
     let t0 = Instant::now();
     let outcome = client(&script)
         .execute(Intent::new(policy()), &call())
-        .await;
+        .await
+        .unwrap();
     assert!(
         matches!(outcome, Outcome::Completed(ref c) if c.attempts == 2),
         "{outcome:?}"
@@ -154,6 +162,7 @@ async fn an_outcome_the_server_does_not_know_stops_and_says_so() {
     let Outcome::Unknown(unknown) = client(&script)
         .execute(Intent::new(policy()), &call())
         .await
+        .unwrap()
     else {
         panic!("unknown");
     };
@@ -176,7 +185,10 @@ async fn timeouts_are_bounded_and_no_attempt_starts_after_the_deadline() {
             Duration::from_millis(10),
         ));
     let t0 = Instant::now();
-    let Outcome::Unknown(unknown) = client(&script).execute(Intent::new(policy), &call()).await
+    let Outcome::Unknown(unknown) = client(&script)
+        .execute(Intent::new(policy), &call())
+        .await
+        .unwrap()
     else {
         panic!("unknown");
     };
@@ -203,7 +215,8 @@ async fn a_failure_the_contract_does_not_declare_stops_as_unknown() {
         let script = Script::new([step, status(201)]);
         let outcome = client(&script)
             .execute(Intent::new(policy()), &call())
-            .await;
+            .await
+            .unwrap();
         let Outcome::Unknown(unknown) = outcome else {
             panic!("{outcome:?}");
         };
@@ -217,13 +230,21 @@ async fn a_spent_retry_budget_stops_retries_and_the_outcome_says_so() {
     let script = Script::new(std::iter::repeat_n(status(503), 10));
     // gRPC's rule: retries while tokens > max_tokens / 2; 4 tokens allow 1 failure.
     let client = client(&script).with_budget(RetryBudget::new(4, 0.1).unwrap());
-    let Outcome::Unknown(first) = client.execute(Intent::new(policy()), &call()).await else {
+    let Outcome::Unknown(first) = client
+        .execute(Intent::new(policy()), &call())
+        .await
+        .unwrap()
+    else {
         panic!("unknown");
     };
     assert_eq!(first.reason, StopReason::BudgetExhausted);
     assert_eq!(script.posts().len(), 2);
     // The budget is the client's: the next intent gets no retry either.
-    let Outcome::Unknown(second) = client.execute(Intent::new(policy()), &call()).await else {
+    let Outcome::Unknown(second) = client
+        .execute(Intent::new(policy()), &call())
+        .await
+        .unwrap()
+    else {
         panic!("unknown");
     };
     assert_eq!(second.attempts, 1);
@@ -241,6 +262,7 @@ async fn the_status_lookups_completed_answer_is_the_outcome() {
     let Outcome::Completed(done) = client(&script)
         .execute(Intent::new(policy()), &call())
         .await
+        .unwrap()
     else {
         panic!("completed from the lookup");
     };
@@ -252,7 +274,9 @@ async fn the_status_lookups_completed_answer_is_the_outcome() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_unknown_intent_resumes_with_its_key_and_its_deadline() {
+async fn an_unknown_intent_resumes_in_a_new_window_under_its_key() {
+    // Window 1: four 503s, then the lookup (404). Window 2: the lookup first (404), then
+    // one request, answered.
     let script = Script::new([
         status(503),
         status(503),
@@ -261,18 +285,142 @@ async fn an_unknown_intent_resumes_with_its_key_and_its_deadline() {
         Step::Answer(201, vec![("idempotent-replayed", "true")], "{}"),
     ]);
     let client = client(&script);
-    let Outcome::Unknown(unknown) = client.execute(Intent::new(policy()), &call()).await else {
+    let Outcome::Unknown(unknown) = client
+        .execute(Intent::new(policy()), &call())
+        .await
+        .unwrap()
+    else {
         panic!("unknown");
     };
+    assert_eq!(unknown.reason, StopReason::AttemptsExhausted);
+    assert_eq!(unknown.intent.attempts(), 4);
+    let first_get = script.sent().iter().position(|(_, r)| r.method() == "GET");
+    assert_eq!(first_get, Some(4), "a new key's window does not ask first");
     let key = unknown.key().clone();
-    // All attempts are spent: resuming asks nothing more of the server's operation.
-    let again = client.execute(unknown.intent, &call()).await;
-    let Outcome::Unknown(again) = again else {
-        panic!("{again:?}");
+    // Long past the first window's deadline (30 s): the next one has its own.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let t1 = Instant::now();
+    let outcome = client.execute(unknown.intent, &call()).await.unwrap();
+    let Outcome::Completed(done) = outcome else {
+        panic!("{outcome:?}");
     };
-    assert_eq!(again.key(), &key);
-    assert_eq!(again.reason, StopReason::AttemptsExhausted);
-    assert_eq!(script.posts().len(), 4);
+    assert_eq!(done.key, key);
+    assert_eq!(done.attempts, 1, "a fresh attempt count");
+    assert!(done.replayed && !done.from_lookup);
+    let sent = script.sent();
+    assert_eq!(sent.len(), 7, "4 POST, GET, then GET, POST");
+    assert_eq!(sent[5].1.method(), "GET", "the lookup first");
+    assert!(sent[5].0 >= t1);
+    assert_eq!(sent[5].1.uri().path(), format!("/orders/operations/{key}"));
+    assert_eq!(sent[6].1.method(), "POST");
+    assert_eq!(sent[6].1.headers()["idempotency-key"], key.as_str());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_resume_whose_lookup_says_completed_does_not_send_again() {
+    // The first window's lookup finds nothing; the resume's finds the order.
+    let script = Script::new(std::iter::repeat_n(status(503), 4))
+        .with_lookup(status(404))
+        .with_lookup(report("completed", 0));
+    let client = client(&script);
+    let Outcome::Unknown(unknown) = client
+        .execute(Intent::new(policy()), &call())
+        .await
+        .unwrap()
+    else {
+        panic!("unknown");
+    };
+    let t1 = Instant::now();
+    let outcome = client.execute(unknown.intent, &call()).await.unwrap();
+    let Outcome::Completed(done) = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(done.from_lookup && done.replayed);
+    assert_eq!(done.attempts, 0, "nothing sent in this window");
+    assert_eq!(done.status, 201);
+    assert_eq!(done.body, Bytes::from_static(br#"{"id":"ord_7"}"#));
+    assert_eq!(done.operation_id.as_deref(), Some("op-1"));
+    assert_eq!(script.posts().len(), 4, "the command was not sent again");
+    assert_eq!(script.lookups().len(), 2);
+    assert_eq!(Instant::now(), t1, "no wait");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_saved_key_resumes_after_a_restart() {
+    use idem_client::IdempotencyKey;
+    let saved = "0191f6a4-6c1e-7c3a-9d5e-1b2c3d4e5f60";
+
+    // Another attempt holds the key for 3 s more: the first request waits for it.
+    let script = Script::new([status(201)]).with_lookup(report("processing", 3));
+    let t0 = Instant::now();
+    let intent = Intent::resume(policy(), IdempotencyKey::parse(saved).unwrap()).unwrap();
+    let outcome = client(&script).execute(intent, &call()).await.unwrap();
+    assert!(
+        matches!(&outcome, Outcome::Completed(done) if done.attempts == 1 && done.key.as_str() == saved),
+        "{outcome:?}"
+    );
+    let sent = script.sent();
+    assert_eq!(sent[0].1.method(), "GET");
+    assert_eq!(sent[1].1.headers()["idempotency-key"], saved);
+    assert!(
+        sent[1].0 - t0 >= Duration::from_secs(3),
+        "not before the lease ends"
+    );
+    assert!(sent[1].0 - t0 < Duration::from_secs(4));
+
+    // Longer than the window (30 s): nothing is sent.
+    let script = Script::new([status(201)]).with_lookup(report("processing", 60));
+    let intent = Intent::resume(policy(), IdempotencyKey::parse(saved).unwrap()).unwrap();
+    let outcome = client(&script).execute(intent, &call()).await.unwrap();
+    let Outcome::Unknown(unknown) = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(
+        unknown.reason,
+        StopReason::RetryAfterBeyondDeadline {
+            retry_after: Duration::from_secs(60)
+        }
+    );
+    assert_eq!(unknown.attempts, 0);
+    assert!(script.posts().is_empty());
+    assert_eq!(
+        script.lookups().len(),
+        1,
+        "its answer stands: not asked twice"
+    );
+
+    // The server does not know: a request would be answered 409; none is sent.
+    let script = Script::new([status(201)]).with_lookup(report("unknown", 0));
+    let intent = Intent::resume(policy(), IdempotencyKey::parse(saved).unwrap()).unwrap();
+    let outcome = client(&script).execute(intent, &call()).await.unwrap();
+    let Outcome::Unknown(unknown) = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(unknown.reason, StopReason::OutcomeUnknownOnServer);
+    assert_eq!((unknown.attempts, unknown.intent.attempts()), (0, 0));
+    assert_eq!(unknown.operation_id.as_deref(), Some("op-1"));
+    assert!(script.posts().is_empty());
+
+    // Released, or a lookup that fails: sent.
+    for lookup in [report("released", 0), status(500)] {
+        let script = Script::new([status(201)]).with_lookup(lookup);
+        let intent = Intent::resume(policy(), IdempotencyKey::parse(saved).unwrap()).unwrap();
+        let outcome = client(&script).execute(intent, &call()).await.unwrap();
+        assert!(matches!(outcome, Outcome::Completed(_)), "{outcome:?}");
+        assert_eq!(script.posts().len(), 1);
+    }
+
+    // Without a status lookup: sent at once.
+    let no_lookup = RetryPolicy::builder("create_order")
+        .max_attempts(2)
+        .deadline(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let script = Script::new([status(201)]);
+    let intent = Intent::resume(no_lookup, IdempotencyKey::parse(saved).unwrap()).unwrap();
+    let outcome = client(&script).execute(intent, &call()).await.unwrap();
+    assert!(matches!(outcome, Outcome::Completed(_)), "{outcome:?}");
+    assert_eq!(script.sent().len(), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -291,7 +439,10 @@ async fn a_replay_is_flagged_and_the_key_can_go_in_the_body() {
     )
     .map(|e| RetryPolicy::from_extension(&e))
     .unwrap();
-    let Outcome::Completed(done) = client(&script).execute(Intent::new(policy), &call()).await
+    let Outcome::Completed(done) = client(&script)
+        .execute(Intent::new(policy), &call())
+        .await
+        .unwrap()
     else {
         panic!("completed");
     };

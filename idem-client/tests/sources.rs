@@ -46,6 +46,16 @@ fn the_const_the_contracts_file_and_the_published_document_give_one_policy() {
         "paths are exact"
     );
 
+    // The published document names the client's header; the contract alone does not.
+    assert_eq!(
+        from_document.client_identity_header(),
+        Some(orders::api::CLIENT_ID_HEADER)
+    );
+    assert_eq!(
+        RetryPolicy::from_contract(&orders::api::create_order::CONTRACT).client_identity_header(),
+        None
+    );
+
     assert_eq!(from_const, from_file);
     assert_eq!(from_const, from_document);
     assert_eq!(from_document, by_route);

@@ -93,7 +93,10 @@ async fn spans_tell_the_operation_from_its_attempts_and_hold_no_secrets() {
     .unwrap()
     .header("cookie", "session=c00kie")
     .unwrap();
-    let outcome = client(&script).execute(Intent::new(policy()), &call).await;
+    let outcome = client(&script)
+        .execute(Intent::new(policy()), &call)
+        .await
+        .unwrap();
     assert!(matches!(outcome, Outcome::Completed(_)));
     let spans = spans.0.lock().unwrap().clone();
     let named = |name: &str| -> Vec<FieldList> {

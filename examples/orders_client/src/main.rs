@@ -83,7 +83,7 @@ async fn run() -> Result<bool, Box<dyn Error + Send + Sync>> {
     };
     let call = Call::post_json(&format!("http://{}/orders", proxy.addr()), &order)?
         .header(CLIENT_ID_HEADER, "acme")?;
-    let outcome = Client::new()?.execute(intent, &call).await;
+    let outcome = Client::new()?.execute(intent, &call).await?;
 
     // 4. What the proxy saw, what the client got, and what the database holds.
     let exchanges = proxy.exchanges();

@@ -55,7 +55,7 @@ pub type Sent = (Instant, Request<Bytes>);
 #[derive(Clone, Default)]
 pub struct Script {
     steps: Arc<Mutex<VecDeque<Step>>>,
-    lookup: Arc<Mutex<Option<Step>>>,
+    lookups: Arc<Mutex<VecDeque<Step>>>,
     sent: Arc<Mutex<Vec<Sent>>>,
 }
 
@@ -66,9 +66,19 @@ impl Script {
         script
     }
 
+    /// The status lookup's next answer; the last one given answers every later lookup
+    /// (none: 404).
     pub fn with_lookup(self, step: Step) -> Script {
-        *self.lookup.lock().unwrap() = Some(step);
+        self.lookups.lock().unwrap().push_back(step);
         self
+    }
+
+    /// The status lookups sent (`GET`).
+    pub fn lookups(&self) -> Vec<Sent> {
+        self.sent()
+            .into_iter()
+            .filter(|(_, r)| r.method() == http::Method::GET)
+            .collect()
     }
 
     pub fn sent(&self) -> Vec<Sent> {
@@ -89,7 +99,12 @@ impl Transport for Script {
         let lookup = request.method() == http::Method::GET;
         self.sent.lock().unwrap().push((Instant::now(), request));
         let step = if lookup {
-            self.lookup.lock().unwrap().clone().unwrap_or(status(404))
+            let mut lookups = self.lookups.lock().unwrap();
+            if lookups.len() > 1 {
+                lookups.pop_front().unwrap()
+            } else {
+                lookups.front().cloned().unwrap_or(status(404))
+            }
         } else {
             self.steps
                 .lock()
@@ -151,4 +166,27 @@ pub fn client(script: &Script) -> Client<Script> {
     Client::with_transport(script.clone())
         .with_budget(RetryBudget::unlimited())
         .with_jitter(Jitter::seeded(7))
+}
+
+/// A status lookup's 200 report in `state` (`completed` with a stored 201
+/// `{"id":"ord_7"}`, `processing` with `retry_after`).
+pub fn report(state: &str, retry_after: u64) -> Step {
+    let mut body = serde_json::json!({
+        "operation": "create_order", "operation_id": "op-1", "key": "k", "state": state,
+        "attempt": 1, "created_at": "x", "expires_at": "y", "new_key_safe": state == "released",
+    });
+    match state {
+        "completed" => {
+            body["response"] = serde_json::json!({
+                "status": 201,
+                "headers": {"content-type": "application/json"},
+                "body": {"id": "ord_7"}
+            })
+        }
+        "processing" => body["retry_after"] = retry_after.into(),
+        "unknown" => body["reason"] = "lease_expired".into(),
+        _ => {}
+    }
+    let body: &'static str = Box::leak(body.to_string().into_boxed_str());
+    Step::Answer(200, vec![("content-type", "application/json")], body)
 }
