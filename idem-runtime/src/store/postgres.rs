@@ -13,8 +13,8 @@ use super::sql::{
 };
 use super::{
     Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OpenTransaction,
-    OwnerToken, Record, RecordKey, Reservation, Resolve, Store, StoreError, StoredResponse,
-    TransactionalStore, UnixMillis, check_size,
+    OperatorStore, OwnerToken, Record, RecordKey, RecordStore, Reservation, Resolve, StoreError,
+    StoredResponse, TransactionalStore, UnixMillis, check_size,
 };
 
 /// One step of idem's schema in PostgreSQL, as plain SQL.
@@ -185,9 +185,9 @@ const RESOLVE: &str = "UPDATE idem_records
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
               created_at, expires_at, status, headers, body, reason, transactional";
 
-/// A [`Store`] in PostgreSQL, through sqlx (rustls, no OpenSSL): shared by every instance
-/// of a service, and a [`TransactionalStore`], so that a handler's business writes and
-/// its record commit in one transaction.
+/// A [`Store`](super::Store) in PostgreSQL, through sqlx (rustls, no OpenSSL): shared by
+/// every instance of a service, and a [`TransactionalStore`], so that a handler's business
+/// writes and its record commit in one transaction.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), idem_runtime::StoreError> {
@@ -381,7 +381,7 @@ impl PostgresStore {
 }
 
 #[async_trait]
-impl Store for PostgresStore {
+impl RecordStore for PostgresStore {
     async fn begin(
         &self,
         key: &RecordKey,
@@ -543,7 +543,10 @@ impl Store for PostgresStore {
             None => Err(StoreError::LeaseLost),
         }
     }
+}
 
+#[async_trait]
+impl OperatorStore for PostgresStore {
     async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
         let mut purged = 0;
         loop {

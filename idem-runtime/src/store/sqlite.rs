@@ -22,8 +22,8 @@ use super::sql::{
 };
 use super::{
     Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OpenTransaction,
-    OwnerToken, Record, RecordKey, Reservation, Resolve, Store, StoreError, StoredResponse,
-    TransactionalStore, UnixMillis, check_size,
+    OperatorStore, OwnerToken, Record, RecordKey, RecordStore, Reservation, Resolve, StoreError,
+    StoredResponse, TransactionalStore, UnixMillis, check_size,
 };
 
 /// The schema, created if missing. idem keeps its own table and does not use sqlx's
@@ -194,7 +194,7 @@ const RESOLVE: &str = "UPDATE idem_records
 /// ran out, the connection is fine.
 const FATAL_CODES: [i32; 6] = [8, 10, 11, 13, 14, 26];
 
-/// A durable [`Store`] in an SQLite database, through sqlx; also a
+/// A durable [`Store`](super::Store) in an SQLite database, through sqlx; also a
 /// [`TransactionalStore`], so that a handler's business writes and its record commit in
 /// one transaction.
 ///
@@ -615,7 +615,7 @@ fn is_fatal(error: &sqlx::Error) -> bool {
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl RecordStore for SqliteStore {
     async fn begin(
         &self,
         key: &RecordKey,
@@ -738,7 +738,10 @@ impl Store for SqliteStore {
             None => Err(StoreError::LeaseLost),
         }
     }
+}
 
+#[async_trait]
+impl OperatorStore for SqliteStore {
     async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
         let mut conn = self.conn().await?;
         let result = sqlx::query(PURGE)
