@@ -64,15 +64,11 @@ mod forward;
 mod headers;
 pub mod memory;
 pub mod ops;
-#[cfg(feature = "postgres")]
-pub mod postgres;
 mod record;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
-#[cfg(feature = "sqlite")]
-pub mod sqlite;
 mod traits;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod transactional;
@@ -85,16 +81,16 @@ pub use ops::{
     AttemptEnd, AttemptSummary, Inspection, ListQuery, Listed, OperatorResolution, Resolve,
     ResolveAs,
 };
-#[cfg(feature = "postgres")]
-pub use postgres::PostgresStore;
 pub use record::{
     Begin, Lease, NewRecord, OperationState, OwnerToken, Record, RecordKey, RecordState,
     StoredResponse,
 };
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
+#[cfg(feature = "postgres")]
+pub use sql::postgres::{self, PostgresStore};
 #[cfg(feature = "sqlite")]
-pub use sqlite::SqliteStore;
+pub use sql::sqlite::{self, SqliteStore};
 pub use traits::{OperatorStore, RecordStore, Store};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use transactional::{OpenTransaction, Reservation, TransactionalStore};

@@ -5,7 +5,7 @@
 //!
 //! | column | type | holds |
 //! |---|---|---|
-//! | `operation`, `client`, `key` | text | the [`RecordKey`](super::RecordKey); the primary key |
+//! | `operation`, `client`, `key` | text | the [`RecordKey`](crate::store::RecordKey); the primary key |
 //! | `operation_id` | text | the operation id (a UUIDv7) |
 //! | `fingerprint` | text | `sha256:<hex>` |
 //! | `state` | text | `processing`, `completed`, `released`, `unknown` |
@@ -15,22 +15,22 @@
 //! | `status`, `headers`, `body` | integer, text, bytes | the stored result, once completed |
 //! | `reason` | text | why it is parked, once unknown |
 //! | `transactional` | boolean | whether the operation runs in the transactional mode |
-//! | `history` | text | the record's history, a JSON array of events ([`super::ops`]) |
+//! | `history` | text | the record's history, a JSON array of events ([`crate::store::ops`]) |
 //!
-//! Headers are written as [`super::headers`] says.
+//! Headers are written as `store::headers` says.
 
 use std::str::FromStr;
 
 use bytes::Bytes;
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
-use super::headers::{decode_headers, encode_headers};
-use super::ops::{self, Inspection, Listed, Resolve, ResolveAs};
-use super::{
+use crate::OperationId;
+use crate::store::headers::{decode_headers, encode_headers};
+use crate::store::ops::{self, Inspection, Listed, Resolve, ResolveAs};
+use crate::store::{
     Lease, OperationState, OwnerToken, Record, RecordKey, RecordState, StoreError, StoredResponse,
     UnixMillis, check_size,
 };
-use crate::OperationId;
 
 /// Unix milliseconds as SQL's signed 64-bit integer (good until the year 292 million).
 pub(super) fn sql_ms(ms: UnixMillis) -> i64 {

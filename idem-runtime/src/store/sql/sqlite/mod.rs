@@ -15,12 +15,12 @@ use sqlx::sqlite::{
 };
 use tokio::sync::Semaphore;
 
-use super::headers::encode_headers;
-use super::ops::{self, Event};
-use super::sql::{
+use crate::store::headers::encode_headers;
+use crate::store::ops::{self, Event};
+use crate::store::sql::rows::{
     changed_one, decode, decode_inspected, decode_listed, resolution_columns, sql_ms,
 };
-use super::{
+use crate::store::{
     Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OpenTransaction,
     OperatorStore, OwnerToken, Record, RecordKey, RecordStore, Reservation, Resolve, StoreError,
     StoredResponse, TransactionalStore, UnixMillis, check_size,
@@ -194,7 +194,7 @@ const RESOLVE: &str = "UPDATE idem_records
 /// ran out, the connection is fine.
 const FATAL_CODES: [i32; 6] = [8, 10, 11, 13, 14, 26];
 
-/// A durable [`Store`](super::Store) in an SQLite database, through sqlx; also a
+/// A durable [`Store`](crate::store::Store) in an SQLite database, through sqlx; also a
 /// [`TransactionalStore`], so that a handler's business writes and its record commit in
 /// one transaction.
 ///

@@ -6,12 +6,12 @@ use async_trait::async_trait;
 use sqlx::Postgres;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 
-use super::headers::encode_headers;
-use super::ops::{self, Event};
-use super::sql::{
+use crate::store::headers::encode_headers;
+use crate::store::ops::{self, Event};
+use crate::store::sql::rows::{
     changed_one, decode, decode_inspected, decode_listed, resolution_columns, sql_ms,
 };
-use super::{
+use crate::store::{
     Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OpenTransaction,
     OperatorStore, OwnerToken, Record, RecordKey, RecordStore, Reservation, Resolve, StoreError,
     StoredResponse, TransactionalStore, UnixMillis, check_size,
@@ -35,12 +35,12 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "idem_records",
-        sql: include_str!("../../migrations/postgres/0001_idem_records.sql"),
+        sql: include_str!("../../../../migrations/postgres/0001_idem_records.sql"),
     },
     Migration {
         version: 2,
         name: "idem_history",
-        sql: include_str!("../../migrations/postgres/0002_idem_history.sql"),
+        sql: include_str!("../../../../migrations/postgres/0002_idem_history.sql"),
     },
 ];
 
@@ -185,7 +185,7 @@ const RESOLVE: &str = "UPDATE idem_records
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
               created_at, expires_at, status, headers, body, reason, transactional";
 
-/// A [`Store`](super::Store) in PostgreSQL, through sqlx (rustls, no OpenSSL): shared by
+/// A [`Store`](crate::store::Store) in PostgreSQL, through sqlx (rustls, no OpenSSL): shared by
 /// every instance of a service, and a [`TransactionalStore`], so that a handler's business
 /// writes and its record commit in one transaction.
 ///
