@@ -123,7 +123,8 @@ const RELEASE: &str = "UPDATE idem_records
 /// `$4` token, `$5` the lease's new end (`Record::renewed`): the owner, live lease or
 /// ended.
 const RENEW: &str = "UPDATE idem_records
-    SET lease_until = $5, expires_at = GREATEST(expires_at, $5)
+    SET lease_until = $5,
+        expires_at = CASE WHEN expires_at < $5 THEN $5 ELSE expires_at END
     WHERE operation = $1 AND client = $2 AND key = $3
       AND state = 'processing' AND token = $4";
 
@@ -169,7 +170,7 @@ const LIST: &str = r#"SELECT operation, client, key, operation_id, fingerprint, 
 
 const INSPECT: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
         created_at, expires_at, status, headers, body, reason, transactional,
-        history::text AS history
+        CAST(history AS TEXT) AS history
     FROM idem_records WHERE operation = $1 AND client = $2 AND key = $3 AND expires_at > $4";
 
 /// An operator's resolution: `$4` the attempt seen parked, `$5` the new state, `$6`..`$8`

@@ -54,36 +54,36 @@ const SCHEMA: &[&str] = &[
 
 /// `begin` as one statement: insert, or on conflict take the row only when its TTL has
 /// passed (a new operation) or it is released with the same fingerprint (attempt + 1).
-/// `?7` is the lease's end, `?8` is `now`, `?11` the end of the attempt's time;
+/// `$7` is the lease's end, `$8` is `now`, `$11` the end of the attempt's time;
 /// `expires_at` is never before the lease's end nor the attempt's
 /// (`Record::begin_over`). SQLite evaluates every SET expression against the old row.
 const BEGIN: &str = "INSERT INTO idem_records
         (operation, client, key, operation_id, fingerprint, state, attempt, token,
          lease_until, created_at, expires_at, transactional)
-    VALUES (?1, ?2, ?3, ?4, ?5, 'processing', 1, ?6, ?7, ?8, MAX(?9, ?7, ?11), ?10)
+    VALUES ($1, $2, $3, $4, $5, 'processing', 1, $6, $7, $8, MAX($9, $7, $11), $10)
     ON CONFLICT (operation, client, key) DO UPDATE SET
-        operation_id = CASE WHEN idem_records.expires_at <= ?8 THEN excluded.operation_id
+        operation_id = CASE WHEN idem_records.expires_at <= $8 THEN excluded.operation_id
                             ELSE idem_records.operation_id END,
-        attempt      = CASE WHEN idem_records.expires_at <= ?8 THEN 1
+        attempt      = CASE WHEN idem_records.expires_at <= $8 THEN 1
                             ELSE idem_records.attempt + 1 END,
-        created_at   = CASE WHEN idem_records.expires_at <= ?8 THEN excluded.created_at
+        created_at   = CASE WHEN idem_records.expires_at <= $8 THEN excluded.created_at
                             ELSE idem_records.created_at END,
-        expires_at   = CASE WHEN idem_records.expires_at <= ?8 THEN excluded.expires_at
-                            ELSE MAX(idem_records.expires_at, excluded.lease_until, ?11) END,
+        expires_at   = CASE WHEN idem_records.expires_at <= $8 THEN excluded.expires_at
+                            ELSE MAX(idem_records.expires_at, excluded.lease_until, $11) END,
         fingerprint  = excluded.fingerprint,
         state        = 'processing',
         token        = excluded.token,
         lease_until  = excluded.lease_until,
         transactional = excluded.transactional,
         status = NULL, headers = NULL, body = NULL, reason = NULL,
-        history      = CASE WHEN idem_records.expires_at <= ?8 THEN NULL ELSE
+        history      = CASE WHEN idem_records.expires_at <= $8 THEN NULL ELSE
             CASE WHEN json_array_length(COALESCE(idem_records.history, '[]')) >= 32
                  THEN json_insert(json_remove(idem_records.history, '$[0]'), '$[#]',
-                      json_object('attempt', idem_records.attempt + 1, 'began_at', ?8, 'after', 'released'))
+                      json_object('attempt', idem_records.attempt + 1, 'began_at', $8, 'after', 'released'))
                  ELSE json_insert(COALESCE(idem_records.history, '[]'), '$[#]',
-                      json_object('attempt', idem_records.attempt + 1, 'began_at', ?8, 'after', 'released'))
+                      json_object('attempt', idem_records.attempt + 1, 'began_at', $8, 'after', 'released'))
             END END
-    WHERE idem_records.expires_at <= ?8
+    WHERE idem_records.expires_at <= $8
        OR (idem_records.state = 'released' AND idem_records.fingerprint = excluded.fingerprint)
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
               created_at, expires_at, status, headers, body, reason, transactional";
@@ -91,99 +91,101 @@ const BEGIN: &str = "INSERT INTO idem_records
 /// The record as it stands, expired or not (`begin` decides).
 const SELECT: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
         created_at, expires_at, status, headers, body, reason, transactional
-    FROM idem_records WHERE operation = ?1 AND client = ?2 AND key = ?3";
+    FROM idem_records WHERE operation = $1 AND client = $2 AND key = $3";
 
 const GET: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
         created_at, expires_at, status, headers, body, reason, transactional
-    FROM idem_records WHERE operation = ?1 AND client = ?2 AND key = ?3 AND expires_at > ?4";
+    FROM idem_records WHERE operation = $1 AND client = $2 AND key = $3 AND expires_at > $4";
 
-/// `?4` token, `?5` now: the owner of a live lease.
+/// `$4` token, `$5` now: the owner of a live lease.
 const COMPLETE: &str = "UPDATE idem_records
     SET state = 'completed', token = NULL, lease_until = NULL,
-        status = ?6, headers = ?7, body = ?8, reason = NULL
-    WHERE operation = ?1 AND client = ?2 AND key = ?3
-      AND state = 'processing' AND token = ?4 AND lease_until > ?5";
+        status = $6, headers = $7, body = $8, reason = NULL
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'processing' AND token = $4 AND lease_until > $5";
 
 /// [`COMPLETE`] inside an attempt's transaction, which holds the write lock: the owner
-/// token alone (`?4`) fences.
+/// token alone (`$4`) fences.
 const COMPLETE_LOCKED: &str = "UPDATE idem_records
     SET state = 'completed', token = NULL, lease_until = NULL,
-        status = ?5, headers = ?6, body = ?7, reason = NULL
-    WHERE operation = ?1 AND client = ?2 AND key = ?3
-      AND state = 'processing' AND token = ?4";
+        status = $5, headers = $6, body = $7, reason = NULL
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'processing' AND token = $4";
 
 /// [`RELEASE`] inside an attempt's transaction, which holds the write lock: the owner
-/// token alone (`?4`) fences.
+/// token alone (`$4`) fences.
 const RELEASE_LOCKED: &str = "UPDATE idem_records
     SET state = 'released', token = NULL, lease_until = NULL
-    WHERE operation = ?1 AND client = ?2 AND key = ?3
-      AND state = 'processing' AND token = ?4";
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'processing' AND token = $4";
 
 const RELEASE: &str = "UPDATE idem_records
     SET state = 'released', token = NULL, lease_until = NULL
-    WHERE operation = ?1 AND client = ?2 AND key = ?3
-      AND state = 'processing' AND token = ?4 AND lease_until > ?5";
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'processing' AND token = $4 AND lease_until > $5";
 
-/// `?4` token, `?5` the lease's new end (`Record::renewed`): the owner, live lease or
+/// `$4` token, `$5` the lease's new end (`Record::renewed`): the owner, live lease or
 /// ended.
 const RENEW: &str = "UPDATE idem_records
-    SET lease_until = ?5, expires_at = MAX(expires_at, ?5)
-    WHERE operation = ?1 AND client = ?2 AND key = ?3
-      AND state = 'processing' AND token = ?4";
+    SET lease_until = $5,
+        expires_at = CASE WHEN expires_at < $5 THEN $5 ELSE expires_at END
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'processing' AND token = $4";
 
-/// `?4` token: the current owner, live lease or ended.
+/// `$4` token: the current owner, live lease or ended.
 const PARK: &str = "UPDATE idem_records
-    SET state = 'unknown', token = NULL, lease_until = NULL, reason = ?5
-    WHERE operation = ?1 AND client = ?2 AND key = ?3
-      AND state = 'processing' AND token = ?4";
+    SET state = 'unknown', token = NULL, lease_until = NULL, reason = $5
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'processing' AND token = $4";
 
-/// `?4` expected token, `?5` now, `?6` new token, `?7` new lease end (`Record::leased`);
+/// `$4` expected token, `$5` now, `$6` new token, `$7` new lease end (`Record::leased`);
 /// the takeover is appended to the history (`store::ops`, at most 32 events).
 const TAKE_OVER: &str = "UPDATE idem_records
-    SET token = ?6, lease_until = ?7, attempt = attempt + 1, expires_at = MAX(expires_at, ?7),
+    SET token = $6, lease_until = $7, attempt = attempt + 1, expires_at = MAX(expires_at, $7),
         history = CASE WHEN json_array_length(COALESCE(history, '[]')) >= 32
             THEN json_insert(json_remove(history, '$[0]'), '$[#]', json_object('attempt',
-                 attempt + 1, 'began_at', ?5, 'after', 'lease-ended', 'lease_until', lease_until))
+                 attempt + 1, 'began_at', $5, 'after', 'lease-ended', 'lease_until', lease_until))
             ELSE json_insert(COALESCE(history, '[]'), '$[#]', json_object('attempt',
-                 attempt + 1, 'began_at', ?5, 'after', 'lease-ended', 'lease_until', lease_until))
+                 attempt + 1, 'began_at', $5, 'after', 'lease-ended', 'lease_until', lease_until))
         END
-    WHERE operation = ?1 AND client = ?2 AND key = ?3
-      AND state = 'processing' AND token = ?4 AND lease_until <= ?5 AND expires_at > ?5
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'processing' AND token = $4 AND lease_until <= $5 AND expires_at > $5
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
               created_at, expires_at, status, headers, body, reason, transactional";
 
-const PURGE: &str = "DELETE FROM idem_records WHERE expires_at <= ?1";
+const PURGE: &str = "DELETE FROM idem_records WHERE expires_at <= $1";
 
-/// `?1` now, `?2` operation or NULL, `?3` state or NULL, `?4` only ended leases (0 or 1),
-/// `?5`..`?7` the cursor or NULLs, `?8` the page. Text compares bytewise (BINARY).
+/// `$1` now, `$2` operation or NULL, `$3` state or NULL, `$4` only ended leases (0 or 1),
+/// `$5`..`$7` the cursor or NULLs, `$8` the page. Text compares bytewise (BINARY).
 const LIST: &str = "SELECT operation, client, key, operation_id, fingerprint, state, attempt,
         token, lease_until, created_at, expires_at, status, headers, body, reason, transactional
     FROM idem_records
-    WHERE expires_at > ?1
-      AND (?2 IS NULL OR operation = ?2)
-      AND (?3 IS NULL OR state = ?3)
-      AND (?4 = 0 OR (state = 'processing' AND lease_until <= ?1))
-      AND (?5 IS NULL OR (operation, client, key) > (?5, ?6, ?7))
+    WHERE expires_at > $1
+      AND ($2 IS NULL OR operation = $2)
+      AND ($3 IS NULL OR state = $3)
+      AND ($4 = 0 OR (state = 'processing' AND lease_until <= $1))
+      AND ($5 IS NULL OR (operation, client, key) > ($5, $6, $7))
     ORDER BY operation, client, key
-    LIMIT ?8";
+    LIMIT $8";
 
 const INSPECT: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
-        created_at, expires_at, status, headers, body, reason, transactional, history
-    FROM idem_records WHERE operation = ?1 AND client = ?2 AND key = ?3 AND expires_at > ?4";
+        created_at, expires_at, status, headers, body, reason, transactional,
+        CAST(history AS TEXT) AS history
+    FROM idem_records WHERE operation = $1 AND client = $2 AND key = $3 AND expires_at > $4";
 
-/// An operator's resolution: `?4` the attempt seen parked, `?5` the new state, `?6`..`?8`
-/// the result or NULLs, `?9` the resolution's event (its `parked` taken from the row),
-/// `?10` now.
+/// An operator's resolution: `$4` the attempt seen parked, `$5` the new state, `$6`..`$8`
+/// the result or NULLs, `$9` the resolution's event (its `parked` taken from the row),
+/// `$10` now.
 const RESOLVE: &str = "UPDATE idem_records
-    SET state = ?5, status = ?6, headers = ?7, body = ?8, reason = NULL,
+    SET state = $5, status = $6, headers = $7, body = $8, reason = NULL,
         history = CASE WHEN json_array_length(COALESCE(history, '[]')) >= 32
             THEN json_insert(json_remove(history, '$[0]'), '$[#]',
-                 json_set(json(?9), '$.parked', COALESCE(reason, '')))
+                 json_set(json($9), '$.parked', COALESCE(reason, '')))
             ELSE json_insert(COALESCE(history, '[]'), '$[#]',
-                 json_set(json(?9), '$.parked', COALESCE(reason, '')))
+                 json_set(json($9), '$.parked', COALESCE(reason, '')))
         END
-    WHERE operation = ?1 AND client = ?2 AND key = ?3
-      AND state = 'unknown' AND attempt = ?4 AND expires_at > ?10
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'unknown' AND attempt = $4 AND expires_at > $10
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
               created_at, expires_at, status, headers, body, reason, transactional";
 
