@@ -12,6 +12,9 @@
 //! | `PostgresStore` (feature `postgres`) | shared by many instances | a unique key per record; transactional |
 //! | `RedisStore` (feature `redis`) | shared by many instances | one server-side script per change; not transactional with business data |
 //!
+//! The two SQL stores are one implementation, `SqlStore`, over the database it speaks:
+//! `SqliteStore` is `SqlStore<sqlx::Sqlite>`, `PostgresStore` is `SqlStore<sqlx::Postgres>`.
+//!
 //! Every backend keeps results of at most [`DEFAULT_MAX_RESULT`] bytes unless told
 //! otherwise (`with_max_result`): a larger one is refused by `complete` with
 //! [`StoreError::TooLarge`] and the record is left as it was, for the runtime to park.
@@ -87,6 +90,8 @@ pub use record::{
 };
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sql::SqlStore;
 #[cfg(feature = "postgres")]
 pub use sql::postgres::{self, PostgresStore};
 #[cfg(feature = "sqlite")]

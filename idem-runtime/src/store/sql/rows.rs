@@ -1,29 +1,12 @@
-//! What the SQL stores (SQLite and PostgreSQL) share: how a record is laid out in a row,
-//! and how times and headers are written.
-//!
-//! Both keep one row per key in the table `idem_records`, with these columns:
-//!
-//! | column | type | holds |
-//! |---|---|---|
-//! | `operation`, `client`, `key` | text | the [`RecordKey`](crate::store::RecordKey); the primary key |
-//! | `operation_id` | text | the operation id (a UUIDv7) |
-//! | `fingerprint` | text | `sha256:<hex>` |
-//! | `state` | text | `processing`, `completed`, `released`, `unknown` |
-//! | `attempt` | integer | 1 and up |
-//! | `token`, `lease_until` | text, integer | the lease, while processing |
-//! | `created_at`, `expires_at` | integer | unix milliseconds |
-//! | `status`, `headers`, `body` | integer, text, bytes | the stored result, once completed |
-//! | `reason` | text | why it is parked, once unknown |
-//! | `transactional` | boolean | whether the operation runs in the transactional mode |
-//! | `history` | text | the record's history, a JSON array of events ([`crate::store::ops`]) |
-//!
-//! Headers are written as `store::headers` says.
+//! A record in a row and back: how its times are written, how a row is read as a record
+//! (through [`Columns`], in either database), and the columns an operator's resolution
+//! writes. The layout is in [`super`].
 
 use std::str::FromStr;
 
 use bytes::Bytes;
-use sqlx::{ColumnIndex, Decode, Row, Type};
 
+use super::statement::Columns;
 use crate::OperationId;
 use crate::store::headers::{decode_headers, encode_headers};
 use crate::store::ops::{self, Inspection, Listed, Resolve, ResolveAs};
@@ -41,66 +24,53 @@ fn ms_from_sql(ms: i64, column: &str) -> Result<UnixMillis, StoreError> {
     u64::try_from(ms).map_err(|_| StoreError::Corrupt(format!("`{column}` is negative")))
 }
 
-/// A record from a row of [`COLUMNS`], in either database.
-pub(super) fn decode<R>(row: &R) -> Result<Record, StoreError>
-where
-    R: Row,
-    for<'a> &'a str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
-{
-    let corrupt = |e: sqlx::Error| StoreError::Corrupt(e.to_string());
+/// A record from a row of the record's columns, in either database.
+pub(super) fn decode(row: &impl Columns) -> Result<Record, StoreError> {
     let missing = |column: &str| StoreError::Corrupt(format!("`{column}` is missing"));
-    let operation_id: String = row.try_get("operation_id").map_err(corrupt)?;
-    let operation_id = OperationId::from_str(&operation_id)
+    let operation_id = OperationId::from_str(&row.text("operation_id")?)
         .map_err(|e| StoreError::Corrupt(format!("`operation_id`: {e}")))?;
-    let state: String = row.try_get("state").map_err(corrupt)?;
-    let state = OperationState::from_str(&state).map_err(StoreError::Corrupt)?;
-    let attempt: i64 = row.try_get("attempt").map_err(corrupt)?;
+    let state = OperationState::from_str(&row.text("state")?).map_err(StoreError::Corrupt)?;
+    let attempt = row.int("attempt")?;
     let state = match state {
         OperationState::Processing => {
-            let token: Option<String> = row.try_get("token").map_err(corrupt)?;
-            let token = OwnerToken::from_str(&token.ok_or_else(|| missing("token"))?)
+            let token = row.maybe_text("token")?.ok_or_else(|| missing("token"))?;
+            let token = OwnerToken::from_str(&token)
                 .map_err(|e| StoreError::Corrupt(format!("`token`: {e}")))?;
-            let until: Option<i64> = row.try_get("lease_until").map_err(corrupt)?;
+            let until = row.maybe_int("lease_until")?;
             let until = ms_from_sql(until.ok_or_else(|| missing("lease_until"))?, "lease_until")?;
             RecordState::Processing {
                 lease: Lease { token, until },
             }
         }
         OperationState::Completed => {
-            let status: Option<i64> = row.try_get("status").map_err(corrupt)?;
-            let status = status
+            let status = row
+                .maybe_int("status")?
                 .and_then(|s| u16::try_from(s).ok())
                 .ok_or_else(|| missing("status"))?;
-            let headers: Option<String> = row.try_get("headers").map_err(corrupt)?;
-            let body: Option<Vec<u8>> = row.try_get("body").map_err(corrupt)?;
+            let headers = row
+                .maybe_text("headers")?
+                .ok_or_else(|| missing("headers"))?;
             RecordState::Completed {
                 response: StoredResponse {
                     status,
-                    headers: decode_headers(&headers.ok_or_else(|| missing("headers"))?)?,
-                    body: Bytes::from(body.unwrap_or_default()),
+                    headers: decode_headers(&headers)?,
+                    body: Bytes::from(row.maybe_bytes("body")?.unwrap_or_default()),
                 },
             }
         }
         OperationState::Released => RecordState::Released,
-        OperationState::Unknown => {
-            let reason: Option<String> = row.try_get("reason").map_err(corrupt)?;
-            RecordState::Unknown {
-                reason: reason.unwrap_or_default(),
-            }
-        }
+        OperationState::Unknown => RecordState::Unknown {
+            reason: row.maybe_text("reason")?.unwrap_or_default(),
+        },
     };
     Ok(Record {
         operation_id,
-        fingerprint: row.try_get("fingerprint").map_err(corrupt)?,
+        fingerprint: row.text("fingerprint")?,
         attempt: u32::try_from(attempt).map_err(|_| missing("attempt"))?,
-        created_at: ms_from_sql(row.try_get("created_at").map_err(corrupt)?, "created_at")?,
-        expires_at: ms_from_sql(row.try_get("expires_at").map_err(corrupt)?, "expires_at")?,
+        created_at: ms_from_sql(row.int("created_at")?, "created_at")?,
+        expires_at: ms_from_sql(row.int("expires_at")?, "expires_at")?,
         state,
-        transactional: row.try_get("transactional").map_err(corrupt)?,
+        transactional: row.flag("transactional")?,
     })
 }
 
@@ -114,20 +84,11 @@ pub(super) fn changed_one(rows_affected: u64) -> Result<(), StoreError> {
 }
 
 /// A listed record from a row of `operation`, `client`, `key` and the record's columns.
-pub(super) fn decode_listed<R>(row: &R) -> Result<Listed, StoreError>
-where
-    R: Row,
-    for<'a> &'a str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
-{
-    let corrupt = |e: sqlx::Error| StoreError::Corrupt(e.to_string());
+pub(super) fn decode_listed(row: &impl Columns) -> Result<Listed, StoreError> {
     let key = RecordKey {
-        operation: row.try_get("operation").map_err(corrupt)?,
-        client: row.try_get("client").map_err(corrupt)?,
-        key: row.try_get("key").map_err(corrupt)?,
+        operation: row.text("operation")?,
+        client: row.text("client")?,
+        key: row.text("key")?,
     };
     Ok(Listed {
         key,
@@ -137,20 +98,12 @@ where
 
 /// The record of `key` with its history, from a row of the record's columns and
 /// `history`.
-pub(super) fn decode_inspected<R>(key: &RecordKey, row: &R) -> Result<Inspection, StoreError>
-where
-    R: Row,
-    for<'a> &'a str: ColumnIndex<R>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
-{
+pub(super) fn decode_inspected(
+    key: &RecordKey,
+    row: &impl Columns,
+) -> Result<Inspection, StoreError> {
     let record = decode(row)?;
-    let history: Option<String> = row
-        .try_get("history")
-        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let events = ops::parse_history(history.as_deref())?;
+    let events = ops::parse_history(row.maybe_text("history")?.as_deref())?;
     Ok(Inspection::new(key.clone(), record, &events))
 }
 
