@@ -91,6 +91,20 @@ const SCHEMA: &[&str] = &[
     "CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at)",
 ];
 
+/// The columns that tables made by older versions lack, and the statement that adds each.
+const ADDED_COLUMNS: [(&str, &str); 2] = [
+    // Files made by idem 0.1.0 before the transactional mode.
+    (
+        "transactional",
+        "ALTER TABLE idem_records ADD COLUMN transactional INTEGER NOT NULL DEFAULT 0",
+    ),
+    // Files made before the history of attempts (`store::ops`).
+    (
+        "history",
+        "ALTER TABLE idem_records ADD COLUMN history TEXT",
+    ),
+];
+
 impl SqlStore<Sqlite> {
     /// Opens (creating if missing) the database file at `path` and its schema.
     ///
@@ -207,6 +221,8 @@ impl SqlStore<Sqlite> {
     }
 }
 
+/// Creates the schema if missing ([`SCHEMA`]), and adds the [`ADDED_COLUMNS`] a table
+/// made by an older version lacks.
 async fn create_schema(pool: &SqlitePool) -> Result<(), StoreError> {
     for statement in SCHEMA {
         sqlx::query(*statement)
@@ -214,31 +230,20 @@ async fn create_schema(pool: &SqlitePool) -> Result<(), StoreError> {
             .await
             .map_err(StoreError::unavailable)?;
     }
-    // Files made by idem 0.1.0 before the transactional mode lack the column.
-    let has_mode: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM pragma_table_info('idem_records') WHERE name = 'transactional'",
-    )
-    .fetch_one(pool)
-    .await
-    .map_err(StoreError::unavailable)?;
-    if has_mode == 0 {
-        sqlx::query("ALTER TABLE idem_records ADD COLUMN transactional INTEGER NOT NULL DEFAULT 0")
-            .execute(pool)
-            .await
-            .map_err(StoreError::unavailable)?;
-    }
-    // Files made before the history of attempts (`store::ops`) lack its column.
-    let has_history: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM pragma_table_info('idem_records') WHERE name = 'history'",
-    )
-    .fetch_one(pool)
-    .await
-    .map_err(StoreError::unavailable)?;
-    if has_history == 0 {
-        sqlx::query("ALTER TABLE idem_records ADD COLUMN history TEXT")
-            .execute(pool)
-            .await
-            .map_err(StoreError::unavailable)?;
+    for (column, add) in ADDED_COLUMNS {
+        let has: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pragma_table_info('idem_records') WHERE name = $1",
+        )
+        .bind(column)
+        .fetch_one(pool)
+        .await
+        .map_err(StoreError::unavailable)?;
+        if has == 0 {
+            sqlx::query(add)
+                .execute(pool)
+                .await
+                .map_err(StoreError::unavailable)?;
+        }
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 
 use super::SqliteStore;
 use crate::store::conformance::{self, T0, created, key, new_record};
-use crate::store::{Begin, RecordState, RecordStore, StoreError};
+use crate::store::{Begin, OperatorStore, RecordState, RecordStore, StoreError};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_memory_passes_the_conformance_suite() {
@@ -209,4 +209,64 @@ async fn shares_a_database_with_other_tables() {
             .await
             .unwrap();
     assert_eq!(tables, ["idem_records", "orders"]);
+}
+
+/// A table made by an older version, before the transactional mode and the history: its
+/// records read back once the store has added the columns it lacks, and the new columns
+/// are written as they are in a new table.
+#[tokio::test]
+async fn an_older_table_gets_the_columns_it_lacks() {
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect("sqlite::memory:")
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TABLE idem_records (
+            operation TEXT NOT NULL, client TEXT NOT NULL, key TEXT NOT NULL,
+            operation_id TEXT NOT NULL, fingerprint TEXT NOT NULL, state TEXT NOT NULL,
+            attempt INTEGER NOT NULL, token TEXT, lease_until INTEGER,
+            created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL,
+            status INTEGER, headers TEXT, body BLOB, reason TEXT,
+            PRIMARY KEY (operation, client, key)
+        )",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let old = key("old");
+    sqlx::query(
+        "INSERT INTO idem_records (operation, client, key, operation_id, fingerprint, state,
+             attempt, created_at, expires_at)
+         VALUES ($1, $2, $3, '0190a5e2-7b3c-7def-8000-000000000001', 'sha256:a', 'released',
+             1, $4, $5)",
+    )
+    .bind(&old.operation)
+    .bind(&old.client)
+    .bind(&old.key)
+    .bind(i64::try_from(T0).unwrap())
+    .bind(i64::try_from(T0 + conformance::TTL).unwrap())
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let store = SqliteStore::from_pool(pool).await.unwrap();
+    let columns: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM pragma_table_info('idem_records') ORDER BY cid")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(columns[columns.len() - 2..], ["transactional", "history"]);
+    let record = store.get(&old, T0).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Released);
+    assert!(!record.transactional);
+
+    // The released key is taken again (an event in the new history column).
+    let again = new_record("sha256:a", T0 + 1);
+    assert!(matches!(
+        store.begin(&old, &again, T0 + 1).await.unwrap(),
+        Begin::Started(record) if record.attempt == 2
+    ));
+    let inspection = store.inspect(&old, T0 + 1).await.unwrap().unwrap();
+    assert_eq!(inspection.attempts.len(), 2);
 }
