@@ -55,7 +55,7 @@
 //! - [`problem`]: every answer idem gives of its own, with its stable `type`.
 //! - [`transaction`]: the transactional mode, where a handler's business writes and the
 //!   key's final state commit in one transaction ([`SqliteTx`], `PgTx`).
-//! - [`store`]: the store trait and its backends ([`MemoryStore`], [`SqliteStore`],
+//! - [`store`]: the store traits and their backends ([`MemoryStore`], [`SqliteStore`],
 //!   `PostgresStore` with the feature `postgres`, `RedisStore` with the feature `redis`).
 //! - [`model`]: the contract as data, its rules ([`check()`](fn@check)) and its JSON Schema.
 //! - [`telemetry`]: the spans, events and counters, and what is never recorded.
@@ -149,8 +149,8 @@ pub use idem_runtime::{
     Attempt, DEFAULT_HEARTBEAT_LEASE, DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS,
     DEFAULT_UNAVAILABLE_RETRY_AFTER, IDEMPOTENT_REPLAYED_HEADER, Idem, IdemLayer, IdemService,
     Lookup, MIN_HEARTBEAT_LEASE, MemoryStore, OPERATION_ID_HEADER, OperationId, OperationReport,
-    OperationStatus, Reconciled, Resolution, Store, StoreError, UnknownOperation, enforce,
-    fingerprint, identity, problem, reconciler, recovery, store,
+    OperationStatus, OperatorStore, Reconciled, RecordStore, Resolution, Store, StoreError,
+    UnknownOperation, enforce, fingerprint, identity, problem, reconciler, recovery, store,
 };
 #[cfg(feature = "postgres")]
 pub use idem_runtime::{PgTx, PostgresStore};

@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use common::answer::{Answer, send};
 use common::process;
 use common::server::TestServer;
-use idem::store::{RecordKey, RecordState, Store, unix_now};
+use idem::store::{RecordKey, RecordState, RecordStore, unix_now};
 use idem::{Idem, Resolution, SqliteStore, UnknownOperation, identity};
 use serde::Deserialize;
 use serde_json::json;

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_runtime::store::conformance::{T0, TTL, new_record};
-use idem_runtime::store::{Begin, RecordKey, RecordState, Store, StoreError, StoredResponse};
+use idem_runtime::store::{
+    Begin, OperatorStore, RecordKey, RecordState, RecordStore, StoreError, StoredResponse,
+};
 use serde_json::json;
 
 use common::redis::{

@@ -56,7 +56,7 @@ macro_rules! suite {
             use axum::response::{IntoResponse, Response};
             use axum::routing::{get, post as route_post};
             use axum::{Json, Router};
-            use idem::store::{RecordKey, RecordState, Store, unix_now};
+            use idem::store::{RecordKey, RecordState, RecordStore, unix_now};
             use idem::{Idem, Resolution, UnknownOperation, identity};
             use serde::Deserialize;
 

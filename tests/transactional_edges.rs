@@ -17,7 +17,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use common::answer::{Answer, send};
 use common::server::TestServer;
-use idem::store::{RecordKey, RecordState, Store, unix_now};
+use idem::store::{RecordKey, RecordState, RecordStore, unix_now};
 use idem::{Idem, PostgresStore, Resolution, SqliteStore, UnknownOperation, identity};
 use serde::Deserialize;
 use serde_json::json;

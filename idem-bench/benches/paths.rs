@@ -34,7 +34,7 @@ use axum::http::{HeaderValue, Request, StatusCode, header};
 use bytes::Bytes;
 use futures_util::FutureExt;
 use idem::store::{Begin, Lease, NewRecord, OwnerToken, RecordKey, StoredResponse};
-use idem::{MemoryStore, OperationId, Store};
+use idem::{MemoryStore, OperationId, RecordStore};
 use idem_bench::load::BODY;
 use idem_bench::serve::{self, Variant};
 use tower::ServiceExt;

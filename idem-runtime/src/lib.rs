@@ -155,7 +155,7 @@ pub use crate::store::PostgresStore;
 pub use crate::store::RedisStore;
 #[cfg(feature = "sqlite")]
 pub use crate::store::SqliteStore;
-pub use crate::store::{MemoryStore, Store, StoreError};
+pub use crate::store::{MemoryStore, OperatorStore, RecordStore, Store, StoreError};
 #[cfg(feature = "postgres")]
 pub use crate::transaction::PgTx;
 #[cfg(feature = "sqlite")]

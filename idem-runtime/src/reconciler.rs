@@ -10,10 +10,12 @@
 //! use idem_runtime::{Idem, MemoryStore, identity};
 //! # use idem_runtime::{Contracted, Recover, Recoverer, Resolution, UnknownOperation};
 //! # pub mod create_order { pub struct Operation; }
-//! # impl Contracted for create_order::Operation { const CONTRACT: &'static idem_contract::Contract = &idem_contract::Contract::PLACEHOLDER; }
+//! # impl Contracted for create_order::Operation { const CONTRACT: &'static
+//! idem_contract::Contract = &idem_contract::Contract::PLACEHOLDER; }
 //! # impl Recover<AppState> for create_order::Operation {
 //! #     fn recoverer(state: &AppState) -> Recoverer {
-//! #         Recoverer::reconcile_with(state.clone(), |_: AppState, _: UnknownOperation| async { Resolution::NotApplied })
+//! #         Recoverer::reconcile_with(state.clone(), |_: AppState, _: UnknownOperation|
+//! async { Resolution::NotApplied })
 //! #     }
 //! # }
 //! #[derive(Clone)]
@@ -31,15 +33,15 @@
 //! # }
 //! ```
 //!
-//! Each pass lists, per registered operation, the processing records whose lease has
-//! ended ([`Store::list`](crate::Store::list)), takes each over with one compare-and-set
-//! ([`Store::take_over`](crate::Store::take_over): a new fencing token, so exactly one of
-//! many instances recovers it, and the worker whose lease ended can no longer write), asks
-//! the recoverer once, and records the decision exactly as a status lookup does
-//! ([`crate::recovery`]): applied is stored as the result, not applied releases the key
-//! (the client's next retry runs the handler), unknown parks it for an operator
-//! (`idem ops resolve`), and "cannot decide now" leaves it for the next pass. An attempt
-//! still alive in this process is left alone.
+//! Each pass lists, per registered operation, the processing records whose lease has ended
+//! ([`OperatorStore::list`](crate::OperatorStore::list)), takes each over with one
+//! compare-and-set ([`RecordStore::take_over`](crate::RecordStore::take_over): a new
+//! fencing token, so exactly one of many instances recovers it, and the worker whose lease
+//! ended can no longer write), asks the recoverer once, and records the decision exactly as
+//! a status lookup does ([`crate::recovery`]): applied is stored as the result, not applied
+//! releases the key (the client's next retry runs the handler), unknown parks it for an
+//! operator (`idem ops resolve`), and "cannot decide now" leaves it for the next pass. An
+//! attempt still alive in this process is left alone.
 
 use std::sync::Arc;
 use std::time::Duration;

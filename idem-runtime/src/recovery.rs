@@ -13,7 +13,7 @@
 //! |---|---|
 //! | [`Resolution::Applied`]`(response)` | the effect happened: `response` is stored as the result and replayed |
 //! | [`Resolution::NotApplied`] | the effect did not happen: the request runs the handler as the next attempt (a status lookup releases the key instead, so the client's next retry runs) |
-//! | [`Resolution::Unknown`]`(reason)` | parked as `unknown` with `reason`: 409 `operation-outcome-unknown` until an operator resolves it (`idem ops resolve`, [`Store::resolve`](crate::Store::resolve)) |
+//! | [`Resolution::Unknown`]`(reason)` | parked as `unknown` with `reason`: 409 `operation-outcome-unknown` until an operator resolves it (`idem ops resolve`, [`OperatorStore::resolve`](crate::OperatorStore::resolve)) |
 //! | [`Resolution::CannotDecideNow`]`(reason)` | nothing is recorded and the lease ends at once: 503 `recovery-pending`, and the next retry, status lookup or reconciler pass asks again |
 //! | the reconcile function panics or outlasts the lease | as `CannotDecideNow`, with a reason that says so |
 //! | `recovery = manual("runbook")` | parked as `unknown` with the runbook; in the transactional mode, not applied (an attempt that did not commit took no effect in the database) |

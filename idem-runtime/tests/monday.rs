@@ -18,10 +18,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use idem_contract::*;
 use idem_runtime::enforce::Enforced;
-use idem_runtime::store::{
-    Begin, Inspection, Lease, ListQuery, Listed, MemoryStore, NewRecord, OwnerToken, Record,
-    RecordKey, Resolve, StoredResponse, UnixMillis,
-};
+use idem_runtime::store::{Inspection, MemoryStore, Record, RecordKey, Resolve, UnixMillis};
 use idem_runtime::testing::{
     Harness, HarnessError, OperatorCheck, Proof, Report, Request, Scenario, TraceCapture, Verdict,
 };
@@ -477,93 +474,39 @@ struct Hobbled {
     refuses_resolve: bool,
 }
 
-#[async_trait::async_trait]
-impl Store for Hobbled {
-    async fn begin(
-        &self,
-        key: &RecordKey,
-        new: &NewRecord,
-        now: UnixMillis,
-    ) -> Result<Begin, StoreError> {
-        self.inner.begin(key, new, now).await
+idem_runtime::forward_store! {
+    impl[] RecordStore for Hobbled {
+        forward |this| &this.inner;
     }
-    async fn get(&self, key: &RecordKey, now: UnixMillis) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key, now).await
-    }
-    async fn complete(
-        &self,
-        key: &RecordKey,
-        token: OwnerToken,
-        response: &StoredResponse,
-        now: UnixMillis,
-    ) -> Result<(), StoreError> {
-        self.inner.complete(key, token, response, now).await
-    }
-    async fn release(
-        &self,
-        key: &RecordKey,
-        token: OwnerToken,
-        now: UnixMillis,
-    ) -> Result<(), StoreError> {
-        self.inner.release(key, token, now).await
-    }
-    async fn renew(
-        &self,
-        key: &RecordKey,
-        token: OwnerToken,
-        until: UnixMillis,
-        now: UnixMillis,
-    ) -> Result<(), StoreError> {
-        self.inner.renew(key, token, until, now).await
-    }
-    async fn park_unknown(
-        &self,
-        key: &RecordKey,
-        token: OwnerToken,
-        reason: &str,
-        now: UnixMillis,
-    ) -> Result<(), StoreError> {
-        self.inner.park_unknown(key, token, reason, now).await
-    }
-    async fn take_over(
-        &self,
-        key: &RecordKey,
-        expected: OwnerToken,
-        new_lease: Lease,
-        now: UnixMillis,
-    ) -> Result<Record, StoreError> {
-        self.inner.take_over(key, expected, new_lease, now).await
-    }
-    async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
-        self.inner.purge_expired(now).await
-    }
-    async fn list(&self, query: &ListQuery, now: UnixMillis) -> Result<Vec<Listed>, StoreError> {
-        self.inner.list(query, now).await
-    }
-    async fn inspect(
-        &self,
-        key: &RecordKey,
-        now: UnixMillis,
-    ) -> Result<Option<Inspection>, StoreError> {
-        let mut found = self.inner.inspect(key, now).await?;
-        if self.hides_attempts
-            && let Some(inspection) = &mut found
-        {
-            let last = inspection.attempts.len().saturating_sub(1);
-            inspection.attempts.drain(..last);
+    impl[] OperatorStore for Hobbled {
+        forward |this| &this.inner;
+
+        async fn inspect(
+            &self,
+            key: &RecordKey,
+            now: UnixMillis,
+        ) -> Result<Option<Inspection>, StoreError> {
+            let mut found = self.inner.inspect(key, now).await?;
+            if self.hides_attempts
+                && let Some(inspection) = &mut found
+            {
+                let last = inspection.attempts.len().saturating_sub(1);
+                inspection.attempts.drain(..last);
+            }
+            Ok(found)
         }
-        Ok(found)
-    }
-    async fn resolve(
-        &self,
-        key: &RecordKey,
-        resolve: &Resolve,
-        now: UnixMillis,
-    ) -> Result<Record, StoreError> {
-        if self.refuses_resolve {
-            return Err(StoreError::unavailable("the operator's write failed"));
+
+        async fn resolve(
+            &self,
+            key: &RecordKey,
+            resolve: &Resolve,
+            now: UnixMillis,
+        ) -> Result<Record, StoreError> {
+            if self.refuses_resolve {
+                return Err(StoreError::unavailable("the operator's write failed"));
+            }
+            self.inner.resolve(key, resolve, now).await
         }
-        self.inner.resolve(key, resolve, now).await
     }
 }
 

@@ -2,8 +2,9 @@
 //! resolve a parked one, against the store of a running service (feature `ops`).
 //!
 //! Nothing here edits the database by hand: every change is the store's own
-//! compare-and-set ([`Store::resolve`]), recorded on the record (who, when, why). Every
-//! argument is checked before the store is opened, and a refused command changes nothing.
+//! compare-and-set ([`OperatorStore::resolve`](idem_runtime::store::OperatorStore::resolve)),
+//! recorded on the record (who, when, why). Every argument is checked before the store is
+//! opened, and a refused command changes nothing.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};

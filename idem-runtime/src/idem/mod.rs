@@ -208,7 +208,9 @@ impl Idem {
     /// The store.
     ///
     /// A `&dyn Store` rather than the `Arc` the handle keeps: a call through the `Arc`
-    /// would go through `Store for Arc<T>` and box its future twice.
+    /// would go through the forwarding impls of `Arc<T>` and box its future twice. The
+    /// request path calls its [`RecordStore`](crate::store::RecordStore) half, operators
+    /// and the reconciler its [`OperatorStore`](crate::store::OperatorStore) half.
     pub fn store(&self) -> &dyn Store {
         &*self.inner.store
     }

@@ -29,8 +29,8 @@ use crate::store::{Lease, OwnerToken, RecordKey, StoreError, UnixMillis, unix_no
 /// result it awaits) outlives the attempt when the attempt is stopped at its lease's end,
 /// and is not covered either.
 ///
-/// **The heartbeat.** Every third of its lease, an alive attempt's lease is moved to a
-/// full lease from then ([`Store::renew`](crate::store::Store::renew)), so that an
+/// **The heartbeat.** Every third of its lease, an alive attempt's lease is moved to a full
+/// lease from then ([`RecordStore::renew`](crate::store::RecordStore::renew)), so that an
 /// instance that died is noticed within one lease, whatever the attempt's own time. One
 /// task per handle does this for every attempt (an attempt costs a map entry, not a task
 /// and a timer of its own), on whichever worker thread is free: a handler that blocks its
@@ -275,7 +275,7 @@ mod tests {
     use super::*;
     use crate::OperationId;
     use crate::identity;
-    use crate::store::{Begin, MemoryStore, NewRecord, Store};
+    use crate::store::{Begin, MemoryStore, NewRecord, RecordStore};
 
     fn idem(store: Arc<MemoryStore>) -> Idem {
         Idem::new(store, identity::header("x-client-id"))

@@ -20,22 +20,22 @@ use http::{HeaderName, HeaderValue};
 
 use super::ops::{self, Event};
 use super::{
-    Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OwnerToken, Record,
-    RecordKey, RecordState, Resolve, ResolveAs, Store, StoreError, StoredResponse, UnixMillis,
-    check_size,
+    Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OperatorStore,
+    OwnerToken, Record, RecordKey, RecordState, RecordStore, Resolve, ResolveAs, StoreError,
+    StoredResponse, UnixMillis, check_size,
 };
 use crate::OperationId;
 
 /// How many shards (each a hash map under its own lock) one operation's table has.
 pub const SHARDS: usize = 256;
 
-/// A [`Store`] in memory: the default for tests and single-process services.
+/// A [`Store`](super::Store) in memory: the default for tests and single-process services.
 ///
 /// Every change happens under the lock of the key's shard, so `begin` is one atomic
 /// insert-if-absent and every other change one compare-and-set. Records are lost when the
 /// process ends: use `SqliteStore` (feature `sqlite`) for a service that must replay
 /// results after a restart. Expired records stay in memory until
-/// [`Store::purge_expired`] (or [`crate::Idem::spawn_purger`]) removes them.
+/// [`OperatorStore::purge_expired`] (or [`crate::Idem::spawn_purger`]) removes them.
 ///
 /// A record's slot is at most 120 bytes, beside one allocation for the client and the key
 /// and one for a completed result (its status, headers and body, exactly sized).
@@ -135,7 +135,7 @@ impl MemoryStore {
 }
 
 #[async_trait]
-impl Store for MemoryStore {
+impl RecordStore for MemoryStore {
     async fn begin(
         &self,
         key: &RecordKey,
@@ -260,7 +260,10 @@ impl Store for MemoryStore {
             Ok(record)
         })
     }
+}
 
+#[async_trait]
+impl OperatorStore for MemoryStore {
     async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
         let mut purged = 0;
         for (operation, table) in self.tables_named() {

@@ -1,8 +1,9 @@
 //! Stores: where keys, leases and results live.
 //!
-//! One trait, [`Store`], several backends, one conformance suite (`store::conformance`, under the feature
-//! `conformance`) that every
-//! backend passes:
+//! Two traits, [`RecordStore`] (the request path's record calls) and [`OperatorStore`]
+//! (the operator's calls), [`Store`] for a backend that has both, several backends, and
+//! one conformance suite (`store::conformance`, under the feature `conformance`) that
+//! every backend passes:
 //!
 //! | backend | kind | notes |
 //! |---|---|---|
@@ -10,6 +11,9 @@
 //! | `SqliteStore` (feature `sqlite`) | embedded, durable | survives a restart; one writer at a time; transactional |
 //! | `PostgresStore` (feature `postgres`) | shared by many instances | a unique key per record; transactional |
 //! | `RedisStore` (feature `redis`) | shared by many instances | one server-side script per change; not transactional with business data |
+//!
+//! The two SQL stores are one implementation, `SqlStore`, over the database it speaks:
+//! `SqliteStore` is `SqlStore<sqlx::Sqlite>`, `PostgresStore` is `SqlStore<sqlx::Postgres>`.
 //!
 //! Every backend keeps results of at most [`DEFAULT_MAX_RESULT`] bytes unless told
 //! otherwise (`with_max_result`): a larger one is refused by `complete` with
@@ -22,18 +26,18 @@
 //!
 //! | from | call | to |
 //! |---|---|---|
-//! | no record, or one whose TTL has passed | [`Store::begin`] | processing, attempt 1, a new operation id |
-//! | released, same fingerprint | [`Store::begin`] | processing, attempt + 1, same operation id |
-//! | processing, live lease, caller owns it | [`Store::complete`] | completed, with the result |
-//! | processing, live lease, caller owns it | [`Store::release`] | released |
-//! | processing, caller owns the lease (live or ended) | [`Store::renew`] | processing, the lease moved (extended, revived, or ended now) |
-//! | processing, caller owns the lease | [`Store::park_unknown`] | unknown, with a reason |
-//! | processing, lease ended, caller names its owner | [`Store::take_over`] | processing under a new lease, attempt + 1 |
-//! | unknown, at the attempt the operator saw | [`Store::resolve`] | completed with the operator's result, or released |
+//! | no record, or one whose TTL has passed | [`RecordStore::begin`] | processing, attempt 1, a new operation id |
+//! | released, same fingerprint | [`RecordStore::begin`] | processing, attempt + 1, same operation id |
+//! | processing, live lease, caller owns it | [`RecordStore::complete`] | completed, with the result |
+//! | processing, live lease, caller owns it | [`RecordStore::release`] | released |
+//! | processing, caller owns the lease (live or ended) | [`RecordStore::renew`] | processing, the lease moved (extended, revived, or ended now) |
+//! | processing, caller owns the lease | [`RecordStore::park_unknown`] | unknown, with a reason |
+//! | processing, lease ended, caller names its owner | [`RecordStore::take_over`] | processing under a new lease, attempt + 1 |
+//! | unknown, at the attempt the operator saw | [`OperatorStore::resolve`] | completed with the operator's result, or released |
 //!
 //! Reclaims, takeovers and resolutions are also appended to the record's short history
-//! (see [`ops`]), in the same atomic step; [`Store::inspect`] reads it back and
-//! [`Store::list`] lists records by state.
+//! (see [`ops`]), in the same atomic step; [`OperatorStore::inspect`] reads it back and
+//! [`OperatorStore::list`] lists records by state.
 //!
 //! Every record expires `ttl` after its first attempt (`expires_at`); after that the key
 //! names a new operation and `begin` replaces the record. A record never expires while
@@ -58,44 +62,41 @@
 //! clock, so that tests control time and all instances of a service judge leases by the
 //! same rules.
 
+mod forward;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 mod headers;
 pub mod memory;
 pub mod ops;
-#[cfg(feature = "postgres")]
-pub mod postgres;
 mod record;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
-#[cfg(feature = "sqlite")]
-pub mod sqlite;
+mod traits;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod transactional;
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 
-use std::sync::Arc;
-
-use async_trait::async_trait;
-
 pub use memory::MemoryStore;
 pub use ops::{
     AttemptEnd, AttemptSummary, Inspection, ListQuery, Listed, OperatorResolution, Resolve,
     ResolveAs,
 };
-#[cfg(feature = "postgres")]
-pub use postgres::PostgresStore;
 pub use record::{
     Begin, Lease, NewRecord, OperationState, OwnerToken, Record, RecordKey, RecordState,
     StoredResponse,
 };
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sql::SqlStore;
+#[cfg(feature = "postgres")]
+pub use sql::postgres::{self, PostgresStore};
 #[cfg(feature = "sqlite")]
-pub use sqlite::SqliteStore;
+pub use sql::sqlite::{self, SqliteStore};
+pub use traits::{OperatorStore, RecordStore, Store};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use transactional::{OpenTransaction, Reservation, TransactionalStore};
 
@@ -153,12 +154,12 @@ pub enum StoreError {
     /// handler ended it (the transactional mode).
     #[error("the attempt's transaction has ended: {0}")]
     TransactionEnded(String),
-    /// [`Store::resolve`]: there is no record under the key (never registered, or its
-    /// TTL has passed).
+    /// [`OperatorStore::resolve`]: there is no record under the key (never registered, or
+    /// its TTL has passed).
     #[error("no operation is recorded under this key (never registered, or its TTL has passed)")]
     NotFound,
-    /// [`Store::resolve`]: the record is not parked at the attempt the operator saw; the
-    /// message says where it stands.
+    /// [`OperatorStore::resolve`]: the record is not parked at the attempt the operator
+    /// saw; the message says where it stands.
     #[error("{0}")]
     Changed(String),
 }
@@ -167,261 +168,5 @@ impl StoreError {
     /// A [`StoreError::Unavailable`] from any error.
     pub fn unavailable(err: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
         StoreError::Unavailable(err.into())
-    }
-}
-
-/// A backend that keeps idempotency records.
-///
-/// Used as `Arc<dyn Store>`. Every method takes `now` in unix milliseconds. Every method
-/// that changes a record does so atomically: one insert-if-absent, one compare-and-set,
-/// never a read followed by a separate write.
-///
-/// The conformance suite (`store::conformance`) states the contract of each method as
-/// tests.
-#[async_trait]
-pub trait Store: Send + Sync + 'static {
-    /// Registers `key` as processing under `new.lease`, atomically, if it may be
-    /// registered: when the key is unknown, when its record's TTL has passed (a new
-    /// operation with `new.operation_id`, attempt 1, created at `now`), or when the record
-    /// is released with the same fingerprint (the same operation, attempt + 1, its own
-    /// `operation_id` and `created_at`). Either way the record's `expires_at` is at least
-    /// `new.lease.until` ([`Record::begin_over`]). Returns [`Begin::Started`] with the
-    /// record written; otherwise [`Begin::Exists`] with the record as it stands, unchanged.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::Unavailable`] or [`StoreError::Corrupt`].
-    async fn begin(
-        &self,
-        key: &RecordKey,
-        new: &NewRecord,
-        now: UnixMillis,
-    ) -> Result<Begin, StoreError>;
-
-    /// The record of `key`, or `None` when there is none or its TTL has passed at `now`.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::Unavailable`] or [`StoreError::Corrupt`].
-    async fn get(&self, key: &RecordKey, now: UnixMillis) -> Result<Option<Record>, StoreError>;
-
-    /// Stores `response` as the operation's result (state completed), if `token` owns a
-    /// lease that is live at `now`.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::LeaseLost`] when it does not; [`StoreError::TooLarge`] when the
-    /// result is larger than the backend keeps (the record is then left unchanged);
-    /// [`StoreError::Unavailable`].
-    async fn complete(
-        &self,
-        key: &RecordKey,
-        token: OwnerToken,
-        response: &StoredResponse,
-        now: UnixMillis,
-    ) -> Result<(), StoreError>;
-
-    /// Releases the key (state released) so that a retry with the same fingerprint runs
-    /// again, if `token` owns a lease that is live at `now`.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::LeaseLost`] when it does not; [`StoreError::Unavailable`].
-    async fn release(
-        &self,
-        key: &RecordKey,
-        token: OwnerToken,
-        now: UnixMillis,
-    ) -> Result<(), StoreError>;
-
-    /// Moves the end of the lease that `token` owns to `until`, live lease or ended, and
-    /// the record's `expires_at` to `until` if that is later. A running attempt renews
-    /// its lease with it (the heartbeat), also after its lease lapsed because renewals
-    /// came late: as long as its token owns the record nobody has taken it over (a
-    /// takeover replaces the token first, and then fences this out). The runtime also
-    /// calls it with `until = now` when an attempt has ended without an outcome, so that
-    /// recovery may decide without waiting for the lease to run out.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::LeaseLost`] when the record is not processing under `token`;
-    /// [`StoreError::Unavailable`].
-    async fn renew(
-        &self,
-        key: &RecordKey,
-        token: OwnerToken,
-        until: UnixMillis,
-        now: UnixMillis,
-    ) -> Result<(), StoreError>;
-
-    /// Parks the operation as unknown with `reason`, if `token` owns the current lease,
-    /// live or ended. Parking needs no live lease: it only stops automatic recovery, and
-    /// a takeover (which replaces the token) still fences it out.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::LeaseLost`] when the record is not processing under `token`;
-    /// [`StoreError::Unavailable`].
-    async fn park_unknown(
-        &self,
-        key: &RecordKey,
-        token: OwnerToken,
-        reason: &str,
-        now: UnixMillis,
-    ) -> Result<(), StoreError>;
-
-    /// Takes over a processing record whose lease has ended at `now` and is owned by
-    /// `expected`: replaces the lease with `new_lease`, counts one more attempt and moves
-    /// `expires_at` to `new_lease.until` if that is later, as one compare-and-set, so that
-    /// exactly one of many concurrent callers wins. Returns the record as written.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::LeaseLost`] when the record is not processing under `expected`, its
-    /// lease is still live, or its TTL has passed; [`StoreError::Unavailable`].
-    async fn take_over(
-        &self,
-        key: &RecordKey,
-        expected: OwnerToken,
-        new_lease: Lease,
-        now: UnixMillis,
-    ) -> Result<Record, StoreError>;
-
-    /// Deletes every record whose TTL has passed at `now`; returns how many.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::Unavailable`].
-    async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError>;
-
-    /// The records that `query` asks for whose TTL has not passed at `now`, ordered by
-    /// operation, client and key (bytewise), at most [`ListQuery::page`] of them. The
-    /// next page starts after the last key of this one. For operators and the
-    /// reconciler, not for the request path: backends may scan.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::Unavailable`] or [`StoreError::Corrupt`].
-    async fn list(&self, query: &ListQuery, now: UnixMillis) -> Result<Vec<Listed>, StoreError>;
-
-    /// The record of `key` with the history of its attempts and resolutions, or `None`
-    /// when there is none or its TTL has passed at `now`.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::Unavailable`] or [`StoreError::Corrupt`].
-    async fn inspect(
-        &self,
-        key: &RecordKey,
-        now: UnixMillis,
-    ) -> Result<Option<Inspection>, StoreError>;
-
-    /// Resolves a parked operation as an operator decided, as one compare-and-set on the
-    /// record being parked (`unknown`) at `resolve.expected_attempt` and its TTL not
-    /// passed: completed with the operator's result, or released (not applied), and the
-    /// resolution (who, when, why) appended to the record's history. Returns the record
-    /// as written.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::NotFound`] when there is no record; [`StoreError::Changed`] when it
-    /// is not parked at that attempt (the message says where it stands), and nothing
-    /// was written; [`StoreError::TooLarge`] for a result larger than the backend keeps;
-    /// [`StoreError::Unavailable`].
-    async fn resolve(
-        &self,
-        key: &RecordKey,
-        resolve: &Resolve,
-        now: UnixMillis,
-    ) -> Result<Record, StoreError>;
-}
-
-#[async_trait]
-impl<T: Store + ?Sized> Store for Arc<T> {
-    async fn begin(
-        &self,
-        key: &RecordKey,
-        new: &NewRecord,
-        now: UnixMillis,
-    ) -> Result<Begin, StoreError> {
-        (**self).begin(key, new, now).await
-    }
-
-    async fn get(&self, key: &RecordKey, now: UnixMillis) -> Result<Option<Record>, StoreError> {
-        (**self).get(key, now).await
-    }
-
-    async fn complete(
-        &self,
-        key: &RecordKey,
-        token: OwnerToken,
-        response: &StoredResponse,
-        now: UnixMillis,
-    ) -> Result<(), StoreError> {
-        (**self).complete(key, token, response, now).await
-    }
-
-    async fn release(
-        &self,
-        key: &RecordKey,
-        token: OwnerToken,
-        now: UnixMillis,
-    ) -> Result<(), StoreError> {
-        (**self).release(key, token, now).await
-    }
-
-    async fn renew(
-        &self,
-        key: &RecordKey,
-        token: OwnerToken,
-        until: UnixMillis,
-        now: UnixMillis,
-    ) -> Result<(), StoreError> {
-        (**self).renew(key, token, until, now).await
-    }
-
-    async fn park_unknown(
-        &self,
-        key: &RecordKey,
-        token: OwnerToken,
-        reason: &str,
-        now: UnixMillis,
-    ) -> Result<(), StoreError> {
-        (**self).park_unknown(key, token, reason, now).await
-    }
-
-    async fn take_over(
-        &self,
-        key: &RecordKey,
-        expected: OwnerToken,
-        new_lease: Lease,
-        now: UnixMillis,
-    ) -> Result<Record, StoreError> {
-        (**self).take_over(key, expected, new_lease, now).await
-    }
-
-    async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
-        (**self).purge_expired(now).await
-    }
-
-    async fn list(&self, query: &ListQuery, now: UnixMillis) -> Result<Vec<Listed>, StoreError> {
-        (**self).list(query, now).await
-    }
-
-    async fn inspect(
-        &self,
-        key: &RecordKey,
-        now: UnixMillis,
-    ) -> Result<Option<Inspection>, StoreError> {
-        (**self).inspect(key, now).await
-    }
-
-    async fn resolve(
-        &self,
-        key: &RecordKey,
-        resolve: &Resolve,
-        now: UnixMillis,
-    ) -> Result<Record, StoreError> {
-        (**self).resolve(key, resolve, now).await
     }
 }

@@ -15,7 +15,7 @@
 //!   its lease ran out;
 //! - `{"resolved": "completed" | "not-applied", "attempt": n, "at": t, "by": …, "reason":
 //!   …, "parked": …, "status": …}`: an operator resolved the parked attempt `n`
-//!   ([`Store::resolve`](super::Store::resolve)).
+//!   ([`OperatorStore::resolve`](super::OperatorStore::resolve)).
 //!
 //! The first attempt of an operation writes nothing (it began at `created_at`), so the
 //! request path of a new key writes no history at all. The array keeps the last
@@ -31,11 +31,11 @@ use super::{
 /// How many events a record's history keeps (the latest).
 pub const HISTORY_LIMIT: usize = 32;
 
-/// The largest page [`Store::list`](super::Store::list) returns.
+/// The largest page [`OperatorStore::list`](super::OperatorStore::list) returns.
 pub const MAX_LIST_LIMIT: u32 = 1000;
 
-/// Which records [`Store::list`](super::Store::list) returns: records whose TTL has not
-/// passed, ordered by operation, client and key (byte order), after the cursor.
+/// Which records [`OperatorStore::list`](super::OperatorStore::list) returns: records whose
+/// TTL has not passed, ordered by operation, client and key (byte order), after the cursor.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ListQuery {
     /// Only this operation's records.
@@ -82,7 +82,8 @@ impl ListQuery {
     }
 }
 
-/// The order of [`Store::list`](super::Store::list): operation, client, key, bytewise.
+/// The order of [`OperatorStore::list`](super::OperatorStore::list): operation, client,
+/// key, bytewise.
 pub fn order(key: &RecordKey) -> (&[u8], &[u8], &[u8]) {
     (
         key.operation.as_bytes(),
@@ -111,7 +112,7 @@ pub enum ResolveAs {
 }
 
 /// An operator's resolution of a parked operation, for
-/// [`Store::resolve`](super::Store::resolve).
+/// [`OperatorStore::resolve`](super::OperatorStore::resolve).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resolve {
     /// The attempt the operator saw parked: the resolution applies only if the record is

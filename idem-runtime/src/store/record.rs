@@ -343,7 +343,7 @@ pub struct NewRecord {
     pub holds_until: UnixMillis,
 }
 
-/// The outcome of [`Store::begin`](super::Store::begin).
+/// The outcome of [`RecordStore::begin`](super::RecordStore::begin).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Begin {
     /// The caller holds the key now, as written in the record: a new operation (attempt

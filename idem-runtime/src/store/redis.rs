@@ -24,12 +24,14 @@
 //! `token` and `lease_until` while processing, `created_at`, `expires_at` (unix
 //! milliseconds, decimal), `transactional` (`0`), `status`, `headers` (JSON, as the SQL
 //! stores write them) and `body` once completed, `reason` once parked; `prefix` (the
-//! store's prefix, so that [`Store::purge_expired`] deletes only its own records: the
-//! names of prefix `a:b` also start with `a:`); `history` once the record was reclaimed,
-//! taken over or resolved (the JSON array of [`super::ops`], written by the same script).
+//! store's prefix, so that [`OperatorStore::purge_expired`] deletes only its own records:
+//! the names of prefix `a:b` also start with `a:`); `history` once the record was
+//! reclaimed, taken over or resolved (the JSON array of [`super::ops`], written by the
+//! same script).
 //!
-//! [`Store::list`] scans the prefix (or the operation's names) and sorts what it finds:
-//! a tool for operators and the reconciler, whose cost grows with the number of records.
+//! [`OperatorStore::list`] scans the prefix (or the operation's names) and sorts what it
+//! finds: a tool for operators and the reconciler, whose cost grows with the number of
+//! records.
 //!
 //! # Atomicity and fencing
 //!
@@ -47,8 +49,8 @@
 //! Every write sets the hash to expire (`PEXPIREAT`) at the record's `expires_at` plus
 //! [`EXPIRY_MARGIN_MS`], by Redis's clock: Redis forgets records on its own, and a service
 //! whose clock runs up to that margin behind Redis's never sees a record vanish before
-//! its TTL. [`Store::purge_expired`] also scans the prefix and deletes what has expired by
-//! the caller's clock; a service on Redis does not need to run it.
+//! its TTL. [`OperatorStore::purge_expired`] also scans the prefix and deletes what has
+//! expired by the caller's clock; a service on Redis does not need to run it.
 //!
 //! # What it does not guarantee
 //!
@@ -74,8 +76,9 @@
 //!   attempt running across the restart finds its record gone, answers 503
 //!   `attempt-timed-out`, and its retry runs again). Use
 //!   the PostgreSQL store where that is not acceptable.
-//! - **One server.** Every script touches one key, but [`Store::purge_expired`] scans one
-//!   server: a primary (with replicas or Sentinel) is supported, Redis Cluster is not.
+//! - **One server.** Every script touches one key, but [`OperatorStore::purge_expired`]
+//!   scans one server: a primary (with replicas or Sentinel) is supported, Redis Cluster
+//!   is not.
 //!
 //! # Faults
 //!
@@ -99,8 +102,8 @@ use super::headers::{decode_headers, encode_headers};
 use super::ops::{self, Event};
 use super::{
     Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OperationState,
-    OwnerToken, Record, RecordKey, RecordState, Resolve, ResolveAs, Store, StoreError,
-    StoredResponse, UnixMillis, check_size,
+    OperatorStore, OwnerToken, Record, RecordKey, RecordState, RecordStore, Resolve, ResolveAs,
+    StoreError, StoredResponse, UnixMillis, check_size,
 };
 use crate::OperationId;
 
@@ -114,7 +117,7 @@ pub const DEFAULT_PREFIX: &str = "idem";
 /// The bound on every call unless [`RedisStore::with_call_timeout`] says otherwise.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// How many names one `SCAN` step of [`Store::purge_expired`] asks for.
+/// How many names one `SCAN` step of [`OperatorStore::purge_expired`] asks for.
 const SCAN_BATCH: usize = 500;
 
 /// Lua helpers every script starts with. Times travel as decimal strings and are compared
@@ -312,9 +315,9 @@ impl Scripts {
     }
 }
 
-/// A [`Store`] in Redis (or Valkey), shared by every instance of a service: see the
-/// [module docs](self) for the layout, the guarantees and what Redis's configuration does
-/// to them.
+/// A [`Store`](super::Store) in Redis (or Valkey), shared by every instance of a service:
+/// see the [module docs](self) for the layout, the guarantees and what Redis's
+/// configuration does to them.
 ///
 /// Cheap to clone: clones share the connection.
 #[derive(Clone)]
@@ -397,7 +400,7 @@ impl RedisStore {
     /// The same store, naming its hashes `<prefix>:…`: several services (or tests) can
     /// share one Redis database without seeing each other's keys. Any text works; the
     /// characters `SCAN` patterns treat specially are escaped where it matters, and
-    /// [`Store::purge_expired`] deletes only records written under this very prefix.
+    /// [`OperatorStore::purge_expired`] deletes only records written under this very prefix.
     ///
     #[must_use]
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> RedisStore {
@@ -629,7 +632,7 @@ fn escape_pattern(text: &str) -> String {
 }
 
 #[async_trait]
-impl Store for RedisStore {
+impl RecordStore for RedisStore {
     async fn begin(
         &self,
         key: &RecordKey,
@@ -753,7 +756,10 @@ impl Store for RedisStore {
             )),
         }
     }
+}
 
+#[async_trait]
+impl OperatorStore for RedisStore {
     async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
         let mut conn = self.conn.clone();
         let pattern = format!("{}:*", escape_pattern(&segment(&self.prefix)));

@@ -91,10 +91,11 @@ pub trait TransactionalStore: Store {
     ) -> Result<OpenTransaction<Self::Database>, StoreError>;
 
     /// Writes `response` as the operation's result inside `tx`, if `token` owns a lease
-    /// that is live at `now` (the same compare-and-set as [`Store::complete`]), after
-    /// checking that `tx` is still the transaction that began: not aborted by the
-    /// database (a failed statement on PostgreSQL, a conflict clause that rolls back on
-    /// SQLite), nor ended by the handler. Nothing is committed here.
+    /// that is live at `now` (the same compare-and-set as
+    /// [`RecordStore::complete`](super::RecordStore::complete)), after checking that `tx`
+    /// is still the transaction that began: not aborted by the database (a failed
+    /// statement on PostgreSQL, a conflict clause that rolls back on SQLite), nor ended by
+    /// the handler. Nothing is committed here.
     ///
     /// # Errors
     ///

@@ -35,8 +35,10 @@ impl Source {
 }
 
 /// The check of proof 5 (an operator can restore the state without editing the database
-/// by hand), through the store's operator calls: [`Store::inspect`] (what `idem ops show`
-/// prints) and [`Store::resolve`] (what `idem ops resolve` writes), never SQL.
+/// by hand), through the store's operator calls:
+/// [`OperatorStore::inspect`](crate::store::OperatorStore::inspect) (what `idem ops show`
+/// prints) and [`OperatorStore::resolve`](crate::store::OperatorStore::resolve) (what
+/// `idem ops resolve` writes), never SQL.
 ///
 /// For each scenario it finds the operation's record under the scenario's key and
 /// checks that an operator sees it as HTTP showed it: the same operation id, the state

@@ -1,5 +1,6 @@
-//! The store conformance suite: the contract of [`Store`], written once as checks that
-//! every backend must pass (STYLE.md, "Store behaviour").
+//! The store conformance suite: the contract of [`Store`] (its two halves,
+//! [`RecordStore`](super::RecordStore) and [`OperatorStore`](super::OperatorStore)),
+//! written once as checks that every backend must pass.
 //!
 //! A backend runs the whole suite with [`run`], giving a function that makes a fresh,
 //! empty store:

@@ -1,0 +1,100 @@
+//! [`OperatorStore`] for [`SqlStore`], once for every database.
+
+use async_trait::async_trait;
+
+use super::SqlStore;
+use super::dialect::Dialect;
+use super::rows::{decode_inspected, decode_listed, resolution_columns};
+use super::statement::Statement;
+use crate::store::ops::{self, Event};
+use crate::store::{
+    Inspection, ListQuery, Listed, OperatorStore, Record, RecordKey, RecordStore, Resolve,
+    StoreError, UnixMillis,
+};
+
+/// The record with its history unless its TTL has passed: `$1`..`$3` the key, `$4` now.
+/// The history is read as text (PostgreSQL keeps it as `jsonb`).
+const INSPECT: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
+        created_at, expires_at, status, headers, body, reason, transactional,
+        CAST(history AS TEXT) AS history
+    FROM idem_records WHERE operation = $1 AND client = $2 AND key = $3 AND expires_at > $4";
+
+#[async_trait]
+impl<DB: Dialect> OperatorStore for SqlStore<DB> {
+    async fn list(&self, query: &ListQuery, now: UnixMillis) -> Result<Vec<Listed>, StoreError> {
+        let after = query.after.as_ref();
+        let statement = Statement::<DB>::new(DB::LIST)
+            .ms(now)
+            .maybe_text(query.operation.as_deref())
+            .maybe_text(query.state.map(|s| s.as_str()))
+            .flag(query.lease_ended)
+            .maybe_text(after.map(|k| k.operation.as_str()))
+            .maybe_text(after.map(|k| k.client.as_str()))
+            .maybe_text(after.map(|k| k.key.as_str()))
+            .int(i64::from(query.page()));
+        let mut conn = self.conn().await?;
+        let rows = statement
+            .fetch_all(&mut conn)
+            .await
+            .map_err(|e| DB::fault(self, e))?;
+        rows.iter().map(decode_listed).collect()
+    }
+
+    async fn inspect(
+        &self,
+        key: &RecordKey,
+        now: UnixMillis,
+    ) -> Result<Option<Inspection>, StoreError> {
+        let mut conn = self.conn().await?;
+        let row = Statement::<DB>::keyed(INSPECT, key)
+            .ms(now)
+            .fetch_optional(&mut conn)
+            .await
+            .map_err(|e| DB::fault(self, e))?;
+        row.as_ref()
+            .map(|row| decode_inspected(key, row))
+            .transpose()
+    }
+
+    async fn resolve(
+        &self,
+        key: &RecordKey,
+        resolve: &Resolve,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError> {
+        let (state, status, headers, body) = resolution_columns(resolve, self.max_result)?;
+        let statement = Statement::keyed(DB::RESOLVE, key)
+            .int(i64::from(resolve.expected_attempt))
+            .text(state)
+            .maybe_int(status)
+            .maybe_text(headers.as_deref())
+            .maybe_bytes(body.as_deref())
+            .text(&Event::resolved(resolve.expected_attempt, "", resolve, now).to_json())
+            .ms(now);
+        let mut conn = self.conn().await?;
+        let written = self.record(&mut conn, statement).await?;
+        // The connection goes back first: the record is read again on one of its own (an
+        // in-memory SQLite store has but one).
+        drop(conn);
+        match written {
+            Some(record) => Ok(record),
+            None => {
+                let current = self.get(key, now).await?;
+                Err(ops::refused(current.as_ref(), resolve.expected_attempt))
+            }
+        }
+    }
+
+    async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
+        let mut conn = self.conn().await?;
+        let mut purged = 0;
+        loop {
+            let statement = Statement::new(DB::PURGE).ms(now);
+            let batch = self.execute(&mut conn, statement).await?;
+            purged += batch;
+            if DB::PURGE_BATCH.is_none_or(|limit| batch < limit) {
+                return Ok(purged);
+            }
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! The PostgreSQL store's own tests, on scratch schemas of a real server: the
+//! conformance suite, the migrations, the schema's own checks, an unreachable server, and
+//! a completion inside a transaction.
+
+use super::PostgresStore;
+use crate::store::conformance::{self, T0, created, key, new_record, postgres::scratch_pool};
+use crate::store::{Begin, RecordStore, Reservation, StoreError, TransactionalStore};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_conformance_suite() {
+    let Some(_) = scratch_pool("postgres conformance").await else {
+        return;
+    };
+    conformance::run(|| async {
+        let pool = scratch_pool("postgres conformance").await.unwrap();
+        PostgresStore::from_pool(pool).await.unwrap()
+    })
+    .await;
+}
+
+/// Migrations run once, record themselves, and are safe to run from many instances at
+/// once and again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_are_idempotent_and_concurrent() {
+    let Some(pool) = scratch_pool("postgres migrations").await else {
+        return;
+    };
+    let runs: Vec<_> = (0..4)
+        .map(|_| {
+            let pool = pool.clone();
+            tokio::spawn(async move { PostgresStore::migrate(&pool).await })
+        })
+        .collect();
+    for run in runs {
+        run.await.unwrap().expect("concurrent migrations succeed");
+    }
+    PostgresStore::migrate(&pool).await.expect("and again");
+    let versions: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM idem_schema_migrations ORDER BY version")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(versions, [1, 2]);
+    let store = PostgresStore::without_migrations(pool);
+    let k = key("after-migrations");
+    let new = new_record("sha256:a", T0);
+    assert!(matches!(
+        store.begin(&k, &new, T0).await.unwrap(),
+        Begin::Started(_)
+    ));
+}
+
+/// The schema itself refuses a record that breaks the state rules, so that no bug
+/// elsewhere can write one.
+#[tokio::test]
+async fn the_schema_refuses_inconsistent_records() {
+    let Some(pool) = scratch_pool("postgres schema").await else {
+        return;
+    };
+    let store = PostgresStore::from_pool(pool).await.unwrap();
+    let refused = sqlx::query(
+        "INSERT INTO idem_records (operation, client, key, operation_id, fingerprint, state,
+             attempt, token, lease_until, created_at, expires_at)
+         VALUES ('op', 'c', 'k', 'x', 'f', 'processing', 1, NULL, NULL, 0, 1)",
+    )
+    .execute(store.pool())
+    .await;
+    assert!(refused.is_err(), "a processing record needs a lease");
+    let refused = sqlx::query(
+        "INSERT INTO idem_records (operation, client, key, operation_id, fingerprint, state,
+             attempt, created_at, expires_at)
+         VALUES ('op', 'c', 'k', 'x', 'f', 'done', 1, 0, 1)",
+    )
+    .execute(store.pool())
+    .await;
+    assert!(refused.is_err(), "an unknown state is refused");
+}
+
+/// A server that cannot be reached fails as `Unavailable` within the acquire
+/// timeout, never a panic.
+#[tokio::test]
+async fn an_unreachable_server_is_unavailable() {
+    let started = std::time::Instant::now();
+    // Port 9 (discard) on loopback: nothing listens there.
+    let result = PostgresStore::connect("postgres://idem@127.0.0.1:9/idem?sslmode=disable").await;
+    assert!(matches!(result, Err(StoreError::Unavailable(_))));
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    assert!(matches!(
+        PostgresStore::connect("not a url").await,
+        Err(StoreError::Unavailable(_))
+    ));
+}
+
+/// A result completed inside a transaction is visible only once the transaction
+/// commits, and a rolled-back one leaves the record processing.
+#[tokio::test]
+async fn complete_in_commits_with_the_transaction() {
+    let Some(pool) = scratch_pool("postgres complete_in").await else {
+        return;
+    };
+    let store = PostgresStore::from_pool(pool).await.unwrap();
+    for commit in [false, true] {
+        let k = key(&format!("tx-{commit}"));
+        let new = new_record("sha256:a", T0);
+        store.begin(&k, &new, T0).await.unwrap();
+        let mut open = store
+            .begin_transaction(Reservation::default())
+            .await
+            .unwrap();
+        store
+            .complete_in(&mut open, &k, new.lease.token, &created(), T0)
+            .await
+            .unwrap();
+        assert!(
+            store.get(&k, T0).await.unwrap().unwrap().lease().is_some(),
+            "not visible before the commit"
+        );
+        if commit {
+            open.tx.commit().await.unwrap();
+            assert!(store.get(&k, T0).await.unwrap().unwrap().lease().is_none());
+        } else {
+            drop(open);
+            assert!(store.get(&k, T0).await.unwrap().unwrap().lease().is_some());
+        }
+    }
+}

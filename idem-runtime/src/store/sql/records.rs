@@ -1,0 +1,232 @@
+//! [`RecordStore`] for [`SqlStore`], once for every database: the statements whose SQL
+//! is the same in both, and the values of a registration and a completion, which every
+//! database binds in the same order.
+
+use async_trait::async_trait;
+
+use super::SqlStore;
+use super::dialect::Dialect;
+use super::rows::changed_one;
+use super::statement::{Run, Statement};
+use crate::store::headers::encode_headers;
+use crate::store::{
+    Begin, Lease, NewRecord, OwnerToken, Record, RecordKey, RecordStore, StoreError,
+    StoredResponse, UnixMillis, check_size,
+};
+
+/// The record as it stands, expired or not (registration decides): `$1`..`$3` the key.
+const SELECT: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
+        created_at, expires_at, status, headers, body, reason, transactional
+    FROM idem_records WHERE operation = $1 AND client = $2 AND key = $3";
+
+/// The record unless its TTL has passed: `$1`..`$3` the key, `$4` now.
+const GET: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
+        created_at, expires_at, status, headers, body, reason, transactional
+    FROM idem_records WHERE operation = $1 AND client = $2 AND key = $3 AND expires_at > $4";
+
+/// The SQL of a completion, with the values of [`SqlStore::completion`]: the record
+/// completed with the result (`$6`..`$8`) if it is processing under the token `$4` and
+/// `$condition` (more SQL, `AND …`) holds. Each database's completion inside a
+/// transaction adds its own condition.
+macro_rules! completion_sql {
+    ($condition:literal) => {
+        concat!(
+            "UPDATE idem_records
+    SET state = 'completed', token = NULL, lease_until = NULL,
+        status = $6, headers = $7, body = $8, reason = NULL
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'processing' AND token = $4",
+            $condition
+        )
+    };
+}
+pub(super) use completion_sql;
+
+/// The SQL of a release: the record released if it is processing under the token `$4`
+/// and `$condition` (more SQL, `AND …`) holds.
+macro_rules! release_sql {
+    ($condition:literal) => {
+        concat!(
+            "UPDATE idem_records
+    SET state = 'released', token = NULL, lease_until = NULL
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'processing' AND token = $4",
+            $condition
+        )
+    };
+}
+#[cfg(feature = "sqlite")]
+pub(super) use release_sql;
+
+/// `$5` now: the owner of a live lease.
+const COMPLETE: &str = completion_sql!(" AND lease_until > $5");
+
+/// `$4` token, `$5` now: the owner of a live lease.
+const RELEASE: &str = release_sql!(" AND lease_until > $5");
+
+/// `$4` token, `$5` the lease's new end ([`Record::renewed`]): the owner, live lease or
+/// ended. The later of two times is a `CASE`, the same in both databases.
+const RENEW: &str = "UPDATE idem_records
+    SET lease_until = $5,
+        expires_at = CASE WHEN expires_at < $5 THEN $5 ELSE expires_at END
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'processing' AND token = $4";
+
+/// `$4` token, `$5` the reason: the current owner, live lease or ended.
+const PARK: &str = "UPDATE idem_records
+    SET state = 'unknown', token = NULL, lease_until = NULL, reason = $5
+    WHERE operation = $1 AND client = $2 AND key = $3
+      AND state = 'processing' AND token = $4";
+
+/// A registration on its way to the database: the key, the record it would write, and
+/// the time, as [`RecordStore::begin`] hands them to [`Dialect::register`].
+pub struct Registration<'a> {
+    /// The key to register.
+    pub key: &'a RecordKey,
+    /// The record to write.
+    pub new: &'a NewRecord,
+    /// The current time, unix milliseconds.
+    pub now: UnixMillis,
+}
+
+impl Registration<'_> {
+    /// `sql` with the values of the registration: `$1`..`$3` the key, `$4` the operation
+    /// id, `$5` the fingerprint, `$6` the token, `$7` the lease's end, `$8` now, `$9` the
+    /// end of the TTL, `$10` the mode, `$11` the end of the attempt's time
+    /// ([`NewRecord::holds_until`]).
+    pub fn statement<DB: Run>(&self, sql: &'static str) -> Statement<DB> {
+        let new = self.new;
+        Statement::keyed(sql, self.key)
+            .text(&new.operation_id.to_string())
+            .text(&new.fingerprint)
+            .token(new.lease.token)
+            .ms(new.lease.until)
+            .ms(self.now)
+            .ms(new.expires_at)
+            .flag(new.transactional)
+            .ms(new.holds_until)
+    }
+
+    /// Whether the registration may take `existing` ([`Record::begin_over`]): its TTL
+    /// has passed, or it is released with the same fingerprint. Otherwise `begin`
+    /// answers with `existing`, unchanged.
+    pub fn may_take(&self, existing: &Record) -> bool {
+        existing.begin_over(self.new, self.now).is_some()
+    }
+}
+
+impl<DB: Dialect> SqlStore<DB> {
+    /// The record of `key` as it stands, expired or not, read on `conn`.
+    pub(super) async fn select(
+        &self,
+        conn: &mut DB::Connection,
+        key: &RecordKey,
+    ) -> Result<Option<Record>, StoreError> {
+        self.record(conn, Statement::keyed(SELECT, key)).await
+    }
+
+    /// `sql` with the values of a completion, once `response` is known to fit: `$1`..`$3`
+    /// the key, `$4` the token, `$5` now, `$6`..`$8` the result's status, headers and
+    /// body.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::TooLarge`] when the result is larger than the store keeps.
+    pub(super) fn completion(
+        &self,
+        sql: &'static str,
+        key: &RecordKey,
+        token: OwnerToken,
+        response: &StoredResponse,
+        now: UnixMillis,
+    ) -> Result<Statement<DB>, StoreError> {
+        check_size(response, self.max_result)?;
+        Ok(Statement::keyed(sql, key)
+            .token(token)
+            .ms(now)
+            .int(i64::from(response.status))
+            .text(&encode_headers(&response.headers))
+            .maybe_bytes(Some(response.body.as_ref())))
+    }
+}
+
+#[async_trait]
+impl<DB: Dialect> RecordStore for SqlStore<DB> {
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        new: &NewRecord,
+        now: UnixMillis,
+    ) -> Result<Begin, StoreError> {
+        let mut conn = self.conn().await?;
+        DB::register(self, &mut conn, Registration { key, new, now }).await
+    }
+
+    async fn get(&self, key: &RecordKey, now: UnixMillis) -> Result<Option<Record>, StoreError> {
+        let mut conn = self.conn().await?;
+        self.record(&mut conn, Statement::keyed(GET, key).ms(now))
+            .await
+    }
+
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        response: &StoredResponse,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        let statement = self.completion(COMPLETE, key, token, response, now)?;
+        changed_one(self.execute(&mut conn, statement).await?)
+    }
+
+    async fn release(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.change_one(Statement::keyed(RELEASE, key).token(token).ms(now))
+            .await
+    }
+
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        until: UnixMillis,
+        _now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.change_one(Statement::keyed(RENEW, key).token(token).ms(until))
+            .await
+    }
+
+    async fn park_unknown(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        reason: &str,
+        _now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        self.change_one(Statement::keyed(PARK, key).token(token).text(reason))
+            .await
+    }
+
+    async fn take_over(
+        &self,
+        key: &RecordKey,
+        expected: OwnerToken,
+        new_lease: Lease,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError> {
+        let statement = Statement::keyed(DB::TAKE_OVER, key)
+            .token(expected)
+            .ms(now)
+            .token(new_lease.token)
+            .ms(new_lease.until);
+        let mut conn = self.conn().await?;
+        self.record(&mut conn, statement)
+            .await?
+            .ok_or(StoreError::LeaseLost)
+    }
+}

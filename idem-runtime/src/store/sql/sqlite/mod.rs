@@ -1,0 +1,249 @@
+//! The SQLite store: embedded and durable (feature `sqlite`).
+
+mod dialect;
+mod health;
+#[cfg(test)]
+mod tests;
+mod transactional;
+
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::Sqlite;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use self::dialect::SqliteState;
+use self::health::Health;
+use super::SqlStore;
+use crate::store::StoreError;
+
+/// A durable [`Store`](crate::store::Store) in an SQLite database, through sqlx
+/// ([`SqlStore`] over SQLite); also a
+/// [`TransactionalStore`](crate::store::TransactionalStore), so that a handler's business
+/// writes and its record commit in one transaction.
+///
+/// Records live in the table `idem_records`, primary key `(operation, client, key)`, with
+/// an index on `expires_at` for purging; [`SqliteStore::open`] creates both if missing
+/// (`CREATE … IF NOT EXISTS`, no migration table), so the store can share the
+/// application's database. Times are unix milliseconds; results keep their body as a
+/// BLOB, byte for byte, and their headers as JSON (a value that is not UTF-8 is written
+/// as `{"hex": "…"}`).
+///
+/// `begin` reads the record first and answers from it when it is held or finished (no
+/// write lock is taken, so a duplicate is answered at once even while another attempt's
+/// transaction holds the lock); otherwise it is one `INSERT … ON CONFLICT DO UPDATE …
+/// WHERE … RETURNING` inside a `BEGIN IMMEDIATE` transaction. Every other change is one
+/// `UPDATE` with its ownership condition in the `WHERE` clause.
+///
+/// # Faults
+///
+/// A store opened with [`SqliteStore::open`] fails closed and heals without a restart:
+///
+/// - before every call it checks that the file at its path is the one it opened (device
+///   and inode): a file moved away or removed answers [`StoreError::Unavailable`] (503),
+///   and never creates a new empty database in its place (only `open` creates the file);
+///   a file put back, or replaced, is used again through fresh connections;
+/// - a call that fails in a way that leaves a connection unfit for writes (a read-only
+///   file, an I/O error, a full disk, a corrupt or missing file) makes the pool replace
+///   every connection opened before it, so that connections opened while the file was
+///   read-only do not outlive the fault.
+///
+/// A store made with [`SqliteStore::from_pool`] uses the application's pool as it is
+/// configured, without these checks.
+///
+/// # One writer
+///
+/// SQLite runs one writer at a time. In the transactional mode an attempt's transaction
+/// (`BEGIN IMMEDIATE`) holds the write lock from the start of the handler to its commit,
+/// so handlers that take the transaction run one after the other, and a registration of
+/// another key waits for the lock up to the busy timeout (5 s) before it is answered with
+/// 503. A file database serves one host; several instances need a shared store
+/// (PostgreSQL).
+pub type SqliteStore = SqlStore<Sqlite>;
+
+/// The schema, created if missing. idem keeps its own table and does not use sqlx's
+/// migration table, so it can share a database that has its own migrations.
+const SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS idem_records (
+        operation    TEXT    NOT NULL,
+        client       TEXT    NOT NULL,
+        key          TEXT    NOT NULL,
+        operation_id TEXT    NOT NULL,
+        fingerprint  TEXT    NOT NULL,
+        state        TEXT    NOT NULL,
+        attempt      INTEGER NOT NULL,
+        token        TEXT,
+        lease_until  INTEGER,
+        created_at   INTEGER NOT NULL,
+        expires_at   INTEGER NOT NULL,
+        status       INTEGER,
+        headers      TEXT,
+        body         BLOB,
+        reason       TEXT,
+        transactional INTEGER NOT NULL DEFAULT 0,
+        history      TEXT,
+        PRIMARY KEY (operation, client, key)
+    )",
+    "CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at)",
+];
+
+/// The columns that tables made by older versions lack, and the statement that adds each.
+const ADDED_COLUMNS: [(&str, &str); 2] = [
+    // Files made by idem 0.1.0 before the transactional mode.
+    (
+        "transactional",
+        "ALTER TABLE idem_records ADD COLUMN transactional INTEGER NOT NULL DEFAULT 0",
+    ),
+    // Files made before the history of attempts (`store::ops`).
+    (
+        "history",
+        "ALTER TABLE idem_records ADD COLUMN history TEXT",
+    ),
+];
+
+impl SqlStore<Sqlite> {
+    /// Opens (creating if missing) the database file at `path` and its schema.
+    ///
+    /// # Default
+    ///
+    /// - journal mode WAL, so readers do not block the writer;
+    /// - `synchronous = FULL`: a completed record survives a power loss, not only a
+    ///   process crash (a lost record could let a retry run the operation again);
+    /// - busy timeout 5 s: a writer waits that long for the lock before the call fails
+    ///   with [`StoreError::Unavailable`] (answered with 503, fail closed);
+    /// - a pool of at most 8 connections, with the checks listed under "Faults" in
+    ///   [`SqliteStore`]'s docs.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the file cannot be opened or created, or the
+    /// schema cannot be created.
+    pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let options = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(5));
+        let health = Health::new(Some(path));
+        let hook = Arc::clone(&health);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .before_acquire(move |_, meta| {
+                let fresh = hook.is_fresh(meta.age);
+                Box::pin(async move { Ok(fresh) })
+            })
+            .connect_with(options.clone())
+            .await
+            .map_err(StoreError::unavailable)?;
+        create_schema(&pool).await?;
+        // Only `open` creates the file: a connection opened later, after the file was
+        // moved or removed, must fail rather than start an empty database in its place.
+        pool.set_connect_options(options.create_if_missing(false));
+        let store = SqlStore::new(pool, SqliteState::new(health));
+        store.state.health.check_file()?;
+        Ok(store)
+    }
+
+    /// Opens the database file at `path` of a service that already uses it (its table
+    /// `idem_records` exists), as [`SqliteStore::open`] does but never creating the file
+    /// or the table: what an operator's tool (`idem ops`) opens. A table made by an
+    /// older version gets the columns it lacks, as `open` would add them.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the file is missing or cannot be opened, or holds
+    /// no table `idem_records`.
+    pub async fn open_existing(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        let path = path.as_ref();
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(false)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+            .map_err(|e| StoreError::unavailable(format!("cannot open {}: {e}", path.display())))?;
+        let tables: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'idem_records'",
+        )
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| StoreError::unavailable(format!("cannot read {}: {e}", path.display())))?;
+        pool.close().await;
+        if tables == 0 {
+            return Err(StoreError::unavailable(format!(
+                "{} holds no table `idem_records`: it is not the database of a service that uses idem's SQLite store",
+                path.display()
+            )));
+        }
+        SqliteStore::open(path).await
+    }
+
+    /// A private in-memory database, for tests: one connection that lives as long as the
+    /// store, since every connection to `:memory:` is a database of its own. Not for the
+    /// transactional mode, which needs a second connection while an attempt's
+    /// transaction is open.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when SQLite cannot start.
+    pub async fn in_memory() -> Result<SqliteStore, StoreError> {
+        let options =
+            SqliteConnectOptions::from_str("sqlite::memory:").map_err(StoreError::unavailable)?;
+        let pool = SqlitePoolOptions::new()
+            .min_connections(1)
+            .max_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(options)
+            .await
+            .map_err(StoreError::unavailable)?;
+        SqliteStore::from_pool(pool).await
+    }
+
+    /// A store over a pool the application configured, creating the schema if missing.
+    /// The pool is used as it is: the file and connection checks of [`SqliteStore::open`]
+    /// are not installed.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the schema cannot be created.
+    pub async fn from_pool(pool: SqlitePool) -> Result<SqliteStore, StoreError> {
+        create_schema(&pool).await?;
+        Ok(SqlStore::new(pool, SqliteState::new(Health::new(None))))
+    }
+}
+
+/// Creates the schema if missing ([`SCHEMA`]), and adds the [`ADDED_COLUMNS`] a table
+/// made by an older version lacks.
+async fn create_schema(pool: &SqlitePool) -> Result<(), StoreError> {
+    for statement in SCHEMA {
+        sqlx::query(*statement)
+            .execute(pool)
+            .await
+            .map_err(StoreError::unavailable)?;
+    }
+    for (column, add) in ADDED_COLUMNS {
+        let has: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pragma_table_info('idem_records') WHERE name = $1",
+        )
+        .bind(column)
+        .fetch_one(pool)
+        .await
+        .map_err(StoreError::unavailable)?;
+        if has == 0 {
+            sqlx::query(add)
+                .execute(pool)
+                .await
+                .map_err(StoreError::unavailable)?;
+        }
+    }
+    Ok(())
+}

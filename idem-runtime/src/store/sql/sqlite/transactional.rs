@@ -1,0 +1,153 @@
+//! SQLite's [`TxDialect`]: one writer at a time, whose open transaction holds the
+//! database's write lock, so that the owner's token alone fences.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::Sqlite;
+
+use crate::store::sql::SqlStore;
+use crate::store::sql::dialect::{Dialect, TxDialect};
+use crate::store::sql::records::{completion_sql, release_sql};
+use crate::store::sql::rows::changed_one;
+use crate::store::sql::statement::Statement;
+use crate::store::{OpenTransaction, OwnerToken, RecordKey, Reservation, StoreError};
+
+/// The release inside an attempt's transaction, which holds the write lock: the owner
+/// token alone (`$4`) fences.
+const RELEASE_LOCKED: &str = release_sql!("");
+
+/// How long an attempt waits for the one writer's turn before it is answered with 503:
+/// the busy timeout of the connections.
+const WRITER_WAIT: Duration = Duration::from_secs(5);
+
+impl TxDialect for Sqlite {
+    /// The completion inside an attempt's transaction, with the values of
+    /// `SqlStore::completion`: the transaction holds the only write lock since its
+    /// `BEGIN IMMEDIATE`, after the key was registered, so no other writer can have taken the
+    /// record over meanwhile, and the owner token (`$4`) is the whole fence. The lease is not
+    /// renewed while the lock is held and may have run out on the clock: `$5` (now) is not
+    /// compared.
+    const COMPLETE_IN_TX: &'static str = completion_sql!("");
+
+    const FENCES_BY_LOCK: bool = true;
+
+    /// Deletes the transaction's marker first: gone, SQLite rolled the transaction back
+    /// by itself.
+    async fn complete_in(
+        store: &SqlStore<Sqlite>,
+        tx: &mut OpenTransaction<Sqlite>,
+        completion: Statement<Sqlite>,
+    ) -> Result<(), StoreError> {
+        let ended = || {
+            StoreError::TransactionEnded(
+                "SQLite rolled it back before idem could commit (a conflict clause such as `OR ROLLBACK`, or a trigger's `RAISE(ROLLBACK)`)"
+                    .into(),
+            )
+        };
+        let found = sqlx::query("DELETE FROM temp.idem_tx_marker WHERE marker = ?")
+            .bind(tx.marker)
+            .execute(&mut *tx.tx)
+            .await;
+        match found {
+            Ok(result) if result.rows_affected() == 1 => {}
+            Ok(_) => return Err(ended()),
+            Err(sqlx::Error::Database(db)) if db.message().contains("no such table") => {
+                return Err(ended());
+            }
+            Err(error) => return Err(Sqlite::fault(store, error)),
+        }
+        changed_one(store.execute(&mut tx.tx, completion).await?)
+    }
+
+    /// This store's one writer permit (transactions run one at a time), waited for at
+    /// most 5 s (the busy timeout): the wait holds no connection of the pool and happens
+    /// before the key is registered.
+    async fn reserve(store: &SqlStore<Sqlite>) -> Result<Reservation, StoreError> {
+        let permit =
+            tokio::time::timeout(WRITER_WAIT, Arc::clone(&store.state.writer).acquire_owned())
+                .await
+                .map_err(|_| {
+                    StoreError::unavailable(
+                        "another attempt's transaction held SQLite's one writer for 5 s",
+                    )
+                })?
+                .map_err(StoreError::unavailable)?;
+        Ok(Reservation::new(Some(permit)))
+    }
+
+    fn try_reserve(store: &SqlStore<Sqlite>) -> Option<Reservation> {
+        let permit = Arc::clone(&store.state.writer).try_acquire_owned().ok()?;
+        Some(Reservation::new(Some(permit)))
+    }
+
+    /// `BEGIN IMMEDIATE` on a connection of the pool: the write lock is taken at the
+    /// start, so that the transaction never fails halfway because another connection
+    /// wrote first. Its marker is a random number written in a temporary table inside
+    /// the transaction: gone if SQLite rolls the transaction back by itself.
+    async fn begin_transaction(
+        store: &SqlStore<Sqlite>,
+        reservation: Reservation,
+    ) -> Result<OpenTransaction<Sqlite>, StoreError> {
+        store.state.health.check_file()?;
+        let mut tx = store
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| Sqlite::fault(store, e))?;
+        let marker = i64::from_ne_bytes(
+            uuid::Uuid::new_v4().as_bytes()[..8]
+                .try_into()
+                .unwrap_or([0; 8]),
+        );
+        sqlx::query("CREATE TEMP TABLE IF NOT EXISTS idem_tx_marker (marker INTEGER NOT NULL)")
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| Sqlite::fault(store, e))?;
+        sqlx::query("INSERT INTO temp.idem_tx_marker (marker) VALUES (?)")
+            .bind(marker)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| Sqlite::fault(store, e))?;
+        // What the handler writes comes after this savepoint, so that it can be undone
+        // while the key is released in the same transaction (`release_in`).
+        sqlx::query("SAVEPOINT idem_business")
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| Sqlite::fault(store, e))?;
+        Ok(OpenTransaction::new(tx, marker, reservation))
+    }
+
+    /// `ROLLBACK TO SAVEPOINT idem_business` (what the handler wrote is undone, the lock
+    /// is kept), then the release by the owner token alone, in the same transaction.
+    async fn release_in(
+        store: &SqlStore<Sqlite>,
+        tx: &mut OpenTransaction<Sqlite>,
+        key: &RecordKey,
+        token: OwnerToken,
+    ) -> Result<bool, StoreError> {
+        match sqlx::query("ROLLBACK TO SAVEPOINT idem_business")
+            .execute(&mut *tx.tx)
+            .await
+        {
+            Ok(_) => {}
+            Err(sqlx::Error::Database(db)) if db.message().contains("no such savepoint") => {
+                return Err(StoreError::TransactionEnded(
+                    "SQLite rolled it back by itself, or the handler ended it".into(),
+                ));
+            }
+            Err(error) => return Err(Sqlite::fault(store, error)),
+        }
+        let statement = Statement::keyed(RELEASE_LOCKED, key).token(token);
+        let result = store.execute(&mut tx.tx, statement).await?;
+        changed_one(result).map(|()| true)
+    }
+
+    /// sqlx still counts the connection as inside a transaction: the pool replaces every
+    /// connection opened before now, that one included.
+    fn rollback_failed(store: &SqlStore<Sqlite>, error: sqlx::Error) -> StoreError {
+        tracing::warn!(error = %error, "idem: a rollback failed; the pool replaces its connections");
+        store.state.health.recycle();
+        StoreError::unavailable(error)
+    }
+}

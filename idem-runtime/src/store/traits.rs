@@ -1,0 +1,220 @@
+//! The two halves of a store: the request path's record calls ([`RecordStore`]) and the
+//! operator's calls ([`OperatorStore`]), and [`Store`], a backend that has both.
+
+use async_trait::async_trait;
+
+use super::{
+    Begin, Inspection, Lease, ListQuery, Listed, NewRecord, OwnerToken, Record, RecordKey, Resolve,
+    StoreError, StoredResponse, UnixMillis,
+};
+
+/// The record calls of the request path: register a key, read its record, and end,
+/// renew, park or take over the attempt that holds it.
+///
+/// Every method takes `now`, the current time in unix milliseconds ([`UnixMillis`]),
+/// from its caller instead of reading a clock; leases and TTLs are judged against it.
+/// Every method that changes a record does so atomically: one insert-if-absent or one
+/// compare-and-set, never a read followed by a separate write. A method that fails
+/// changes nothing.
+///
+/// Any method may also fail with [`StoreError::Unavailable`] (the backend cannot be
+/// reached or failed: a connection, a lock timeout, I/O) or [`StoreError::Corrupt`] (the
+/// backend holds, or answered with, data it cannot read as a record); the errors listed
+/// under each method are the ones it has besides these two.
+///
+/// The conformance suite (`store::conformance`) states the contract of each method as
+/// tests.
+#[async_trait]
+pub trait RecordStore: Send + Sync + 'static {
+    /// Registers `key` as processing under `new.lease`, if it may be registered:
+    ///
+    /// - the key is unknown, or its record's TTL has passed at `now`: a new operation,
+    ///   `new.operation_id`, attempt 1, created at `now`, expiring at `new.expires_at`;
+    /// - its record is released with the same fingerprint (`new.fingerprint`): the same
+    ///   operation, attempt + 1, keeping its operation id and `created_at`.
+    ///
+    /// Either way the record's `expires_at` is at least `new.lease.until` and
+    /// `new.holds_until` (unix milliseconds; [`Record::begin_over`]). Returns
+    /// [`Begin::Started`] with the record written; otherwise [`Begin::Exists`] with the
+    /// record as it stands, unchanged (held, finished, parked, or released with another
+    /// fingerprint).
+    ///
+    /// # Errors
+    ///
+    /// Only [`StoreError::Unavailable`] and [`StoreError::Corrupt`].
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        new: &NewRecord,
+        now: UnixMillis,
+    ) -> Result<Begin, StoreError>;
+
+    /// The record of `key`, or `None` when there is none or its TTL has passed at `now`
+    /// (unix milliseconds).
+    ///
+    /// # Errors
+    ///
+    /// Only [`StoreError::Unavailable`] and [`StoreError::Corrupt`].
+    async fn get(&self, key: &RecordKey, now: UnixMillis) -> Result<Option<Record>, StoreError>;
+
+    /// Stores `response` as the operation's result (state completed, the lease gone), if
+    /// `token` owns a lease on `key` that is live at `now` (unix milliseconds).
+    ///
+    /// # Errors
+    ///
+    /// - [`StoreError::LeaseLost`] when the record is not processing under `token` with a
+    ///   live lease (taken over, finished, parked, or the lease ended);
+    /// - [`StoreError::TooLarge`] when the result is larger than the backend keeps
+    ///   ([`StoredResponse::size`]); the record is left unchanged, for the runtime to park.
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        response: &StoredResponse,
+        now: UnixMillis,
+    ) -> Result<(), StoreError>;
+
+    /// Releases `key` (state released, the lease gone) so that a retry with the same
+    /// fingerprint runs again, if `token` owns a lease on it that is live at `now` (unix
+    /// milliseconds).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record is not processing under `token` with a
+    /// live lease.
+    async fn release(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        now: UnixMillis,
+    ) -> Result<(), StoreError>;
+
+    /// Moves the end of the lease that `token` owns on `key` to `until` (unix
+    /// milliseconds), live lease or ended, and the record's `expires_at` to `until` if
+    /// that is later. A running attempt renews its lease with it (the heartbeat), also
+    /// after its lease lapsed because renewals came late: as long as its token owns the
+    /// record nobody has taken it over (a takeover replaces the token first, and then
+    /// fences this out). The runtime also calls it with `until = now` when an attempt has
+    /// ended without an outcome, so that recovery may decide without waiting for the
+    /// lease to run out. `now` is the current time in unix milliseconds.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record is not processing under `token`.
+    async fn renew(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        until: UnixMillis,
+        now: UnixMillis,
+    ) -> Result<(), StoreError>;
+
+    /// Parks the operation of `key` as unknown with `reason` (a sentence for the
+    /// operator), the lease gone, if `token` owns the current lease, live or ended.
+    /// Parking needs no live lease: it only stops automatic recovery, and a takeover
+    /// (which replaces the token) still fences it out. `now` is the current time in unix
+    /// milliseconds.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record is not processing under `token`.
+    async fn park_unknown(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        reason: &str,
+        now: UnixMillis,
+    ) -> Result<(), StoreError>;
+
+    /// Takes over the processing record of `key` whose lease has ended at `now` (unix
+    /// milliseconds) and is owned by `expected`: replaces the lease with `new_lease`,
+    /// counts one more attempt, moves `expires_at` to `new_lease.until` if that is later
+    /// and appends the takeover to the record's history, as one compare-and-set, so that
+    /// exactly one of many concurrent callers wins. Returns the record as written.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the record is not processing under `expected`, its
+    /// lease is still live, or its TTL has passed (or there is no record).
+    async fn take_over(
+        &self,
+        key: &RecordKey,
+        expected: OwnerToken,
+        new_lease: Lease,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError>;
+}
+
+/// The operator's calls: list records, inspect one with its history, resolve a parked
+/// operation, and purge what has expired. For operators (`idem ops`), the reconciler and
+/// the purger, not for the request path: backends may scan.
+///
+/// Every method takes `now`, the current time in unix milliseconds ([`UnixMillis`]), from
+/// its caller; a record whose TTL has passed at `now` is neither listed, inspected nor
+/// resolved. Any method may also fail with [`StoreError::Unavailable`] (the backend cannot
+/// be reached or failed) or [`StoreError::Corrupt`] (it holds data it cannot read as a
+/// record); the errors listed under each method are the ones it has besides these two.
+#[async_trait]
+pub trait OperatorStore: Send + Sync + 'static {
+    /// The records that `query` asks for (an operation, a state, only ended leases)
+    /// whose TTL has not passed at `now`, ordered by operation, client and key (bytewise),
+    /// at most [`ListQuery::page`] of them, starting after [`ListQuery::after`]: the next
+    /// page starts after the last key of this one.
+    ///
+    /// # Errors
+    ///
+    /// Only [`StoreError::Unavailable`] and [`StoreError::Corrupt`].
+    async fn list(&self, query: &ListQuery, now: UnixMillis) -> Result<Vec<Listed>, StoreError>;
+
+    /// The record of `key` with the history of its attempts and resolutions, or `None`
+    /// when there is none or its TTL has passed at `now`.
+    ///
+    /// # Errors
+    ///
+    /// Only [`StoreError::Unavailable`] and [`StoreError::Corrupt`] (a record or a
+    /// history that cannot be read).
+    async fn inspect(
+        &self,
+        key: &RecordKey,
+        now: UnixMillis,
+    ) -> Result<Option<Inspection>, StoreError>;
+
+    /// Resolves the parked operation of `key` as an operator decided (`resolve`: the
+    /// attempt seen parked, completed with a result or not applied, who and why), as one
+    /// compare-and-set on the record being parked (`unknown`) at
+    /// `resolve.expected_attempt` with its TTL not passed at `now`: completed with the
+    /// operator's result, or released (not applied), and the resolution (who, when, why)
+    /// appended to the record's history. Returns the record as written.
+    ///
+    /// # Errors
+    ///
+    /// Nothing is written when it fails:
+    ///
+    /// - [`StoreError::NotFound`] when there is no record (or its TTL has passed);
+    /// - [`StoreError::Changed`] when it is not parked at that attempt (the message says
+    ///   where it stands);
+    /// - [`StoreError::TooLarge`] for a result larger than the backend keeps.
+    async fn resolve(
+        &self,
+        key: &RecordKey,
+        resolve: &Resolve,
+        now: UnixMillis,
+    ) -> Result<Record, StoreError>;
+
+    /// Deletes every record whose TTL has passed at `now`, with its history; returns how
+    /// many.
+    ///
+    /// # Errors
+    ///
+    /// Only [`StoreError::Unavailable`] and [`StoreError::Corrupt`].
+    async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError>;
+}
+
+/// A backend that keeps idempotency records: both halves, [`RecordStore`] (the request
+/// path) and [`OperatorStore`] (operators, the reconciler and the purger).
+///
+/// Used as `Arc<dyn Store>` by [`crate::Idem`]. Implemented for every type that
+/// implements both halves: a backend implements those two, never this one.
+pub trait Store: RecordStore + OperatorStore {}
+
+impl<T: RecordStore + OperatorStore + ?Sized> Store for T {}
