@@ -61,6 +61,7 @@
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 mod headers;
 pub mod memory;
+mod open;
 pub mod ops;
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -82,6 +83,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub use memory::MemoryStore;
+pub use open::{MAX_URL_LEN, OpenError, OpenOptions, open, redact_url};
 pub use ops::{
     AttemptEnd, AttemptSummary, Inspection, ListQuery, Listed, OperatorResolution, Resolve,
     ResolveAs,
