@@ -106,7 +106,8 @@
 // The modules import one way, a request's path through them, from the store up:
 // operation_id, store, problem, telemetry, identity, fault, reconcile, operation, wire, idem,
 // answer, replay, transaction, attempt, recovery, enforce, lookup, layer (and
-// fingerprint beside them), and testing on top of all. `tests/layering.rs` checks it.
+// fingerprint beside them). `tests/layering.rs` checks it, and which crates of the
+// workspace may depend on which.
 mod answer;
 mod attempt;
 pub mod enforce;
@@ -125,8 +126,6 @@ pub mod recovery;
 mod replay;
 pub mod store;
 pub mod telemetry;
-#[cfg(feature = "testing")]
-pub mod testing;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod transaction;
 mod wire;
@@ -136,6 +135,8 @@ mod wire;
 pub mod __private;
 
 pub use crate::attempt::Attempt;
+#[cfg(feature = "testing")]
+pub use crate::fault::{TEST_FAULT_HEADER, TestFault};
 pub use crate::idem::{
     DEFAULT_HEARTBEAT_LEASE, DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS,
     DEFAULT_UNAVAILABLE_RETRY_AFTER, Idem, MIN_HEARTBEAT_LEASE,

@@ -3,7 +3,7 @@
 //!
 //! The contract of one operation comes from a published OpenAPI document (its
 //! `x-idempotency`) or a contracts file; the scenarios go to a base URL on loopback
-//! through idem's harness (`idem_runtime::testing`), business effects are counted by a
+//! through idem's harness (`idem_testing`), business effects are counted by a
 //! URL or a command the user gives, and the report is the harness's table. Proof 4 (the
 //! trace) is not checked from outside the service's process, and says why; proof 5 is
 //! checked through the store's operator calls when `--store` names the service's store.
@@ -17,7 +17,7 @@ use std::time::Duration;
 use clap::Args;
 use idem_contract::extension::{ClientIdentity, Extension};
 use idem_contract::{KeyScope, KeySource, Target};
-use idem_runtime::testing::{Evidence, Harness, OperatorCheck, Request, Verdict};
+use idem_testing::{Evidence, Harness, OperatorCheck, Request, Verdict};
 use serde_json::Value;
 
 use super::ops::{StoreArgs, open};

@@ -257,6 +257,7 @@ impl Location {
 }
 
 /// A [`OpenError::Connect`] for `url`.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 fn connect_error(
     url: &str,
     source: impl Into<Box<dyn std::error::Error + Send + Sync>>,

@@ -1,5 +1,6 @@
-//! The Monday test (DESIGN §8): a conformance harness pointed at one contracted
-//! operation (feature `testing`; never on in a service's own build).
+//! The Monday test: a conformance harness pointed at one contracted operation, for a
+//! service's tests and test commands (never a dependency of a service's own build).
+//! Through the facade it is `idem::testing` (feature `testing`).
 //!
 //! Given the operation (an in-process router, or a base URL on loopback), one request to
 //! send, and a way to count its business effects, [`Harness::run`] runs six scenarios,
@@ -14,7 +15,7 @@
 //! | concurrent | 10 requests with one key at once, then one more once they have all answered |
 //! | crash | `Idem-Test-Fault: crash-after-effect`: the attempt dies after the effect; the same request is sent again until recovery decides (a result), parks it for an operator (idem's 409 `operation-outcome-unknown`: the state of the operation, which proof 5 then restores), or the time is over |
 //!
-//! and checks, for each, the five proofs of DESIGN §8 ([`Proof`]): each is
+//! and checks, for each, five proofs ([`Proof`]): each is
 //! [`Verdict::Pass`], [`Verdict::Fail`] or [`Verdict::NotChecked`], with its evidence.
 //! Proofs 1 to 3 are checked from what HTTP shows (the answers, the effect counter, the
 //! status lookup). Proofs 4 and 5 need the service's side: its trace and its store. They
@@ -43,17 +44,17 @@
 //!
 //! | scenario ends | proof 5 checks |
 //! |---|---|
-//! | completed (every scenario of a correct service, a crash whose recovery decided included) | [`Store::inspect`](crate::Store::inspect) (`idem ops show`) finds the operation under the scenario's key and client, with the answers' operation id, the state and attempt count the status lookup gave, the stored status of the last answer, and every attempt (at least two after a 429, a 503 or a crash), each before the last with how it ended. There is nothing to restore: the pass says so |
-//! | parked (a crash whose recovery could not decide: 409 `operation-outcome-unknown`) | the same, then the restore itself: [`Store::resolve`](crate::Store::resolve) (`idem ops resolve`) at the attempt seen, as *completed* with [`OperatorCheck::completed_answer`] when the scenario counted the effect, else *not applied*; the scenario's request sent again ([`Evidence::resend`]) must get the operator's answer (or a result of the same operation), and the record's history the resolution |
+//! | completed (every scenario of a correct service, a crash whose recovery decided included) | [`Store::inspect`](idem_runtime::Store::inspect) (`idem ops show`) finds the operation under the scenario's key and client, with the answers' operation id, the state and attempt count the status lookup gave, the stored status of the last answer, and every attempt (at least two after a 429, a 503 or a crash), each before the last with how it ended. There is nothing to restore: the pass says so |
+//! | parked (a crash whose recovery could not decide: 409 `operation-outcome-unknown`) | the same, then the restore itself: [`Store::resolve`](idem_runtime::Store::resolve) (`idem ops resolve`) at the attempt seen, as *completed* with [`OperatorCheck::completed_answer`] when the scenario counted the effect, else *not applied*; the scenario's request sent again ([`Evidence::resend`]) must get the operator's answer (or a result of the same operation), and the record's history the resolution |
 //!
 //! What proof 5 does not show: that *your* runbook decides right. It shows that the
 //! state is visible and restorable through the operator's tools, and that a restored
 //! operation answers the client as the operator decided.
 //!
 //! ```no_run
-//! # async fn demo(app: axum::Router, idem: idem_runtime::Idem, orders: std::sync::Arc<std::sync::atomic::AtomicU64>) -> Result<(), idem_runtime::testing::HarnessError> {
+//! # async fn demo(app: axum::Router, idem: idem_runtime::Idem, orders: std::sync::Arc<std::sync::atomic::AtomicU64>) -> Result<(), idem_testing::HarnessError> {
 //! use std::sync::atomic::Ordering;
-//! use idem_runtime::testing::{Harness, OperatorCheck, Request, TraceCapture};
+//! use idem_testing::{Harness, OperatorCheck, Request, TraceCapture};
 //!
 //! // Once per process, before the service starts (or `.with(capture.clone())` on your
 //! // own `tracing_subscriber::registry()`).
@@ -84,8 +85,8 @@
 //! # The test-fault protocol
 //!
 //! A request header, `Idem-Test-Fault`, that the service honours only when it is under
-//! test: idem's runtime when its handle was made with `Idem::with_test_faults` (this
-//! feature only). A hand-written or non-Rust service under the harness implements the
+//! test: idem's runtime when its handle was made with `Idem::with_test_faults` (feature
+//! `testing` of `idem-runtime`, which this crate turns on). A hand-written or non-Rust service under the harness implements the
 //! same values:
 //!
 //! | `Idem-Test-Fault` | the service |
@@ -98,6 +99,9 @@
 //! The fault applies to the attempt the request starts: a request answered from the
 //! key's record (a replay, a concurrency answer, a recovery) ignores it. A value that
 //! names no fault is refused with 400 before anything is registered.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod harness;
 mod operator;
@@ -113,4 +117,4 @@ pub use self::operator::OperatorCheck;
 pub use self::report::{Proof, Report, Scenario, ScenarioReport, Verdict};
 pub use self::seen::{Evidence, Seen};
 pub use self::trace::{AttemptSpan, TraceCapture};
-pub use crate::fault::{TEST_FAULT_HEADER, TestFault};
+pub use idem_runtime::{TEST_FAULT_HEADER, TestFault};
