@@ -1,4 +1,4 @@
-//! `orders monday`: the Monday test (DESIGN §8) against this service.
+//! `orders monday`: the Monday test (`idem::testing`) against this service.
 //!
 //! Starts the service in-process on 127.0.0.1 with a temporary SQLite file (its embedded
 //! store: an order and its record commit together), its idem handle made with
