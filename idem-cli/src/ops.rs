@@ -3,8 +3,9 @@
 //! `sqlite`, `postgres` or `redis`).
 //!
 //! Nothing here edits the database by hand: every change is the store's own
-//! compare-and-set ([`Store::resolve`]), recorded on the record (who, when, why). Every
-//! argument is checked before the store is opened, and a refused command changes nothing.
+//! compare-and-set ([`Store::resolve`](idem_runtime::Store::resolve)), recorded on the
+//! record (who, when, why). Every argument is checked before the store is opened, and a
+//! refused command changes nothing.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};

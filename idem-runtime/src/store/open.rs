@@ -1,16 +1,4 @@
-//! A store opened from a URL: [`open`] and [`OpenOptions`].
-//!
-//! | URL | store | feature |
-//! |---|---|---|
-//! | `memory:` or `memory://` | a new, empty [`MemoryStore`] | always |
-//! | `sqlite:PATH`, `sqlite://PATH`, or a plain file path | `SqliteStore` on the file `PATH` (taken as it is written: no query string) | `sqlite` |
-//! | `postgres://…` or `postgresql://…` | `PostgresStore` (sqlx's URL: user, password, host, port, database, `?sslmode=`) | `postgres` |
-//! | `redis://…` or `rediss://…` (TLS) | `RedisStore` (the `redis` crate's URL) | `redis` |
-//!
-//! Schemes are matched without regard to case. A URL whose scheme names none of these
-//! (`mysql://…`) is refused with [`OpenError::UnknownScheme`]; one of these whose
-//! feature is off in this build, with [`OpenError::FeatureOff`]. A password in a URL is
-//! never part of an error message ([`redact_url`]).
+//! A store opened from a URL: [`open`] and [`OpenOptions`] (the URLs: [`open`]).
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
@@ -151,7 +139,7 @@ impl OpenOptions {
         self
     }
 
-    /// Opens the store `url` names (see the [table](self)).
+    /// Opens the store `url` names (the URLs: [`open`]).
     ///
     /// # Errors
     ///
@@ -169,6 +157,20 @@ impl OpenOptions {
 
 /// Opens the store `url` names as a service does, with the [`OpenOptions`] defaults: the
 /// SQLite file and schema are created if missing, idem's PostgreSQL migrations applied.
+///
+/// | URL | store | feature |
+/// |---|---|---|
+/// | `memory:` or `memory://` | a new, empty [`MemoryStore`] | always |
+/// | `sqlite:PATH`, `sqlite://PATH`, or a plain file path | `SqliteStore` on the file `PATH` (taken as it is written: no query string) | `sqlite` |
+/// | `postgres://…` or `postgresql://…` | `PostgresStore` (sqlx's URL: user, password, host, port, database, `?sslmode=`) | `postgres` |
+/// | `redis://…` or `rediss://…` (TLS) | `RedisStore` (the `redis` crate's URL) | `redis` |
+///
+/// Schemes are matched without regard to case. Text with a colon but no `://` and no
+/// scheme of the table is a file path (`C:\data\orders.db`, `backup:1.db`). A URL
+/// whose scheme names none of these (`mysql://…`) is refused with
+/// [`OpenError::UnknownScheme`]; one of these whose feature is off in this build, with
+/// [`OpenError::FeatureOff`]. A password in a URL is never part of an error message
+/// ([`redact_url`]).
 ///
 /// ```
 /// # async fn demo() -> Result<(), idem_runtime::store::OpenError> {
