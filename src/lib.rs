@@ -142,8 +142,6 @@ pub use idem_contract::{Contract, check};
 pub use idem_runtime::RedisStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use idem_runtime::Tx;
-#[cfg(feature = "testing")]
-pub use idem_runtime::testing;
 #[cfg(feature = "server")]
 pub use idem_runtime::{
     Attempt, DEFAULT_HEARTBEAT_LEASE, DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS,
@@ -156,6 +154,11 @@ pub use idem_runtime::{
 pub use idem_runtime::{PgTx, PostgresStore};
 #[cfg(feature = "sqlite")]
 pub use idem_runtime::{SqliteStore, SqliteTx};
+/// The Monday test: a conformance harness pointed at a contracted operation, its
+/// loopback proxy, and the checks of its proofs 4 ([`TraceCapture`](testing::TraceCapture))
+/// and 5 ([`OperatorCheck`](testing::OperatorCheck)) (the `idem-testing` crate).
+#[cfg(feature = "testing")]
+pub use idem_testing as testing;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[doc = include_str!("../docs/transaction.md")]

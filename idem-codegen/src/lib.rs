@@ -1,4 +1,5 @@
-//! The published side of an idem contract, and the `idem` command.
+//! The published side of an idem contract: the library behind the `idem` command (the
+//! `idem-cli` package), with no store, server runtime or command-line parser in it.
 //!
 //! - [`extension`]: what a contract adds to an OpenAPI document: on its operation, the
 //!   `x-idempotency` extension ([`idem_contract::extension::Extension`], described by
@@ -10,7 +11,6 @@
 //! - [`docs`]: consumer docs in Markdown and HTML.
 //! - [`scan`] and [`contracts`]: contracts read from Rust source with the macro's own
 //!   parser, or from a contracts file.
-//! - [`cli`]: the `idem` command.
 //! - `utoipa` (feature `utoipa`): contracts merged into a utoipa `OpenApi` value, in the
 //!   service that serves it.
 //!
@@ -40,7 +40,6 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod cli;
 pub mod contracts;
 pub mod docs;
 pub mod error;

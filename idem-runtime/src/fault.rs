@@ -36,7 +36,8 @@ pub(crate) fn point(name: &'static str) {
 #[inline(always)]
 pub(crate) fn point(_name: &'static str) {}
 
-/// The request header of the test-fault protocol (`idem::testing`): a request that carries
+/// The request header of the test-fault protocol (the conformance harness of
+/// `idem-testing`, `idem::testing`, drives it): a request that carries
 /// it asks the operation to fail in a given way. Honoured only by an [`crate::Idem`] handle
 /// made with `Idem::with_test_faults` (feature `testing`); a normal build has no such
 /// handle and ignores the header.

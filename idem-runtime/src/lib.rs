@@ -104,9 +104,10 @@
 #![warn(missing_docs)]
 
 // The modules import one way, a request's path through them, from the store up:
-// operation_id, store, problem, telemetry, identity, fault, reconcile, operation, serde_names, idem,
-// answer, replay, transaction, mode, attempt, recovery, enforce, lookup, layer (and
-// fingerprint beside them), and testing on top of all. `tests/layering.rs` checks it.
+// operation_id, store, problem, telemetry, identity, fault, reconcile, operation, serde_names,
+// idem, answer, replay, transaction, mode, attempt, recovery, enforce, lookup, layer (and
+// fingerprint beside them). `tests/layering.rs` checks it, and which crates of the
+// workspace may depend on which.
 mod answer;
 mod attempt;
 pub mod enforce;
@@ -127,8 +128,6 @@ mod replay;
 mod serde_names;
 pub mod store;
 pub mod telemetry;
-#[cfg(feature = "testing")]
-pub mod testing;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod transaction;
 
@@ -137,6 +136,8 @@ pub mod transaction;
 pub mod __private;
 
 pub use crate::attempt::Attempt;
+#[cfg(feature = "testing")]
+pub use crate::fault::{TEST_FAULT_HEADER, TestFault};
 pub use crate::idem::{
     DEFAULT_HEARTBEAT_LEASE, DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS,
     DEFAULT_UNAVAILABLE_RETRY_AFTER, Idem, MIN_HEARTBEAT_LEASE,

@@ -1,8 +1,11 @@
 //! The runtime reads one way: a request goes layer → enforcement → store and back, and no
-//! module imports one that imports it.
+//! module imports one that imports it. So does the workspace: each crate depends only on
+//! the crates below it.
 //!
-//! This test reads the crate's own sources and checks every `crate::<module>` path
-//! against the order below: a module may name only the modules before it.
+//! The first test reads the crate's own sources and checks every `crate::<module>` path
+//! against the order below: a module may name only the modules before it. The second
+//! reads every crate's manifest and checks its dependencies on the workspace's crates
+//! against [`CRATES`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,7 +32,6 @@ const ORDER: &[&str] = &[
     "enforce",
     "lookup",
     "layer",
-    "testing",
 ];
 
 /// The files of module `name` (a file, or a folder of files).
@@ -102,13 +104,6 @@ fn every_module_imports_only_from_the_modules_below_it() {
     let items = root_items(&code(&lib));
     assert!(items.get("Idem").is_some_and(|m| m == "idem"), "{items:?}");
     for module in ORDER {
-        if *module == "testing" {
-            assert!(
-                lib.contains("pub mod testing;"),
-                "`testing` is not a module"
-            );
-            continue;
-        }
         assert!(
             lib.contains(&format!("mod {module};")),
             "`{module}` is not a module of the crate: update ORDER"
@@ -148,6 +143,134 @@ fn every_module_imports_only_from_the_modules_below_it() {
         "imports against the grain:\n{}",
         broken.join("\n")
     );
+}
+
+/// Which of the workspace's crates each may depend on (normal and build dependencies),
+/// from the bottom up: the contract is plain data; the macro, the runtime, the published
+/// side and the client each stand on it alone; the harness on the runtime (and the
+/// client); the command on the published side, the runtime and the harness; the facade
+/// on all of them.
+const CRATES: &[(&str, &[&str])] = &[
+    ("idem-contract", &[]),
+    ("idem-macros", &["idem-contract"]),
+    ("idem-runtime", &["idem-contract"]),
+    ("idem-codegen", &["idem-contract"]),
+    ("idem-client", &["idem-contract"]),
+    (
+        "idem-testing",
+        &["idem-contract", "idem-runtime", "idem-client"],
+    ),
+    (
+        "idem-cli",
+        &[
+            "idem-contract",
+            "idem-codegen",
+            "idem-runtime",
+            "idem-testing",
+        ],
+    ),
+    (
+        "idem",
+        &[
+            "idem-contract",
+            "idem-macros",
+            "idem-runtime",
+            "idem-codegen",
+            "idem-client",
+            "idem-testing",
+        ],
+    ),
+];
+
+/// The workspace's crates a manifest names, by section kind: `(normal and build, dev)`.
+/// Reads `[dependencies]`, `[build-dependencies]`, `[dev-dependencies]` and their
+/// `[target.….…]` forms (not `[workspace.dependencies]`); a renamed dependency counts
+/// under its `package`.
+fn workspace_dependencies(manifest: &str) -> (Vec<String>, Vec<String>) {
+    let (mut normal, mut dev) = (Vec::new(), Vec::new());
+    let mut section = String::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            section = line.trim_matches(|c| c == '[' || c == ']').to_owned();
+            continue;
+        }
+        // The root's `[workspace.dependencies]` declares versions, not dependencies.
+        let kind = match section.as_str() {
+            "workspace.dependencies" => "",
+            _ => section.rsplit('.').next().unwrap_or(""),
+        };
+        let list = match kind {
+            "dependencies" | "build-dependencies" => &mut normal,
+            "dev-dependencies" => &mut dev,
+            _ => continue,
+        };
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let name = match value.split_once("package") {
+            Some((_, rest)) => rest
+                .trim_start_matches([' ', '='])
+                .trim_start_matches('"')
+                .split('"')
+                .next()
+                .unwrap_or("")
+                .to_owned(),
+            None => key.trim().split('.').next().unwrap_or("").to_owned(),
+        };
+        if name == "idem" || name.starts_with("idem-") {
+            list.push(name);
+        }
+    }
+    (normal, dev)
+}
+
+#[test]
+fn every_crate_depends_only_on_the_crates_below_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut broken = Vec::new();
+    for (name, allowed) in CRATES {
+        let dir = if *name == "idem" {
+            root.clone()
+        } else {
+            root.join(name)
+        };
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml"))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            manifest.contains(&format!("name = \"{name}\"")),
+            "{name}: not the manifest of {name}"
+        );
+        let (normal, dev) = workspace_dependencies(&manifest);
+        for dependency in &normal {
+            if !allowed.contains(&dependency.as_str()) {
+                broken.push(format!("{name} depends on {dependency}"));
+            }
+        }
+        // The published side never reaches the runtime, not even in its tests: the
+        // command's tests, which need stores, live in idem-cli.
+        if *name == "idem-codegen" {
+            for dependency in &dev {
+                if ["idem-runtime", "idem-testing", "idem-cli", "idem"]
+                    .contains(&dependency.as_str())
+                {
+                    broken.push(format!("idem-codegen dev-depends on {dependency}"));
+                }
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "dependencies against the grain:\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn the_manifest_reader_finds_renamed_and_target_dependencies() {
+    let manifest = "[package]\nname = \"x\"\n\n[dependencies]\nidem-contract.workspace = true\nserde = \"1\"\nrt = { package = \"idem-runtime\", path = \"../idem-runtime\" }\n\n[target.'cfg(unix)'.dependencies]\nidem-client = { workspace = true }\n\n[dev-dependencies]\nidem = { path = \"..\" }\n\n[workspace.dependencies]\nidem-cli = \"1\"\n\n[features]\nidem-x = []\n";
+    let (normal, dev) = workspace_dependencies(manifest);
+    assert_eq!(normal, ["idem-contract", "idem-runtime", "idem-client"]);
+    assert_eq!(dev, ["idem"]);
 }
 
 /// The stages of the request path in `enforce/`, in the order a request passes them (the

@@ -1,4 +1,4 @@
-//! `orders monday`: the Monday test (docs/conformance.md) against this service.
+//! `orders monday`: the Monday test (`idem::testing`, docs/conformance.md) against this service.
 //!
 //! Starts the service in-process on 127.0.0.1 with a temporary SQLite file (its embedded
 //! store: an order and its record commit together), its idem handle made with

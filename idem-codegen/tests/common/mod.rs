@@ -30,15 +30,6 @@ pub fn copy_of(name: &str) -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
-/// Runs the `idem` binary.
-pub fn idem(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("the idem binary runs")
-}
-
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }

@@ -187,8 +187,9 @@ impl Idem {
 
     /// Honours the test-fault protocol (feature `testing`): a request with the header
     /// `Idem-Test-Fault` makes its attempt answer 429, 503 or 400 instead of running the
-    /// handler, or die after the handler's effect (see [`crate::testing`] for the table).
-    /// Only for a service under the conformance harness: never call it in production.
+    /// handler, or die after the handler's effect (see [`TestFault`](crate::TestFault) for the table).
+    /// Only for a service under the conformance harness (the `idem-testing` crate,
+    /// `idem::testing`): never call it in production.
     #[cfg(feature = "testing")]
     pub fn with_test_faults(mut self) -> Idem {
         self.inner_mut().test_faults = true;

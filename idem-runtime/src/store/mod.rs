@@ -66,6 +66,7 @@ mod forward;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 mod headers;
 pub mod memory;
+mod open;
 pub mod ops;
 mod record;
 #[cfg(feature = "redis")]
@@ -80,6 +81,7 @@ mod transactional;
 pub mod conformance;
 
 pub use memory::MemoryStore;
+pub use open::{MAX_URL_LEN, OpenError, OpenOptions, open, redact_url};
 pub use ops::{
     AttemptEnd, AttemptSummary, Inspection, ListQuery, Listed, OperatorResolution, Resolve,
     ResolveAs,

@@ -1,9 +1,9 @@
 //! `idem merge`.
 
-use crate::error::{Error, Errors};
-use crate::openapi::{self, Document, NewDocument};
+use idem_codegen::error::{Error, Errors};
+use idem_codegen::openapi::{self, Document, NewDocument};
 
-use super::{MergeArgs, OpenApiArg, gather};
+use crate::{MergeArgs, OpenApiArg, gather};
 
 pub(super) fn run(args: MergeArgs) -> Result<(), Errors> {
     // Read every input first, so that the document's problems and the contracts'
@@ -44,7 +44,7 @@ pub(super) fn run(args: MergeArgs) -> Result<(), Errors> {
     }
     let merged = openapi::merge_with(&mut doc, &contracts, &options)?;
     if let Some(schema_out) = &args.schema_out {
-        crate::io::write_atomic(schema_out, super::source::schema_text().as_bytes())?;
+        idem_codegen::io::write_atomic(schema_out, crate::source::schema_text().as_bytes())?;
     }
     doc.save(out)?;
     let written = if out == std::path::Path::new("-") {
@@ -54,7 +54,7 @@ pub(super) fn run(args: MergeArgs) -> Result<(), Errors> {
     };
     eprintln!(
         "merged {} into {written} (OpenAPI {}):",
-        crate::words::count(merged.operations.len() as u64, "contract"),
+        idem_codegen::words::count(merged.operations.len() as u64, "contract"),
         doc.version_text
     );
     for (name, op) in &merged.operations {

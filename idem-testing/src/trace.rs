@@ -15,9 +15,9 @@ use tracing_subscriber::Layer;
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
-use super::report::{Scenario, Verdict};
-use super::seen::Evidence;
-use crate::telemetry::{
+use crate::report::{Scenario, Verdict};
+use crate::seen::Evidence;
+use idem_runtime::telemetry::{
     EVENT_OPERATION_END, FIELD_ATTEMPT, FIELD_OPERATION_ID, FIELD_OPERATION_OUTCOME, FIELD_OUTCOME,
     FIELD_RESEND_COUNT, FIELD_STATUS_CODE, SPAN_ATTEMPT,
 };
@@ -101,8 +101,8 @@ impl Visit for Fields<'_> {
 ///
 /// ```no_run
 /// use tracing_subscriber::prelude::*;
-/// # fn demo() -> idem_runtime::testing::TraceCapture {
-/// let capture = idem_runtime::testing::TraceCapture::new();
+/// # fn demo() -> idem_testing::TraceCapture {
+/// let capture = idem_testing::TraceCapture::new();
 /// tracing_subscriber::registry()
 ///     .with(tracing_subscriber::fmt::layer().with_filter(tracing_subscriber::EnvFilter::new("warn")))
 ///     .with(capture.clone())
@@ -185,7 +185,7 @@ impl TraceCapture {
         captured.ends.clear();
     }
 
-    /// The check of proof 4, for [`Harness::check_trace`](super::Harness::check_trace):
+    /// The check of proof 4, for [`Harness::check_trace`](crate::Harness::check_trace):
     /// for the scenario's operation id, the capture must hold an `idem.attempt` span for
     /// every request the harness saw answered (at least), each ended with an
     /// `idem.outcome`; exactly one of them attempt 1, every other a resend (`idem.attempt`

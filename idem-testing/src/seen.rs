@@ -1,7 +1,7 @@
 //! What the harness saw: one answer, and what one scenario observed.
 
-use super::report::Scenario;
-use super::send::Sender;
+use crate::report::Scenario;
+use crate::send::Sender;
 
 /// One answer as the harness saw it.
 #[derive(Clone, Debug, Default)]
@@ -87,7 +87,7 @@ pub struct Evidence {
     pub scenario: Scenario,
     /// Its idempotency key.
     pub key: String,
-    /// The value of the client header the harness sent ([`Harness::client_header`](super::Harness::client_header)), if any.
+    /// The value of the client header the harness sent ([`Harness::client_header`](crate::Harness::client_header)), if any.
     pub client: Option<String>,
     /// The answers, in the order they arrived (a lost answer as the proxy read it).
     pub answers: Vec<Seen>,

@@ -1,4 +1,4 @@
-//! The Monday test's own tests (feature `testing`): the harness against a correct idem
+//! The Monday test's own tests: the harness against a correct idem
 //! service, against hand-written services (one that keeps the rules, three that break
 //! one each, which must fail exactly the proofs they break), the ready-made checks of
 //! proofs 4 (a trace capture) and 5 (the store's operator calls) passing and failing,
@@ -19,11 +19,11 @@ use axum::{Json, Router};
 use idem_contract::*;
 use idem_runtime::enforce::Enforced;
 use idem_runtime::store::{Inspection, MemoryStore, Record, RecordKey, Resolve, UnixMillis};
-use idem_runtime::testing::{
-    Harness, HarnessError, OperatorCheck, Proof, Report, Request, Scenario, TraceCapture, Verdict,
-};
 use idem_runtime::{
     Contracted, Idem, Recover, Recoverer, Resolution, Store, StoreError, UnknownOperation, identity,
+};
+use idem_testing::{
+    Harness, HarnessError, OperatorCheck, Proof, Report, Request, Scenario, TraceCapture, Verdict,
 };
 use tokio::time::Instant;
 

@@ -1,5 +1,6 @@
-//! The Monday test: a conformance harness pointed at one contracted operation (feature
-//! `testing`; never on in a service's own build).
+//! The Monday test: a conformance harness pointed at one contracted operation, for a
+//! service's tests and test commands (never a dependency of a service's own build).
+//! Through the facade it is `idem::testing` (feature `testing`).
 //!
 //! [`Harness`] sends one request through six [`Scenario`]s (a lost answer, 429, 503,
 //! 400, concurrent duplicates, a crash after the effect) and checks five [`Proof`]s for
@@ -13,6 +14,9 @@
 //! harness in a service's own tests, `orders monday` and `idem monday`) is the
 //! `guide::conformance` module of the `idem` crate, `docs/conformance.md` in the
 //! repository.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod harness;
 mod operator;
@@ -28,4 +32,4 @@ pub use self::operator::OperatorCheck;
 pub use self::report::{Proof, Report, Scenario, ScenarioReport, Verdict};
 pub use self::seen::{Evidence, Seen};
 pub use self::trace::{AttemptSpan, TraceCapture};
-pub use crate::fault::{TEST_FAULT_HEADER, TestFault};
+pub use idem_runtime::{TEST_FAULT_HEADER, TestFault};

@@ -8,10 +8,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::report::{Report, Scenario, Verdict};
-use super::scenarios::Run;
-use super::seen::Evidence;
-use super::send::Sender;
+use crate::report::{Report, Scenario, Verdict};
+use crate::scenarios::Run;
+use crate::seen::Evidence;
+use crate::send::Sender;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 pub(super) type Counter = Arc<dyn Fn() -> BoxFuture<Result<u64, String>> + Send + Sync>;
@@ -242,7 +242,7 @@ impl Harness {
     /// outcome), given what a scenario observed: reads the spans of its operation id
     /// wherever they are collected and says [`Verdict::Pass`] or [`Verdict::Fail`].
     /// Without it, proof 4 is not checked. The ready-made one reads idem's own spans:
-    /// [`TraceCapture::check`](super::TraceCapture::check).
+    /// [`TraceCapture::check`](crate::TraceCapture::check).
     pub fn check_trace<F, Fut>(mut self, check: F) -> Harness
     where
         F: Fn(Evidence) -> Fut + Send + Sync + 'static,
@@ -255,7 +255,7 @@ impl Harness {
     /// The check of proof 5 (an operator can restore the state without editing the
     /// database): asks the operator's tooling about the scenario's operation. Without it,
     /// proof 5 is not checked. The ready-made one uses the store's operator calls (those
-    /// of `idem ops`): [`OperatorCheck::check`](super::OperatorCheck::check).
+    /// of `idem ops`): [`OperatorCheck::check`](crate::OperatorCheck::check).
     pub fn check_operator<F, Fut>(mut self, check: F) -> Harness
     where
         F: Fn(Evidence) -> Fut + Send + Sync + 'static,

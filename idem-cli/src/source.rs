@@ -3,10 +3,10 @@
 use idem_contract::file::CONTRACTS_FILE_VERSION;
 use idem_contract::{ContractEntry, ContractsFile, Target};
 
-use crate::contracts::{self, Sourced};
-use crate::error::Errors;
+use idem_codegen::contracts::{self, Sourced};
+use idem_codegen::error::Errors;
 
-use super::{CheckArgs, ExportArgs, Inputs, SchemaArgs, gather};
+use crate::{CheckArgs, ExportArgs, Inputs, SchemaArgs, gather};
 
 pub(super) fn export(args: ExportArgs) -> Result<(), Errors> {
     let inputs = Inputs {
@@ -29,10 +29,10 @@ pub(super) fn export(args: ExportArgs) -> Result<(), Errors> {
     };
     let mut text = serde_json::to_string_pretty(&file).expect("a contracts file always serialises");
     text.push('\n');
-    crate::io::write_atomic(&args.out, text.as_bytes())?;
+    idem_codegen::io::write_atomic(&args.out, text.as_bytes())?;
     eprintln!(
         "exported {} to {}",
-        crate::words::count(found.len() as u64, "contract"),
+        idem_codegen::words::count(found.len() as u64, "contract"),
         args.out.display()
     );
     Ok(())
@@ -40,7 +40,7 @@ pub(super) fn export(args: ExportArgs) -> Result<(), Errors> {
 
 pub(super) fn check(args: CheckArgs) -> Result<(), Errors> {
     // clap requires `--src` or `--contracts` (the `inputs` group of `CheckArgs`).
-    let scan = crate::scan::scan(&args.src);
+    let scan = idem_codegen::scan::scan(&args.src);
     let mut errors = scan.errors;
     let mut found: Vec<Sourced> = scan
         .contracts
@@ -70,13 +70,13 @@ pub(super) fn check(args: CheckArgs) -> Result<(), Errors> {
     if found.is_empty() {
         eprintln!(
             "warning: no contracts found ({} read); contracts are `#[idem::contract(..)]` attributes on handlers",
-            crate::words::count(scan.files as u64, "Rust file")
+            idem_codegen::words::count(scan.files as u64, "Rust file")
         );
     } else {
         eprintln!(
             "checked {} in {}: no contract errors of idem's own; fingerprint fields and the status lookup and reconcile functions are checked by the compiler (`cargo check`)",
-            crate::words::count(found.len() as u64, "contract"),
-            crate::words::count(scan.files as u64, "Rust file")
+            idem_codegen::words::count(found.len() as u64, "contract"),
+            idem_codegen::words::count(scan.files as u64, "Rust file")
         );
     }
     Ok(())
@@ -92,6 +92,6 @@ pub(super) fn schema_text() -> String {
 
 pub(super) fn schema(args: SchemaArgs) -> Result<(), Errors> {
     let out = args.out.unwrap_or_else(|| "-".into());
-    crate::io::write_atomic(&out, schema_text().as_bytes())?;
+    idem_codegen::io::write_atomic(&out, schema_text().as_bytes())?;
     Ok(())
 }

@@ -1,10 +1,9 @@
-//! `idem monday`: the Monday test (docs/conformance.md; its design, docs/design.md)
-//! against any service on loopback, written in Rust or not (feature `monday`, on by
-//! default).
+//! `idem monday`: the Monday test (docs/conformance.md) against any service on loopback,
+//! written in Rust or not (feature `monday`, on by default).
 //!
 //! The contract of one operation comes from a published OpenAPI document (its
 //! `x-idempotency`) or a contracts file; the scenarios go to a base URL on loopback
-//! through idem's harness (`idem_runtime::testing`), business effects are counted by a
+//! through idem's harness (the `idem-testing` crate), business effects are counted by a
 //! URL or a command the user gives, and the report is the harness's table. Proof 4 (the
 //! trace) is not checked from outside the service's process, and says why; proof 5 is
 //! checked through the store's operator calls when `--store` names the service's store.
@@ -12,17 +11,16 @@
 use std::fmt::Write as _;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 use idem_contract::extension::{ClientIdentity, Extension};
 use idem_contract::{KeyScope, KeySource, Target};
-use idem_runtime::testing::{Evidence, Harness, OperatorCheck, Request, Verdict};
+use idem_testing::{Evidence, Harness, OperatorCheck, Request, Verdict};
 use serde_json::Value;
 
-use super::ops::{StoreArgs, open};
-use crate::error::{Error, Errors};
+use crate::store::{StoreArgs, open};
+use idem_codegen::error::{Error, Errors};
 
 /// The largest spec, contracts file or request body read, in bytes.
 const MAX_FILE: u64 = 16 * 1024 * 1024;
@@ -124,7 +122,21 @@ struct Operation {
 ///
 /// As above; nothing is printed but the report and the error.
 pub fn run(args: MondayArgs) -> Result<(), Errors> {
-    let operation = match (&args.spec, &args.contracts) {
+    let operation = contract(&args)?;
+    let (method, path) = route(&args, &operation)?;
+    let shown = format!("{method} {path}");
+    let harness = harness(&args, &operation, method, path)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::new(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(run_harness(&args, &operation, harness, &shown))
+}
+
+/// The operation's contract, from `--spec` or `--contracts`.
+fn contract(args: &MondayArgs) -> Result<Operation, Errors> {
+    Ok(match (&args.spec, &args.contracts) {
         (Some(spec), _) => from_spec(spec, &args.operation)?,
         (None, Some(file)) => from_contracts(file, &args.operation)?,
         (None, None) => {
@@ -132,8 +144,12 @@ pub fn run(args: MondayArgs) -> Result<(), Errors> {
                 Error::new("give the contract: `--spec FILE` or `--contracts FILE`").into(),
             );
         }
-    };
-    let (method, path) = match (&args.route, &operation.path) {
+    })
+}
+
+/// Where the request goes: `--route`, or the operation's own method and path.
+fn route(args: &MondayArgs, operation: &Operation) -> Result<(http::Method, String), Errors> {
+    Ok(match (&args.route, &operation.path) {
         (Some(route), _) => parse_route(route)?,
         (None, None) => {
             return Err(Error::new(format!(
@@ -150,8 +166,17 @@ pub fn run(args: MondayArgs) -> Result<(), Errors> {
             .into());
         }
         (None, Some(path)) => (operation.method.clone(), path.clone()),
-    };
-    let shown = format!("{method} {path}");
+    })
+}
+
+/// The harness for the request, its client, its status lookup and its effect counter
+/// (proof 5's check is added once the store is open, in the runtime).
+fn harness(
+    args: &MondayArgs,
+    operation: &Operation,
+    method: http::Method,
+    path: String,
+) -> Result<Harness, Errors> {
     let body = match &args.request_body {
         Some(body) => read_body(body)?,
         None => Vec::new(),
@@ -206,50 +231,54 @@ pub fn run(args: MondayArgs) -> Result<(), Errors> {
             .into());
         }
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| Error::new(format!("cannot start the async runtime: {e}")))?;
-    runtime.block_on(async move {
-        if let Some(store) = &args.store {
-            let store = open(&StoreArgs {
-                store: store.clone(),
-                redis_prefix: args.redis_prefix.clone(),
-            })
-            .await?;
-            let name = args.store_operation.clone().unwrap_or(operation.name.clone());
-            let mut check = OperatorCheck::new(Arc::from(store), name);
-            if let Some(identity) = &args.client_identity {
-                check = check.client(identity.clone());
-            }
-            harness = harness.check_operator(check.check());
-        } else {
-            harness = harness.check_operator(|_: Evidence| async {
+    Ok(harness)
+}
+
+/// Plugs in proof 5's check (through `--store`, or not checked), runs the harness and
+/// prints its report; an error naming the failed proofs.
+async fn run_harness(
+    args: &MondayArgs,
+    operation: &Operation,
+    mut harness: Harness,
+    shown: &str,
+) -> Result<(), Errors> {
+    if let Some(store) = &args.store {
+        let store = open(&StoreArgs {
+            store: store.clone(),
+            redis_prefix: args.redis_prefix.clone(),
+        })
+        .await?;
+        let name = args
+            .store_operation
+            .clone()
+            .unwrap_or(operation.name.clone());
+        let mut check = OperatorCheck::new(store, name);
+        if let Some(identity) = &args.client_identity {
+            check = check.client(identity.clone());
+        }
+        harness = harness.check_operator(check.check());
+    } else {
+        harness = harness.check_operator(|_: Evidence| async {
                 Verdict::NotChecked(
                     "no --store: give the service's store (an SQLite file, postgres://…, redis://…) to read and restore the operation through idem ops' calls".into(),
                 )
             });
-        }
-        let report = harness
-            .run()
-            .await
-            .map_err(|e| Error::new(e.to_string()))?;
-        println!(
-            "idem monday: the Monday test against {shown} at {}\n",
-            args.base_url
-        );
-        println!("{report}");
-        let failed = report.failures();
-        if failed.is_empty() {
-            return Ok(());
-        }
-        let mut names = String::new();
-        for (scenario, proof) in &failed {
-            let _ = write!(names, "\n  {}: {}", scenario.name(), proof.name());
-        }
-        Err(Error::new(format!("{} proof(s) failed:{names}", failed.len())).into())
-    })
+    }
+    let report = harness.run().await.map_err(|e| Error::new(e.to_string()))?;
+    println!(
+        "idem monday: the Monday test against {shown} at {}\n",
+        args.base_url
+    );
+    println!("{report}");
+    let failed = report.failures();
+    if failed.is_empty() {
+        return Ok(());
+    }
+    let mut names = String::new();
+    for (scenario, proof) in &failed {
+        let _ = write!(names, "\n  {}: {}", scenario.name(), proof.name());
+    }
+    Err(Error::new(format!("{} proof(s) failed:{names}", failed.len())).into())
 }
 
 /// The contract and route of `name` in the OpenAPI document `file`.
@@ -328,7 +357,7 @@ fn from_spec(file: &Path, name: &str) -> Result<Operation, Errors> {
 
 /// The contract of `name` in the contracts file `file`.
 fn from_contracts(file: &Path, name: &str) -> Result<Operation, Errors> {
-    let all = crate::contracts::from_file(file)?;
+    let all = idem_codegen::contracts::from_file(file)?;
     let Some(found) = all.iter().find(|s| s.contract.operation == name) else {
         let names: Vec<String> = all
             .iter()

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
 
-use super::report::{Scenario, Verdict};
-use super::seen::{Evidence, Seen};
-use crate::Idem;
-use crate::store::{
+use crate::report::{Scenario, Verdict};
+use crate::seen::{Evidence, Seen};
+use idem_runtime::Idem;
+use idem_runtime::store::{
     AttemptEnd, Inspection, RecordKey, RecordState, Resolve, ResolveAs, Store, StoredResponse,
     unix_now,
 };
@@ -36,8 +36,8 @@ impl Source {
 
 /// The check of proof 5 (an operator can restore the state without editing the database
 /// by hand), through the store's operator calls:
-/// [`OperatorStore::inspect`](crate::store::OperatorStore::inspect) (what `idem ops show`
-/// prints) and [`OperatorStore::resolve`](crate::store::OperatorStore::resolve) (what
+/// [`OperatorStore::inspect`](idem_runtime::store::OperatorStore::inspect) (what `idem ops show`
+/// prints) and [`OperatorStore::resolve`](idem_runtime::store::OperatorStore::resolve) (what
 /// `idem ops resolve` writes), never SQL.
 ///
 /// For each scenario it finds the operation's record under the scenario's key and
@@ -53,7 +53,7 @@ impl Source {
 ///
 /// ```no_run
 /// # fn demo(idem: idem_runtime::Idem, app: axum::Router) {
-/// use idem_runtime::testing::{Harness, OperatorCheck};
+/// use idem_testing::{Harness, OperatorCheck};
 /// let operator = OperatorCheck::for_idem(&idem, "create_order"); // the contract's operation name
 /// let harness = Harness::for_router(app)
 ///     .client_header("x-client-id", "cus_42")  // the store's client is this value by default
@@ -64,7 +64,7 @@ impl Source {
 /// # Default
 ///
 /// - the client identity: the value of the harness's client header
-///   ([`Harness::client_header`](super::Harness::client_header));
+///   ([`Harness::client_header`](crate::Harness::client_header));
 /// - the answer of a parked operation resolved as completed: `200`,
 ///   `content-type: application/json`, `{"resolved_by":"idem::testing"}`.
 #[derive(Clone)]
@@ -125,7 +125,7 @@ impl OperatorCheck {
         self
     }
 
-    /// The check, for [`Harness::check_operator`](super::Harness::check_operator).
+    /// The check, for [`Harness::check_operator`](crate::Harness::check_operator).
     pub fn check(
         &self,
     ) -> impl Fn(Evidence) -> Pin<Box<dyn Future<Output = Verdict> + Send>> + Send + Sync + 'static
@@ -364,6 +364,8 @@ fn describe(inspection: &Inspection) -> String {
                 AttemptEnd::Completed { status } => format!("completed {status}"),
                 AttemptEnd::Parked { .. } => "parked".to_owned(),
                 AttemptEnd::NotRecorded => "not recorded".to_owned(),
+                // `AttemptEnd` is non-exhaustive outside the runtime.
+                _ => "ended another way".to_owned(),
             };
             format!("#{} {end}", a.attempt)
         })

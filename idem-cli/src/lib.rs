@@ -3,30 +3,55 @@
 //! reports of its own (not those rustc reports on the generated code), and print the
 //! JSON Schema of the `x-idempotency` extension.
 //!
-//! `idem ops` lists, shows and resolves the operations in a service's store (feature
-//! `ops`, on by default). `idem monday` runs the Monday test against a service on
-//! loopback, from its published contract (feature `monday`, on by default).
+//! `idem ops` lists, shows and resolves the operations in a service's store, and
+//! `idem monday` runs the Monday test against a service on loopback, from its published
+//! contract. Those two reach stores and services, so they come with features, as
+//! sqlx-cli's drivers do; `check`, `merge`, `docs`, `export` and `schema` are always
+//! there, and need none of them:
+//!
+//! | feature | what it brings | default |
+//! |---|---|---|
+//! | `sqlite` | `idem ops` and `idem monday --store` on an SQLite file | on |
+//! | `postgres` | the same on PostgreSQL (`postgres://…`) | on |
+//! | `redis` | the same on Redis (`redis://…`) | on |
+//! | `monday` | `idem monday` (the harness of `idem-testing`, an HTTP client) | on |
+//! | `ops` | `idem ops` without a driver (only `memory:`); each driver turns it on | on |
+//!
+//! `cargo install idem-cli --no-default-features` builds the publishing commands alone,
+//! in a few minutes; `--features postgres` adds one driver. In a build without them,
+//! `idem ops` and `idem monday` still exist and say which feature they need.
 //!
 //! Exit codes: 0 on success, 1 when an input is refused (every problem is printed as
 //! `file:line:col: error: message`), 2 for a usage error (clap's convention).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod docs;
 mod merge;
 #[cfg(feature = "monday")]
 pub mod monday;
+#[cfg(not(all(feature = "ops", feature = "monday")))]
+mod off;
 #[cfg(feature = "ops")]
 pub mod ops;
 mod source;
+#[cfg(any(feature = "ops", feature = "monday"))]
+mod store;
+
+#[cfg(not(feature = "monday"))]
+use off::monday;
+#[cfg(not(feature = "ops"))]
+use off::ops;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use idem_contract::Target;
 
-use crate::contracts::{self, Sourced};
-use crate::error::{Error, Errors};
+use idem_codegen::contracts::{self, Sourced};
+use idem_codegen::error::{Error, Errors};
 
 /// Publish the failure contracts of critical API commands.
 ///
@@ -36,9 +61,6 @@ use crate::error::{Error, Errors};
 /// tell API consumers how to retry each operation safely.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, max_term_width = 100)]
-#[command(
-    after_help = "Examples:\n  idem check --src src/\n  idem merge --spec openapi.yaml --src src/\n  idem docs --src src/ --out docs/api --format both\n\nRun `idem help <command>` for each command's options and an example."
-)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -108,13 +130,17 @@ pub enum Command {
     #[command(after_help = "Example:\n  idem schema > x-idempotency.schema.json")]
     Schema(SchemaArgs),
     /// Operate on a running service's store: list operations by state, show one with
-    /// all its attempts and resolutions, resolve a parked one (feature `ops`, on by
-    /// default).
+    /// all its attempts and resolutions, resolve a parked one (a driver feature:
+    /// `sqlite`, `postgres` or `redis`; all on by default).
     #[cfg(feature = "ops")]
     #[command(
         after_help = "Examples:\n  idem ops list --store orders.db --state unknown\n  idem ops show --store orders.db --operation create_order --client acme --key 7f3c\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --as not-applied --reason \"no order in the ledger\""
     )]
     Ops(ops::OpsArgs),
+    /// Operate on a running service's store: not in this build, which has no store
+    /// driver (`cargo install idem-cli --features sqlite`, or `postgres`, `redis`).
+    #[cfg(not(feature = "ops"))]
+    Ops(off::Off),
     /// Run the Monday test against a service on loopback, from the published contract
     /// of one of its operations (feature `monday`, on by default).
     ///
@@ -134,6 +160,38 @@ pub enum Command {
         after_help = "Examples:\n  idem monday --spec openapi.yaml --operation create_order --base-url http://127.0.0.1:3000 --request-body order.json --client-header x-client-id=monday --effects-url http://127.0.0.1:3000/admin/orders/count\n  idem monday --contracts contracts.json --operation create_order --route \"POST /orders\" --base-url http://127.0.0.1:3000 --request-body '{\"amount\": 1250}' --effects-command \"sqlite3 orders.db 'select count(*) from orders'\" --store orders.db"
     )]
     Monday(monday::MondayArgs),
+    /// Run the Monday test against a service on loopback: not in this build, which
+    /// leaves out the feature `monday` (`cargo install idem-cli --features monday`).
+    #[cfg(not(feature = "monday"))]
+    Monday(off::Off),
+}
+
+/// The features of the command, whether this build has each, and what it brings.
+const FEATURES: [(&str, bool, &str); 4] = [
+    (
+        "sqlite",
+        cfg!(feature = "sqlite"),
+        "idem ops, idem monday --store: SQLite files",
+    ),
+    (
+        "postgres",
+        cfg!(feature = "postgres"),
+        "the same on PostgreSQL",
+    ),
+    ("redis", cfg!(feature = "redis"), "the same on Redis"),
+    ("monday", cfg!(feature = "monday"), "idem monday"),
+];
+
+/// The top-level help's end: examples, and the features of this build.
+fn after_help() -> String {
+    let mut text = String::from(
+        "Examples:\n  idem check --src src/\n  idem merge --spec openapi.yaml --src src/\n  idem docs --src src/ --out docs/api --format both\n\nRun `idem help <command>` for each command's options and an example.\n\nFeatures of this build (cargo install idem-cli --features NAME; all on by default):\n",
+    );
+    for (name, on, brings) in FEATURES {
+        let state = if on { "on " } else { "off" };
+        text.push_str(&format!("  {state}  {name:<9} {brings}\n"));
+    }
+    text
 }
 
 /// The long help of `--target`, shared by `merge`, `docs` and `export`.
@@ -203,7 +261,7 @@ pub struct MergeArgs {
     pub schema_out: Option<PathBuf>,
     /// The request header that says who the client is (`identity::header(..)` on the
     /// server), published in `x-idempotency` and as a required header of each operation.
-    #[arg(long, value_name = "NAME", value_parser = crate::extension::parse_identity_header)]
+    #[arg(long, value_name = "NAME", value_parser = idem_codegen::extension::parse_identity_header)]
     pub identity_header: Option<idem_contract::extension::ClientIdentity>,
     /// The contracts.
     #[command(flatten)]
@@ -247,7 +305,7 @@ pub struct DocsArgs {
     pub title: Option<String>,
     /// The request header that says who the client is (`identity::header(..)` on the
     /// server); by default the one a merged `--spec` publishes, if any.
-    #[arg(long, value_name = "NAME", value_parser = crate::extension::parse_identity_header)]
+    #[arg(long, value_name = "NAME", value_parser = idem_codegen::extension::parse_identity_header)]
     pub identity_header: Option<idem_contract::extension::ClientIdentity>,
     /// An OpenAPI document to take each operation's method, path, summary and success
     /// status from.
@@ -308,7 +366,11 @@ fn parse_target(text: &str) -> Result<(String, Target), String> {
 
 /// Runs the command line of this process and returns its exit code.
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let parsed = Cli::command()
+        .after_help(after_help())
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             // Help and version go to standard output with 0; usage errors exit with 2.
@@ -339,9 +401,7 @@ pub fn run(cli: Cli) -> Result<(), Errors> {
         Command::Export(args) => source::export(args),
         Command::Check(args) => source::check(args),
         Command::Schema(args) => source::schema(args),
-        #[cfg(feature = "ops")]
         Command::Ops(args) => ops::run(args),
-        #[cfg(feature = "monday")]
         Command::Monday(args) => monday::run(args),
     }
 }
@@ -375,7 +435,7 @@ fn gather(inputs: &Inputs) -> Result<Vec<Sourced>, Errors> {
             .collect();
         return Err(Error::new(format!(
             "no contracts found in {}: contracts are `#[idem::contract(..)]` attributes on handlers, or entries of a contracts file",
-            crate::words::list(&looked, "and")
+            idem_codegen::words::list(&looked, "and")
         ))
         .into());
     }

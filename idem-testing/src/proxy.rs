@@ -147,9 +147,11 @@ async fn serve(mut client: TcpStream, shared: &Shared) {
     let mut exchange = Exchange {
         request: request.start_line_words(2),
         answer: answer.start_line_tail(),
-        operation_id: answer.header(crate::OPERATION_ID_HEADER).map(str::to_owned),
+        operation_id: answer
+            .header(idem_runtime::OPERATION_ID_HEADER)
+            .map(str::to_owned),
         replayed: answer
-            .header(crate::IDEMPOTENT_REPLAYED_HEADER)
+            .header(idem_runtime::IDEMPOTENT_REPLAYED_HEADER)
             .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         delivered: false,
         status: answer

@@ -1,12 +1,12 @@
 //! Sending the scenario's request: what the scenarios do, and what a check of proof 5
-//! does again after an operator's resolution ([`Evidence::resend`](super::Evidence::resend)).
+//! does again after an operator's resolution ([`Evidence::resend`](crate::Evidence::resend)).
 
 use std::fmt;
 
-use super::harness::Request;
-use super::seen::Seen;
-use crate::fault::{TEST_FAULT_HEADER, TestFault};
-use crate::{IDEMPOTENT_REPLAYED_HEADER, OPERATION_ID_HEADER};
+use crate::harness::Request;
+use crate::seen::Seen;
+use idem_runtime::{IDEMPOTENT_REPLAYED_HEADER, OPERATION_ID_HEADER};
+use idem_runtime::{TEST_FAULT_HEADER, TestFault};
 
 /// The request of a run, with everything every send adds to it.
 #[derive(Clone)]

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::harness::{Counter, Harness, HarnessError};
-use super::proxy::Proxy;
-use super::report::{Scenario, ScenarioReport, Verdict};
-use super::seen::{Evidence, Seen};
-use super::send::{Sender, problem_type};
-use crate::fault::TestFault;
+use crate::harness::{Counter, Harness, HarnessError};
+use crate::proxy::Proxy;
+use crate::report::{Scenario, ScenarioReport, Verdict};
+use crate::seen::{Evidence, Seen};
+use crate::send::{Sender, problem_type};
+use idem_runtime::TestFault;
 
 /// One run of the harness.
 pub(super) struct Run<'h> {

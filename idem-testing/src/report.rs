@@ -43,7 +43,7 @@ impl Scenario {
     }
 }
 
-/// The five proofs of the Monday test (`docs/conformance.md`).
+/// The five proofs the Monday test checks in every scenario (docs/conformance.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Proof {
     /// 1. The business data holds at most one result (exactly what the scenario

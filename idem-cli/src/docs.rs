@@ -1,10 +1,10 @@
 //! `idem docs`.
 
-use crate::docs::{self, DocFormat, OperationInfo};
-use crate::error::{Error, Errors};
-use crate::openapi::{Document, find_operation};
+use idem_codegen::docs::{self, DocFormat, OperationInfo};
+use idem_codegen::error::{Error, Errors};
+use idem_codegen::openapi::{Document, find_operation};
 
-use super::{DocsArgs, FormatArg, gather};
+use crate::{DocsArgs, FormatArg, gather};
 
 pub(super) fn run(args: DocsArgs) -> Result<(), Errors> {
     let contracts = gather(&args.inputs)?;
@@ -16,7 +16,7 @@ pub(super) fn run(args: DocsArgs) -> Result<(), Errors> {
             Some(doc) => match find_operation(doc, &c.target) {
                 Ok(op) => OperationInfo::from_document(doc, &op),
                 Err(message) => {
-                    errors.push(crate::openapi::unmatched(&c, doc, &message));
+                    errors.push(idem_codegen::openapi::unmatched(&c, doc, &message));
                     continue;
                 }
             },
@@ -48,11 +48,11 @@ pub(super) fn run(args: DocsArgs) -> Result<(), Errors> {
         .map_err(|e| Error::in_file(&args.out, format!("cannot create the folder: {e}")))?;
     for (format, text) in rendered {
         let path = args.out.join(format.file_name());
-        crate::io::write_atomic(&path, text.as_bytes())?;
+        idem_codegen::io::write_atomic(&path, text.as_bytes())?;
         eprintln!(
             "wrote {} ({})",
             path.display(),
-            crate::words::count(operations.len() as u64, "operation")
+            idem_codegen::words::count(operations.len() as u64, "operation")
         );
     }
     Ok(())

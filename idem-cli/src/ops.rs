@@ -1,5 +1,6 @@
 //! `idem ops`: list operations by state, show one with its attempts and resolutions, and
-//! resolve a parked one, against the store of a running service (feature `ops`).
+//! resolve a parked one, against the store of a running service (a driver feature:
+//! `sqlite`, `postgres` or `redis`).
 //!
 //! Nothing here edits the database by hand: every change is the store's own
 //! compare-and-set ([`OperatorStore::resolve`](idem_runtime::store::OperatorStore::resolve)),
@@ -13,11 +14,14 @@ use clap::{Args, Subcommand, ValueEnum};
 use http::{HeaderName, HeaderValue};
 use idem_runtime::store::{
     AttemptEnd, Inspection, ListQuery, Listed, OperationState, Record, RecordKey, RecordState,
-    Resolve, ResolveAs, Store, StoreError, StoredResponse, UnixMillis, unix_now,
+    Resolve, ResolveAs, StoreError, StoredResponse, UnixMillis, unix_now,
 };
 use serde_json::{Value, json};
 
-use crate::error::{Error, Errors};
+use idem_codegen::error::{Error, Errors};
+
+pub use crate::store::StoreArgs;
+use crate::store::check_text;
 
 /// The longest operation name, client identity or key accepted, in bytes.
 const MAX_NAME: usize = 255;
@@ -63,18 +67,6 @@ pub enum OpsCommand {
         after_help = "Examples:\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --expect-attempt 2 --as completed --response order-42.json --reason \"order 42 is in the ledger\"\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --as not-applied --reason \"no order in the ledger\""
     )]
     Resolve(ResolveArgs),
-}
-
-/// Where the records are.
-#[derive(Debug, Args)]
-pub struct StoreArgs {
-    /// The service's store: an SQLite file (a path, or `sqlite:PATH`), a PostgreSQL URL
-    /// (`postgres://…`) or a Redis URL (`redis://…`).
-    #[arg(long, value_name = "STORE")]
-    pub store: String,
-    /// The Redis store's prefix (`RedisStore::with_prefix`).
-    #[arg(long, value_name = "PREFIX", default_value = "idem")]
-    pub redis_prefix: String,
 }
 
 /// A state as the command line names it.
@@ -209,7 +201,7 @@ async fn list(args: ListArgs) -> Result<(), Errors> {
     if let Some(op) = &args.operation {
         check_text("--operation", op, MAX_NAME)?;
     }
-    let store = open(&args.store).await?;
+    let store = crate::store::open(&args.store).await?;
     let now = unix_now();
     let mut found: Vec<Listed> = Vec::new();
     // Page by page, each after the last key of the one before.
@@ -268,7 +260,7 @@ async fn list(args: ListArgs) -> Result<(), Errors> {
 
 async fn show(args: ShowArgs) -> Result<(), Errors> {
     let key = record_key(&args.key)?;
-    let store = open(&args.store).await?;
+    let store = crate::store::open(&args.store).await?;
     let now = unix_now();
     let shown = store
         .inspect(&key, now)
@@ -346,17 +338,7 @@ async fn show(args: ShowArgs) -> Result<(), Errors> {
 async fn resolve(args: ResolveArgs) -> Result<(), Errors> {
     let key = record_key(&args.key)?;
     check_text("--reason", &args.reason, MAX_REASON)?;
-    let by = match &args.by {
-        Some(by) => by.clone(),
-        None => std::env::var("USER")
-            .or_else(|_| std::env::var("LOGNAME"))
-            .map_err(|_| {
-                Error::new(
-                    "say who resolves with --by NAME: neither $USER nor $LOGNAME is set (as UTF-8)",
-                )
-            })?,
-    };
-    check_text("--by", &by, MAX_BY)?;
+    let by = operator(&args)?;
     if args.expect_attempt == Some(0) {
         return Err(Error::new("--expect-attempt counts from 1").into());
     }
@@ -376,7 +358,7 @@ async fn resolve(args: ResolveArgs) -> Result<(), Errors> {
         }
         (ResolveArg::NotApplied, None) => ResolveAs::NotApplied,
     };
-    let store = open(&args.store).await?;
+    let store = crate::store::open(&args.store).await?;
     let now = unix_now();
     let expected_attempt = match args.expect_attempt {
         Some(n) => n,
@@ -426,85 +408,12 @@ async fn resolve(args: ResolveArgs) -> Result<(), Errors> {
     }
 }
 
-/// Opens the store `args` names, without creating anything.
-pub(super) async fn open(args: &StoreArgs) -> Result<Box<dyn Store>, Error> {
-    let spec = args.store.as_str();
-    check_text("--store", spec, 4096)?;
-    let shown = redact(spec);
-    let unreachable =
-        |e: &dyn std::fmt::Display| Error::new(format!("cannot open the store {shown}: {e}"));
-    if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect(spec)
-            .await
-            .map_err(|e| unreachable(&e))?;
-        let versions: Result<Vec<i64>, _> =
-            sqlx::query_scalar("SELECT version FROM idem_schema_migrations")
-                .fetch_all(&pool)
-                .await;
-        let latest = idem_runtime::store::postgres::MIGRATIONS
-            .iter()
-            .map(|m| m.version)
-            .max()
-            .unwrap_or(1);
-        match versions {
-            Ok(v) if v.contains(&latest) => {}
-            Ok(_) => {
-                return Err(Error::new(format!(
-                    "the database at {shown} lacks idem's migration {latest} (the history of attempts): start the service with this version of idem once, or apply idem-runtime/migrations/postgres"
-                )));
-            }
-            Err(_) => {
-                return Err(Error::new(format!(
-                    "the database at {shown} has no idem schema (no table `idem_schema_migrations` in its search_path): is it the service's database?"
-                )));
-            }
-        }
-        return Ok(Box::new(
-            idem_runtime::store::PostgresStore::without_migrations(pool),
-        ));
-    }
-    if spec.starts_with("redis://") || spec.starts_with("rediss://") {
-        check_text("--redis-prefix", &args.redis_prefix, 1024)?;
-        let store = idem_runtime::store::RedisStore::connect(spec)
-            .await
-            .map_err(|e| unreachable(&e))?
-            .with_prefix(args.redis_prefix.clone());
-        return Ok(Box::new(store));
-    }
-    if spec.contains("://") {
-        return Err(Error::new(format!(
-            "`{shown}` is not a store: name an SQLite file, a postgres:// URL or a redis:// URL"
-        )));
-    }
-    let path = Path::new(spec.strip_prefix("sqlite:").unwrap_or(spec));
-    if !path.is_file() {
-        return Err(Error::new(format!(
-            "no SQLite database at {}: name the file the service opened (`SqliteStore::open`)",
-            path.display()
-        )));
-    }
-    let store = idem_runtime::store::SqliteStore::open_existing(path)
-        .await
-        .map_err(|e| unreachable(&e))?;
-    Ok(Box::new(store))
-}
-
-/// A URL with its password hidden.
-fn redact(spec: &str) -> String {
-    if let Some((scheme, rest)) = spec.split_once("://")
-        && let Some((userinfo, host)) = rest.split_once('@')
-        && let Some((user, _password)) = userinfo.split_once(':')
-    {
-        return format!("{scheme}://{user}:***@{host}");
-    }
-    spec.to_owned()
-}
-
+/// A store call that failed, naming the store without its password.
 fn store_failed(args: &StoreArgs, error: &StoreError) -> Error {
-    Error::new(format!("the store {} failed: {error}", redact(&args.store)))
+    Error::new(format!(
+        "the store {} failed: {error}",
+        idem_runtime::store::redact_url(&args.store)
+    ))
 }
 
 fn not_found(key: &RecordKey) -> Error {
@@ -521,28 +430,6 @@ fn describe(key: &RecordKey) -> String {
     )
 }
 
-/// An argument that must be non-empty, at most `max` bytes, with no control characters.
-fn check_text(flag: &str, text: &str, max: usize) -> Result<(), Error> {
-    if text.trim().is_empty() {
-        return Err(Error::new(format!("{flag} is empty")));
-    }
-    if text.len() > max {
-        return Err(Error::new(format!(
-            "{flag} is {} bytes long; at most {max} are accepted",
-            text.len()
-        )));
-    }
-    if text
-        .chars()
-        .any(|c| c.is_control() && c != '\n' && c != '\t')
-    {
-        return Err(Error::new(format!(
-            "{flag} holds a control character; write it without"
-        )));
-    }
-    Ok(())
-}
-
 fn record_key(args: &KeyArgs) -> Result<RecordKey, Error> {
     check_text("--operation", &args.operation, MAX_NAME)?;
     check_text("--client", &args.client, MAX_CLIENT)?;
@@ -553,6 +440,22 @@ fn record_key(args: &KeyArgs) -> Result<RecordKey, Error> {
         ));
     }
     Ok(RecordKey::new(&args.operation, &args.client, &args.key))
+}
+
+/// Who resolves: `--by`, else `$USER`, else `$LOGNAME`.
+fn operator(args: &ResolveArgs) -> Result<String, Error> {
+    let by = match &args.by {
+        Some(by) => by.clone(),
+        None => std::env::var("USER")
+            .or_else(|_| std::env::var("LOGNAME"))
+            .map_err(|_| {
+                Error::new(
+                    "say who resolves with --by NAME: neither $USER nor $LOGNAME is set (as UTF-8)",
+                )
+            })?,
+    };
+    check_text("--by", &by, MAX_BY)?;
+    Ok(by)
 }
 
 /// The result in a response file (see `idem ops resolve --help`).
