@@ -582,7 +582,7 @@ async fn warm_up(client: &reqwest::Client, url: &str) {
     assert_eq!(
         answer
             .headers()
-            .get(idem::IDEMPOTENT_REPLAYED_HEADER)
+            .get(idem::headers::IDEMPOTENT_REPLAYED)
             .and_then(|v| v.to_str().ok()),
         Some("true"),
         "{url} replays its warm-up keys"

@@ -40,7 +40,8 @@
 //! }
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let idem = idem::Idem::new(idem::SqliteStore::open("orders.db").await?, idem::identity::header("x-client-id"));
+//! let store = idem::SqliteStore::open("orders.db").await?;
+//! let idem = idem::Idem::new(store, idem::identity::header("x-client-id"));
 //! let app: Router = Router::new()
 //!     .route("/orders", post(create_order))
 //!     .route("/orders/operations/{key}", get(order_status))
@@ -51,16 +52,23 @@
 //! # Where to read on
 //!
 //! - [`contract`](macro@contract): the attribute, property by property.
-//! - [`Idem`]: the runtime handle (store, client identity, limits) and its layer.
-//! - [`problem`]: every answer idem gives of its own, with its stable `type`.
+//! - [`Idem`]: the runtime handle (store, client identity, limits; [`IdemBuilder`]) and
+//!   its layer.
+//! - [`problem`]: every answer idem gives of its own, with its stable `type`;
+//!   [`headers`]: the header names idem and its clients share.
+//! - [`recovery`]: what happens to an operation whose outcome is unknown: a reconcile
+//!   function's [`Decision`], the reconciler, the manual path.
 //! - [`transaction`]: the transactional mode, where a handler's business writes and the
 //!   key's final state commit in one transaction ([`SqliteTx`], `PgTx`).
 //! - [`store`]: the store traits and their backends ([`MemoryStore`], [`SqliteStore`],
-//!   `PostgresStore` with the feature `postgres`, `RedisStore` with the feature `redis`).
-//! - [`model`]: the contract as data, its rules ([`check()`](fn@check)) and its JSON Schema.
+//!   `PostgresStore` with the feature `postgres`, `RedisStore` with the feature `redis`),
+//!   and `store::open` for a store named by a URL.
+//! - [`enforce`]: the request path, stage by stage, for a handler written without the
+//!   macro; and where each property of the contract is enforced.
+//! - [`model`]: the contract as data, its rules ([`check()`](fn@model::check)) and its JSON Schema.
 //! - [`telemetry`]: the spans, events and counters, and what is never recorded.
 //! - `testing` (feature `testing`): the Monday test, a conformance harness pointed at a
-//!   contracted operation, the test-fault protocol it drives (`Idem::with_test_faults`),
+//!   contracted operation, the test-fault protocol it drives (`IdemBuilder::test_faults`),
 //!   and the checks of its proofs 4 and 5: `TraceCapture` (idem's spans) and
 //!   `OperatorCheck` (the store's operator calls).
 //! - [`guide`]: every answer, recovery an operator can run, the stores, the Monday test,
@@ -124,8 +132,9 @@ macro_rules! transaction_links {
 #[doc = include_str!("../docs/contract.md")]
 pub use idem_macros::contract;
 
-/// The contract as plain data: the nine properties, their rules, the contracts file and
-/// the JSON Schema of the `x-idempotency` extension (the `idem-contract` crate).
+/// The contract as plain data: the nine properties, their rules ([`check()`](fn@model::check)),
+/// the contracts file and the JSON Schema of the `x-idempotency` extension (the
+/// `idem-contract` crate).
 pub mod model {
     pub use idem_contract::{
         ACCEPTED_FORMS, Concurrency, Contract, ContractEntry, ContractsFile,
@@ -137,23 +146,34 @@ pub mod model {
     pub use idem_contract::{Location, extension, key, lookup, status};
 }
 
-pub use idem_contract::{Contract, check};
+pub use idem_contract::headers;
+
+// What a service author types, at the root: the handle, what a handler and a reconcile
+// function take and give, the stores and their transactions. Everything has one
+// canonical path; the stores, the transactions and the recovery types are documented in
+// their modules, and their root paths are conveniences (`doc(no_inline)`).
 #[cfg(feature = "redis")]
-pub use idem_runtime::RedisStore;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use idem_runtime::Tx;
+#[doc(no_inline)]
+pub use idem_runtime::store::RedisStore;
 #[cfg(feature = "server")]
 pub use idem_runtime::{
-    Attempt, DEFAULT_HEARTBEAT_LEASE, DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS,
-    DEFAULT_UNAVAILABLE_RETRY_AFTER, IDEMPOTENT_REPLAYED_HEADER, Idem, IdemLayer, IdemService,
-    Lookup, MIN_HEARTBEAT_LEASE, MemoryStore, OPERATION_ID_HEADER, OperationId, OperationReport,
-    OperationStatus, OperatorStore, Reconciled, RecordStore, Resolution, Store, StoreError,
-    UnknownOperation, enforce, fingerprint, identity, problem, reconciler, recovery, store,
+    Attempt, Idem, IdemBuilder, IdemLayer, IdemService, Lookup, OperationId, OperationReport,
+    OperationStatus,
+};
+#[cfg(feature = "server")]
+pub use idem_runtime::{enforce, identity, problem, recovery, store};
+#[cfg(feature = "server")]
+#[doc(no_inline)]
+pub use idem_runtime::{
+    recovery::{Decision, UnknownOperation},
+    store::MemoryStore,
 };
 #[cfg(feature = "postgres")]
-pub use idem_runtime::{PgTx, PostgresStore};
+#[doc(no_inline)]
+pub use idem_runtime::{store::PostgresStore, transaction::PgTx};
 #[cfg(feature = "sqlite")]
-pub use idem_runtime::{SqliteStore, SqliteTx};
+#[doc(no_inline)]
+pub use idem_runtime::{store::SqliteStore, transaction::SqliteTx};
 /// The Monday test: a conformance harness pointed at a contracted operation, its
 /// loopback proxy, and the checks of its proofs 4 ([`TraceCapture`](testing::TraceCapture))
 /// and 5 ([`OperatorCheck`](testing::OperatorCheck)) (the `idem-testing` crate).
@@ -161,8 +181,10 @@ pub use idem_runtime::{SqliteStore, SqliteTx};
 pub use idem_testing as testing;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-#[doc = include_str!("../docs/transaction.md")]
 pub mod transaction {
+    // Inner docs: their links (`[`Tx::conn`]`) resolve in this module.
+    #![doc = include_str!("../docs/transaction.md")]
+
     #[cfg(feature = "postgres")]
     pub use idem_runtime::transaction::PgTx;
     #[cfg(feature = "sqlite")]

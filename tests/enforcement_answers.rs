@@ -578,13 +578,14 @@ async fn store_failure_fails_closed() {
     assert_eq!(f.runs.get(), 1);
 }
 
-/// `with_unavailable_retry_after` sets the `Retry-After` of that 503.
+/// `IdemBuilder::unavailable_retry_after` sets the `Retry-After` of that 503.
 #[tokio::test]
 async fn unavailable_retry_after_is_configurable() {
     let store = FaultyStore::memory();
     store.fail(Call::Begin);
-    let idem = Idem::new(store, identity::header("x-client-id"))
-        .with_unavailable_retry_after(Duration::from_millis(4500));
+    let idem = Idem::builder(store, identity::header("x-client-id"))
+        .unavailable_retry_after(Duration::from_millis(4500))
+        .build();
     let f = Fixture::with_idem(idem).await;
     let answer = f.order("k", order_body(1)).await;
     answer.problem(503, "store-unavailable");
@@ -672,8 +673,9 @@ async fn answers_before_the_handler() {
 /// operation is parked as unknown because it cannot be replayed.
 #[tokio::test]
 async fn oversized_results_are_sent_but_parked() {
-    let idem =
-        Idem::new(MemoryStore::new(), identity::header("x-client-id")).with_max_stored_body(16);
+    let idem = Idem::builder(MemoryStore::new(), identity::header("x-client-id"))
+        .max_stored_body(16)
+        .build();
     let f = Fixture::with_idem(idem).await;
     let first = f.order("k-big", order_body(1)).await;
     assert_eq!(first.status, 201);

@@ -15,7 +15,7 @@ use common::answer::{Answer, send};
 use common::counter::Counter;
 use common::server::TestServer;
 use idem::store::{MemoryStore, RecordKey, RecordState, unix_now};
-use idem::{Idem, Resolution, UnknownOperation, identity};
+use idem::{Decision, Idem, UnknownOperation, identity};
 use serde_json::{Value, json};
 
 #[derive(Clone, Default)]
@@ -68,27 +68,27 @@ recovering_handler!(
     manual("https://runbooks.example.com/orders#unknown")
 );
 
-async fn reconcile_applied(app: App, op: UnknownOperation) -> Resolution {
+async fn reconcile_applied(app: App, op: UnknownOperation) -> Decision {
     app.reconciles.bump();
     // Reconciliation takes a while: concurrent retries must not start a second one.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    Resolution::applied((
+    Decision::applied((
         StatusCode::CREATED,
         Json(json!({ "run": 1, "recovered": true, "key": op.key })),
     ))
 }
 
-async fn reconcile_not_applied(app: App, _op: UnknownOperation) -> Resolution {
+async fn reconcile_not_applied(app: App, _op: UnknownOperation) -> Decision {
     app.reconciles.bump();
-    Resolution::NotApplied
+    Decision::NotApplied
 }
 
-async fn reconcile_unknown(app: App, _op: UnknownOperation) -> Resolution {
+async fn reconcile_unknown(app: App, _op: UnknownOperation) -> Decision {
     app.reconciles.bump();
-    Resolution::unknown("the payment provider did not answer")
+    Decision::unknown("the payment provider did not answer")
 }
 
-async fn reconcile_panics(app: App, _op: UnknownOperation) -> Resolution {
+async fn reconcile_panics(app: App, _op: UnknownOperation) -> Decision {
     app.reconciles.bump();
     panic!("the reconcile function is broken");
 }

@@ -1,4 +1,4 @@
-//! The heartbeat (`Idem::with_heartbeat`; docs/contract.md, `deadline`): a running
+//! The heartbeat (`IdemBuilder::heartbeat`; docs/contract.md, `deadline`): a running
 //! attempt renews a short lease, so that an instance that died is noticed within one
 //! lease, not after the whole per-attempt timeout; a live attempt keeps its key however
 //! long it runs within its time.
@@ -17,7 +17,7 @@ use common::answer::{Answer, send};
 use common::process;
 use common::server::TestServer;
 use idem::store::{RecordKey, RecordState, RecordStore, unix_now};
-use idem::{Idem, Resolution, SqliteStore, UnknownOperation, identity};
+use idem::{Decision, Idem, SqliteStore, UnknownOperation, identity};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -51,9 +51,9 @@ async fn work(State(()): State<()>, Json(work): Json<Work>) -> impl IntoResponse
     (StatusCode::CREATED, Json(json!({ "amount": work.amount })))
 }
 
-async fn reconcile((): (), _op: UnknownOperation) -> Resolution {
+async fn reconcile((): (), _op: UnknownOperation) -> Decision {
     RECONCILES.fetch_add(1, SeqCst);
-    Resolution::NotApplied
+    Decision::NotApplied
 }
 
 async fn status(
@@ -64,7 +64,9 @@ async fn status(
 }
 
 async fn start(store: SqliteStore) -> TestServer {
-    let idem = Idem::new(store, identity::header("x-client-id")).with_heartbeat(HEARTBEAT);
+    let idem = Idem::builder(store, identity::header("x-client-id"))
+        .heartbeat(HEARTBEAT)
+        .build();
     let router = Router::new()
         .route("/work", post(work))
         .route("/work/operations/{key}", get(status))

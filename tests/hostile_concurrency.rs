@@ -19,7 +19,7 @@ use common::orders::{create_order, order_status};
 use common::server::TestServer;
 use futures_util::future::join_all;
 use idem::store::{MemoryStore, RecordKey, RecordState, Store, unix_now};
-use idem::{Idem, Resolution, SqliteStore, UnknownOperation, identity};
+use idem::{Decision, Idem, SqliteStore, UnknownOperation, identity};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -95,10 +95,10 @@ async fn waited(State(app): State<App>, Json(_body): Json<Value>) -> impl IntoRe
     (StatusCode::CREATED, Json(json!({ "run": n })))
 }
 
-async fn reconcile_not_applied(app: App, _op: UnknownOperation) -> Resolution {
+async fn reconcile_not_applied(app: App, _op: UnknownOperation) -> Decision {
     app.reconciles.bump();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    Resolution::NotApplied
+    Decision::NotApplied
 }
 
 /// TTL equal to the deadline, as the contract rules allow. The first run answers 503

@@ -26,7 +26,7 @@ use common::process;
 use common::server::TestServer;
 use futures_util::stream;
 use idem::store::{RecordKey, RecordState, Store, unix_now};
-use idem::{Idem, Resolution, SqliteStore, UnknownOperation, identity};
+use idem::{Decision, Idem, SqliteStore, UnknownOperation, identity};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -126,12 +126,12 @@ async fn handle(app: App, headers: HeaderMap, order: CreateOrder) -> Response {
 }
 
 /// Finds the order written under the key: applied with it, or not applied.
-async fn reconcile(app: App, op: UnknownOperation) -> Resolution {
+async fn reconcile(app: App, op: UnknownOperation) -> Decision {
     app.reconciles.bump();
     let order = app.orders.lock().unwrap().get(&op.key).cloned();
     match order {
-        Some(order) => Resolution::applied((StatusCode::CREATED, Json(order))),
-        None => Resolution::NotApplied,
+        Some(order) => Decision::applied((StatusCode::CREATED, Json(order))),
+        None => Decision::NotApplied,
     }
 }
 
@@ -446,8 +446,9 @@ async fn a_hanging_response_body_is_stopped_at_the_lease() {
 /// it never runs again.
 #[tokio::test]
 async fn a_streamed_result_past_the_stored_limit_is_sent_and_parked() {
-    let idem = Idem::new(idem::MemoryStore::new(), identity::header("x-client-id"))
-        .with_max_stored_body(1024);
+    let idem = Idem::builder(idem::MemoryStore::new(), identity::header("x-client-id"))
+        .max_stored_body(1024)
+        .build();
     let f = Fixture::with_idem(idem).await;
     let first = f.post("/orders", "k-big", "big-stream").await;
     assert_eq!(first.status, 201);
@@ -674,8 +675,9 @@ fn sqlite_crash_then_the_reconciler_recovers_without_a_request() {
     let restarted = process::runtime();
     restarted.block_on(async {
         let store = SqliteStore::open(&path).await.unwrap();
-        let idem = Idem::new(store, identity::header("x-client-id"))
-            .recover_with::<reconciled::Operation, _>(&app);
+        let idem = Idem::builder(store, identity::header("x-client-id"))
+            .recover_with::<reconciled::Operation, _>(&app)
+            .build();
         let reconciler = idem.spawn_reconciler(Duration::from_millis(50));
         let f = Fixture::serve(idem, app.clone()).await;
         let released = async {

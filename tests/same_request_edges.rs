@@ -184,8 +184,9 @@ async fn sqlite_tx() -> (TestServer, App, tempfile::TempDir) {
         runs: Counter::default(),
         db: Some(store.clone()),
     };
-    let idem = Idem::transactional(store, identity::header("x-client-id"))
-        .with_heartbeat(Duration::from_millis(300));
+    let idem = Idem::transactional_builder(store, identity::header("x-client-id"))
+        .heartbeat(Duration::from_millis(300))
+        .build();
     (serve(idem, app.clone()).await, app, dir)
 }
 
@@ -273,8 +274,9 @@ async fn a_renamed_query_field_is_a_configuration_error() {
 /// its lease and its answer is recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tiny_heartbeat_still_keeps_a_live_attempt() {
-    let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"))
-        .with_heartbeat(Duration::from_millis(1));
+    let idem = Idem::builder(MemoryStore::new(), identity::header("x-client-id"))
+        .heartbeat(Duration::from_millis(1))
+        .build();
     let server = serve(idem, App::default()).await;
     let answer = send(
         server
@@ -341,8 +343,9 @@ async fn a_permanent_refusal_after_sqlite_ended_the_transaction_is_recorded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_that_heal_after_the_lease_lapsed_keep_the_answer() {
     let store = FaultyStore::memory();
-    let idem = Idem::new(store.clone(), identity::header("x-client-id"))
-        .with_heartbeat(Duration::from_millis(300));
+    let idem = Idem::builder(store.clone(), identity::header("x-client-id"))
+        .heartbeat(Duration::from_millis(300))
+        .build();
     let server = Arc::new(serve(idem, App::default()).await);
     let s = server.clone();
     let first: tokio::task::JoinHandle<Answer> = tokio::spawn(async move {

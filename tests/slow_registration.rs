@@ -19,7 +19,7 @@ use common::counter::Counter;
 use common::faults::FaultyStore;
 use common::server::TestServer;
 use idem::store::MemoryStore;
-use idem::{Idem, Resolution, UnknownOperation, identity};
+use idem::{Decision, Idem, UnknownOperation, identity};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -61,13 +61,14 @@ async fn order_status(
 
 /// The handler writes nothing before it answers, so an attempt that did not answer did
 /// nothing.
-async fn nothing_happened(_runs: Counter, _op: UnknownOperation) -> Resolution {
-    Resolution::NotApplied
+async fn nothing_happened(_runs: Counter, _op: UnknownOperation) -> Decision {
+    Decision::NotApplied
 }
 
-fn instance(store: impl idem::Store, runs: &Counter) -> Router {
-    let idem =
-        Idem::new(store, identity::header("x-client-id")).with_heartbeat(Duration::from_millis(90));
+fn instance(store: impl idem::store::Store, runs: &Counter) -> Router {
+    let idem = Idem::builder(store, identity::header("x-client-id"))
+        .heartbeat(Duration::from_millis(90))
+        .build();
     Router::new()
         .route("/orders", post(create_order))
         .route("/orders/operations/{key}", get(order_status))

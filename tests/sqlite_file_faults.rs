@@ -24,7 +24,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use common::answer::{Answer, send};
 use common::server::TestServer;
-use idem::{Idem, Resolution, SqliteStore, UnknownOperation, identity};
+use idem::{Decision, Idem, SqliteStore, UnknownOperation, identity};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::Mutex;
@@ -85,19 +85,19 @@ async fn create_order(
     }
 }
 
-async fn reconcile(app: App, op: UnknownOperation) -> Resolution {
+async fn reconcile(app: App, op: UnknownOperation) -> Decision {
     let found: Result<Option<i64>, _> =
         sqlx::query_scalar("SELECT amount FROM orders WHERE operation_id = ?")
             .bind(op.operation_id.to_string())
             .fetch_optional(&app.pool)
             .await;
     match found {
-        Ok(Some(amount)) => Resolution::applied((
+        Ok(Some(amount)) => Decision::applied((
             StatusCode::CREATED,
             Json(json!({ "key": op.key, "amount": amount })),
         )),
-        Ok(None) => Resolution::NotApplied,
-        Err(error) => Resolution::cannot_decide_now(format!("the orders table: {error}")),
+        Ok(None) => Decision::NotApplied,
+        Err(error) => Decision::cannot_decide_now(format!("the orders table: {error}")),
     }
 }
 

@@ -957,7 +957,9 @@ async fn create_large_order(Json(order): Json<CreateOrder>) -> impl IntoResponse
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_too_large_to_store_parks_the_operation() {
     let telemetry = installed();
-    let idem = Idem::new(MemoryStore::new(), identity).with_max_stored_body(16);
+    let idem = Idem::builder(MemoryStore::new(), identity)
+        .max_stored_body(16)
+        .build();
     let router = Router::new()
         .route("/large-orders", post(create_large_order))
         .layer(idem.layer());

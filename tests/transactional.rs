@@ -57,7 +57,7 @@ macro_rules! suite {
             use axum::routing::{get, post as route_post};
             use axum::{Json, Router};
             use idem::store::{RecordKey, RecordState, RecordStore, unix_now};
-            use idem::{Idem, Resolution, UnknownOperation, identity};
+            use idem::{Idem, Decision, UnknownOperation, identity};
             use serde::Deserialize;
 
             #[derive(Clone)]
@@ -143,16 +143,16 @@ macro_rules! suite {
 
             /// Finds the order of the operation: the transactional mode leaves none
             /// behind an attempt that did not commit.
-            async fn reconcile(app: App, op: UnknownOperation) -> Resolution {
+            async fn reconcile(app: App, op: UnknownOperation) -> Decision {
                 let found: i64 = sqlx::query_scalar($by_operation)
                     .bind(op.operation_id.to_string())
                     .fetch_one(app.store.pool())
                     .await
                     .unwrap();
                 if found == 0 {
-                    Resolution::NotApplied
+                    Decision::NotApplied
                 } else {
-                    Resolution::applied(StatusCode::CREATED)
+                    Decision::applied(StatusCode::CREATED)
                 }
             }
 
@@ -180,9 +180,10 @@ macro_rules! suite {
                     .unwrap();
                     // A heartbeat lease shorter than the attempt's 1 s, as in production
                     // (2 s against a 10 s per-attempt timeout).
-                    let idem = Idem::transactional(store.clone(), identity::header("x-client-id"))
-                        .with_max_stored_body(max_stored_body)
-                        .with_heartbeat(Duration::from_millis(600));
+                    let idem = Idem::transactional_builder(store.clone(), identity::header("x-client-id"))
+                        .max_stored_body(max_stored_body)
+                        .heartbeat(Duration::from_millis(600))
+                        .build();
                     let app = App { store, hooks: Hooks::default() };
                     let router = Router::new()
                         .route("/orders", route_post(create_order))

@@ -18,7 +18,7 @@ use axum::{Json, Router};
 use common::answer::{Answer, send};
 use common::server::TestServer;
 use idem::store::{RecordKey, RecordState, RecordStore, unix_now};
-use idem::{Idem, PostgresStore, Resolution, SqliteStore, UnknownOperation, identity};
+use idem::{Decision, Idem, PostgresStore, SqliteStore, UnknownOperation, identity};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -347,16 +347,16 @@ async fn pg_order(
     }
 }
 
-async fn pg_reconcile(app: Pg, op: UnknownOperation) -> Resolution {
+async fn pg_reconcile(app: Pg, op: UnknownOperation) -> Decision {
     let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE operation_id = $1")
         .bind(op.operation_id.to_string())
         .fetch_one(app.0.pool())
         .await
         .unwrap();
     if n == 0 {
-        Resolution::NotApplied
+        Decision::NotApplied
     } else {
-        Resolution::applied(StatusCode::CREATED)
+        Decision::applied(StatusCode::CREATED)
     }
 }
 

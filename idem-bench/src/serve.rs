@@ -69,7 +69,7 @@ impl Variant {
         match self {
             Variant::Bare => None,
             Variant::AxumIdempotent => Some("idempotency-replayed"),
-            Variant::Idem => Some(idem::IDEMPOTENT_REPLAYED_HEADER),
+            Variant::Idem => Some(idem::headers::IDEMPOTENT_REPLAYED),
         }
     }
 }

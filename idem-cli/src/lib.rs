@@ -149,7 +149,7 @@ pub enum Command {
     /// with the same key; a 429; a transient 503; a permanent 400; concurrent requests
     /// with one key; a crash after the effect. The service makes them happen when a
     /// request carries `Idem-Test-Fault: answer-429 | answer-503 | answer-400 |
-    /// crash-after-effect` (idem does with `Idem::with_test_faults()`; a service in any
+    /// crash-after-effect` (idem does with `IdemBuilder::test_faults()`; a service in any
     /// language can). Business effects are counted before and after each scenario by
     /// `--effects-url` (a number in the body) or `--effects-command` (a number printed).
     /// Prints scenario × proof and exits with 1 when a proof fails. Proof 4 (the trace)

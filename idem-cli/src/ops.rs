@@ -14,7 +14,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use http::{HeaderName, HeaderValue};
 use idem_runtime::store::{
     AttemptEnd, Inspection, ListQuery, Listed, OperationState, Record, RecordKey, RecordState,
-    Resolve, ResolveAs, StoreError, StoredResponse, UnixMillis, unix_now,
+    Resolution, ResolutionOutcome, StoreError, StoredResponse, UnixMillis, unix_now,
 };
 use serde_json::{Value, json};
 
@@ -66,7 +66,7 @@ pub enum OpsCommand {
     #[command(
         after_help = "Examples:\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --expect-attempt 2 --as completed --response order-42.json --reason \"order 42 is in the ledger\"\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --as not-applied --reason \"no order in the ledger\""
     )]
-    Resolve(ResolveArgs),
+    Resolution(ResolveArgs),
 }
 
 /// A state as the command line names it.
@@ -192,7 +192,7 @@ pub fn run(args: OpsArgs) -> Result<(), Errors> {
         match args.command {
             OpsCommand::List(args) => list(args).await,
             OpsCommand::Show(args) => show(args).await,
-            OpsCommand::Resolve(args) => resolve(args).await,
+            OpsCommand::Resolution(args) => resolve(args).await,
         }
     })
 }
@@ -343,7 +343,7 @@ async fn resolve(args: ResolveArgs) -> Result<(), Errors> {
         return Err(Error::new("--expect-attempt counts from 1").into());
     }
     let outcome = match (args.outcome, &args.response) {
-        (ResolveArg::Completed, Some(file)) => ResolveAs::Completed(read_response(file)?),
+        (ResolveArg::Completed, Some(file)) => ResolutionOutcome::Completed(read_response(file)?),
         (ResolveArg::Completed, None) => {
             return Err(Error::new(
                 "--as completed needs --response FILE: the result clients get from now on",
@@ -356,7 +356,7 @@ async fn resolve(args: ResolveArgs) -> Result<(), Errors> {
             )
             .into());
         }
-        (ResolveArg::NotApplied, None) => ResolveAs::NotApplied,
+        (ResolveArg::NotApplied, None) => ResolutionOutcome::NotApplied,
     };
     let store = crate::store::open(&args.store).await?;
     let now = unix_now();
@@ -371,7 +371,7 @@ async fn resolve(args: ResolveArgs) -> Result<(), Errors> {
             record.attempt
         }
     };
-    let resolution = Resolve {
+    let resolution = Resolution {
         expected_attempt,
         outcome,
         by: by.clone(),

@@ -19,12 +19,10 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem_contract::extension::{ClientIdentity, Extension};
 use idem_contract::*;
-use idem_runtime::enforce::Enforced;
+use idem_runtime::enforce::{Contracted, Enforced};
+use idem_runtime::recovery::{Decision, Recover, Recoverer, UnknownOperation};
 use idem_runtime::store::SqliteStore;
-use idem_runtime::{
-    Contracted, Idem, Lookup, OperationStatus, Recover, Recoverer, Resolution, UnknownOperation,
-    identity,
-};
+use idem_runtime::{Idem, Lookup, OperationStatus, identity};
 
 const CONTRACT: Contract = Contract {
     operation: Cow::Borrowed("create_order"),
@@ -69,7 +67,7 @@ impl Recover<Orders> for CreateOrder {
     }
 }
 
-async fn reconcile_order(orders: Orders, op: UnknownOperation) -> Resolution {
+async fn reconcile_order(orders: Orders, op: UnknownOperation) -> Decision {
     let found = orders
         .by_operation
         .lock()
@@ -77,8 +75,8 @@ async fn reconcile_order(orders: Orders, op: UnknownOperation) -> Resolution {
         .get(&op.operation_id.to_string())
         .cloned();
     match found {
-        Some(order) => Resolution::applied((StatusCode::CREATED, Json(order))),
-        None => Resolution::NotApplied,
+        Some(order) => Decision::applied((StatusCode::CREATED, Json(order))),
+        None => Decision::NotApplied,
     }
 }
 
@@ -126,9 +124,10 @@ async fn serve(router: Router) -> String {
 async fn idem_service(dir: &Path) -> (String, PathBuf) {
     let db = dir.join("records.db");
     let store = SqliteStore::open(&db).await.unwrap();
-    let idem = Idem::new(store, identity::header("x-client-id"))
-        .with_heartbeat(Duration::from_millis(300))
-        .with_test_faults();
+    let idem = Idem::builder(store, identity::header("x-client-id"))
+        .heartbeat(Duration::from_millis(300))
+        .test_faults()
+        .build();
     let router = Router::new()
         .route("/orders", post(create_order))
         .route("/orders/operations/{key}", get(order_status))

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use idem_contract::extension::MAX_IDENTITY_LEN;
-use idem_contract::headers::{IDEMPOTENT_REPLAYED_HEADER, OPERATION_ID_HEADER};
+use idem_contract::headers::{IDEMPOTENT_REPLAYED, OPERATION_ID};
 use idem_contract::problem::ProblemType;
 use idem_contract::{FieldPath, KeySource};
 use serde_json::{Map, Value};
@@ -528,7 +528,7 @@ impl<T: Transport> Client<T> {
                 }
                 Ok(answer) => {
                     span.record("http.response.status_code", answer.status.as_u16());
-                    if let Some(id) = header_str(&answer.headers, OPERATION_ID_HEADER) {
+                    if let Some(id) = header_str(&answer.headers, OPERATION_ID) {
                         intent.operation_id = Some(id.to_owned());
                     }
                     let problem = Problem::parse(&answer.headers, &answer.body);
@@ -593,7 +593,7 @@ impl<T: Transport> Client<T> {
                 idem_contract::Concurrency::Accepted
             )
             && kind.is_none()
-            && header_str(&answer.headers, IDEMPOTENT_REPLAYED_HEADER).is_none()
+            && header_str(&answer.headers, IDEMPOTENT_REPLAYED).is_none()
             && answer.headers.contains_key(http::header::LOCATION)
             && answer.headers.contains_key(http::header::RETRY_AFTER)
         {
@@ -613,7 +613,7 @@ impl<T: Transport> Client<T> {
         }
         if status.is_success() || status.is_redirection() || status.is_informational() {
             self.budget.record_success();
-            let replayed = header_str(&answer.headers, IDEMPOTENT_REPLAYED_HEADER)
+            let replayed = header_str(&answer.headers, IDEMPOTENT_REPLAYED)
                 .is_some_and(|v| v.eq_ignore_ascii_case("true"));
             return Verdict::Done(Box::new(Outcome::Completed(Completed {
                 operation: intent.policy.operation().to_owned(),

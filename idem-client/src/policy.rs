@@ -200,7 +200,7 @@ impl RetryPolicy {
         PolicyBuilder {
             operation: operation.into(),
             key: KeySource::Header {
-                name: idem_contract::key::DEFAULT_KEY_HEADER.into(),
+                name: idem_contract::headers::IDEMPOTENCY_KEY.into(),
             },
             key_format: KeyFormat::Any,
             max_attempts: None,

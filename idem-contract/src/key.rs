@@ -8,12 +8,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::fingerprint::FieldPath;
 
-/// The header that carries the key unless the contract names another one.
-///
-/// The name follows the IETF draft "The Idempotency-Key HTTP Header Field"
-/// (draft-ietf-httpapi-idempotency-key-header).
-pub const DEFAULT_KEY_HEADER: &str = "Idempotency-Key";
-
 /// The longest key accepted, in bytes (every accepted byte is one visible ASCII character).
 pub const MAX_KEY_LEN: usize = 255;
 
@@ -134,7 +128,7 @@ impl KeyScope {
     pub const CLIENT: KeyScope = KeyScope {
         per: Namespace::Client,
         source: KeySource::Header {
-            name: Cow::Borrowed(DEFAULT_KEY_HEADER),
+            name: Cow::Borrowed(crate::headers::IDEMPOTENCY_KEY),
         },
         format: KeyFormat::Any,
     };

@@ -5,23 +5,23 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use idem_contract::{Contract, KeyError};
 
-use crate::operation_id::OPERATION_ID_HEADER;
 use crate::problem::{Problem, ProblemType};
 use crate::store::{OperationState, Record, RecordKey, StoreError};
 use crate::telemetry::{self, Outcome};
 use crate::{Idem, OperationId};
+use idem_contract::headers::OPERATION_ID;
 
 /// Sets the `Operation-Id` header.
 pub(crate) fn with_operation_id(mut response: Response, id: OperationId) -> Response {
     response
         .headers_mut()
-        .insert(OPERATION_ID_HEADER, id.header_value());
+        .insert(OPERATION_ID, id.header_value());
     response
 }
 
 /// Sets a fresh `Operation-Id` (for answers that register nothing), unless one is set.
 pub(crate) fn with_fresh_id(response: Response) -> Response {
-    if response.headers().contains_key(OPERATION_ID_HEADER) {
+    if response.headers().contains_key(OPERATION_ID) {
         return response;
     }
     with_operation_id(response, OperationId::new())

@@ -36,15 +36,8 @@ pub(crate) fn point(name: &'static str) {
 #[inline(always)]
 pub(crate) fn point(_name: &'static str) {}
 
-/// The request header of the test-fault protocol (the conformance harness of
-/// `idem-testing`, `idem::testing`, drives it): a request that carries
-/// it asks the operation to fail in a given way. Honoured only by an [`crate::Idem`] handle
-/// made with `Idem::with_test_faults` (feature `testing`); a normal build has no such
-/// handle and ignores the header.
-#[cfg(feature = "testing")]
-pub const TEST_FAULT_HEADER: &str = "idem-test-fault";
-
-/// One fault of the test-fault protocol, as the header [`TEST_FAULT_HEADER`] names it.
+/// One fault of the test-fault protocol, as the header [`TEST_FAULT`](idem_contract::headers::TEST_FAULT)
+/// (`Idem-Test-Fault`) names it.
 /// It applies to the attempt its request starts; a request answered from the key's
 /// record (a replay, a concurrency answer) ignores it.
 ///
@@ -114,7 +107,7 @@ where
                 "type": "about:blank",
                 "title": status.canonical_reason().unwrap_or("fault"),
                 "status": status.as_u16(),
-                "detail": format!("answered by the test-fault protocol ({} {})", TEST_FAULT_HEADER, fault.header_value()),
+                "detail": format!("answered by the test-fault protocol ({} {})", idem_contract::headers::TEST_FAULT, fault.header_value()),
             });
             let mut response = (
                 status,
@@ -156,12 +149,13 @@ pub(crate) fn requested(
     if !enabled {
         return Ok(None);
     }
-    let Some(value) = headers.get(TEST_FAULT_HEADER) else {
+    use idem_contract::headers::TEST_FAULT;
+    let Some(value) = headers.get(TEST_FAULT) else {
         return Ok(None);
     };
     TestFault::parse(value.as_bytes()).map(Some).ok_or_else(|| {
         format!(
-            "the header `{TEST_FAULT_HEADER}` names no fault: `{}`; send one of {}",
+            "the header `{TEST_FAULT}` names no fault: `{}`; send one of {}",
             String::from_utf8_lossy(value.as_bytes()),
             TestFault::ALL.map(|(name, _)| name).join(", ")
         )

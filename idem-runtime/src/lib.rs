@@ -28,10 +28,9 @@
 //!
 //! use axum::{Json, Router, extract::{Path, State}, http::StatusCode, response::Response, routing::{get, post}};
 //! use idem_contract::*;
-//! use idem_runtime::{
-//!     Contracted, Idem, Lookup, OperationStatus, Recover, Recoverer, Resolution, UnknownOperation,
-//!     enforce::Enforced, identity, store::MemoryStore,
-//! };
+//! use idem_runtime::enforce::{Contracted, Enforced};
+//! use idem_runtime::recovery::{Decision, Recover, Recoverer, UnknownOperation};
+//! use idem_runtime::{Idem, Lookup, OperationStatus, identity, store::MemoryStore};
 //!
 //! #[derive(Clone, Default)]
 //! struct App { orders: Arc<AtomicUsize> }
@@ -63,9 +62,9 @@
 //!     }
 //! }
 //!
-//! async fn reconcile_order(app: App, op: UnknownOperation) -> Resolution {
+//! async fn reconcile_order(app: App, op: UnknownOperation) -> Decision {
 //!     // Look for the order written under `op.key`; here: none was written.
-//!     Resolution::NotApplied
+//!     Decision::NotApplied
 //! }
 //!
 //! async fn create_order(
@@ -122,7 +121,7 @@ mod operation;
 mod operation_id;
 pub mod problem;
 mod reconcile;
-pub mod reconciler;
+mod reconciler;
 pub mod recovery;
 mod replay;
 mod serde_names;
@@ -135,31 +134,31 @@ pub mod transaction;
 #[path = "private.rs"]
 pub mod __private;
 
+pub use idem_contract::headers;
+
 pub use crate::attempt::Attempt;
 #[cfg(feature = "testing")]
-pub use crate::fault::{TEST_FAULT_HEADER, TestFault};
-pub use crate::idem::{
-    DEFAULT_HEARTBEAT_LEASE, DEFAULT_MAX_STORED_BODY, DEFAULT_REPLAYED_HEADERS,
-    DEFAULT_UNAVAILABLE_RETRY_AFTER, Idem, MIN_HEARTBEAT_LEASE,
-};
+pub use crate::fault::TestFault;
+pub use crate::idem::{Idem, IdemBuilder};
 pub use crate::layer::{IdemLayer, IdemService};
 pub use crate::lookup::{Lookup, OperationReport, OperationStatus};
-pub use crate::operation_id::{OPERATION_ID_HEADER, OperationId};
-pub use crate::reconciler::Reconciled;
-pub use crate::recovery::{
-    Contracted, Reconcile, ReconcileWith, Recover, Recoverer, Resolution, UnknownOperation,
-};
-pub use crate::replay::IDEMPOTENT_REPLAYED_HEADER;
+pub use crate::operation_id::OperationId;
+#[doc(no_inline)]
+pub use crate::recovery::{Decision, UnknownOperation};
+#[doc(no_inline)]
+pub use crate::store::MemoryStore;
 #[cfg(feature = "postgres")]
+#[doc(no_inline)]
 pub use crate::store::PostgresStore;
 #[cfg(feature = "redis")]
+#[doc(no_inline)]
 pub use crate::store::RedisStore;
 #[cfg(feature = "sqlite")]
+#[doc(no_inline)]
 pub use crate::store::SqliteStore;
-pub use crate::store::{MemoryStore, OperatorStore, RecordStore, Store, StoreError};
 #[cfg(feature = "postgres")]
+#[doc(no_inline)]
 pub use crate::transaction::PgTx;
 #[cfg(feature = "sqlite")]
+#[doc(no_inline)]
 pub use crate::transaction::SqliteTx;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use crate::transaction::Tx;

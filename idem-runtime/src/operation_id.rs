@@ -6,8 +6,6 @@ use std::str::FromStr;
 use http::HeaderValue;
 use uuid::Uuid;
 
-pub use idem_contract::headers::OPERATION_ID_HEADER;
-
 /// The id of one business operation: a UUIDv7 (RFC 9562 §5.7), so ids sort by the time
 /// they were made.
 ///

@@ -19,8 +19,8 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 
 use crate::OperationId;
-use crate::operation_id::OPERATION_ID_HEADER;
 use crate::store::OperationState;
+use idem_contract::headers::OPERATION_ID;
 
 pub use idem_contract::problem::{PROBLEM_JSON, ProblemType, TYPE_PREFIX};
 
@@ -129,7 +129,7 @@ impl IntoResponse for Problem {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         if let Some(id) = self.operation_id {
-            headers.insert(OPERATION_ID_HEADER, id.header_value());
+            headers.insert(OPERATION_ID, id.header_value());
         }
         // The case, for the attempt's telemetry (`crate::telemetry`).
         response.extensions_mut().insert(self.kind);
@@ -167,10 +167,7 @@ mod tests {
         assert_eq!(response.status(), 409);
         assert_eq!(response.headers()[header::CONTENT_TYPE], PROBLEM_JSON);
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
-        assert_eq!(
-            response.headers()[OPERATION_ID_HEADER],
-            id.to_string().as_str()
-        );
+        assert_eq!(response.headers()[OPERATION_ID], id.to_string().as_str());
         let json = Problem::new(ProblemType::OperationInProgress, "still running")
             .with_operation_id(id)
             .with_state(OperationState::Processing)

@@ -12,7 +12,7 @@ use crate::store::UnixMillis;
 
 /// What a reconcile function decided about an operation whose outcome was unknown.
 #[derive(Debug)]
-pub enum Resolution {
+pub enum Decision {
     /// The effect happened; this is the answer the first attempt would have given (build
     /// it from the business data). It is stored and replayed like a handler's answer.
     Applied(Response),
@@ -29,21 +29,21 @@ pub enum Resolution {
     CannotDecideNow(String),
 }
 
-impl Resolution {
-    /// [`Resolution::Applied`] from anything that is a response.
-    pub fn applied(response: impl IntoResponse) -> Resolution {
-        Resolution::Applied(response.into_response())
+impl Decision {
+    /// [`Decision::Applied`] from anything that is a response.
+    pub fn applied(response: impl IntoResponse) -> Decision {
+        Decision::Applied(response.into_response())
     }
 
-    /// [`Resolution::Unknown`] with `reason`.
-    pub fn unknown(reason: impl Into<String>) -> Resolution {
-        Resolution::Unknown(reason.into())
+    /// [`Decision::Unknown`] with `reason`.
+    pub fn unknown(reason: impl Into<String>) -> Decision {
+        Decision::Unknown(reason.into())
     }
 
-    /// [`Resolution::CannotDecideNow`] with `reason`, such as the error that kept the
+    /// [`Decision::CannotDecideNow`] with `reason`, such as the error that kept the
     /// business data from being read.
-    pub fn cannot_decide_now(reason: impl Into<String>) -> Resolution {
-        Resolution::CannotDecideNow(reason.into())
+    pub fn cannot_decide_now(reason: impl Into<String>) -> Decision {
+        Decision::CannotDecideNow(reason.into())
     }
 }
 
@@ -81,54 +81,54 @@ impl std::fmt::Debug for UnknownOperation {
 }
 
 /// A reconcile function that takes the handler's state:
-/// `async fn(state: T, op: UnknownOperation) -> Resolution`.
+/// `async fn(state: T, op: UnknownOperation) -> Decision`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a reconcile function for the state `{T}`",
     label = "named in `recovery = ..`: not a reconcile function",
-    note = "a reconcile function is `async fn(state: T, op: idem::UnknownOperation) -> idem::Resolution`, where `T` is the handler's `State<T>` type"
+    note = "a reconcile function is `async fn(state: T, op: idem::UnknownOperation) -> idem::Decision`, where `T` is the handler's `State<T>` type"
 )]
 pub trait ReconcileWith<T>: Send + 'static {
     /// Calls the function.
-    fn call(self, state: T, op: UnknownOperation) -> BoxFuture<'static, Resolution>;
+    fn call(self, state: T, op: UnknownOperation) -> BoxFuture<'static, Decision>;
 }
 
 impl<T, F, Fut> ReconcileWith<T> for F
 where
     T: Send + 'static,
     F: FnOnce(T, UnknownOperation) -> Fut + Send + 'static,
-    Fut: Future<Output = Resolution> + Send + 'static,
+    Fut: Future<Output = Decision> + Send + 'static,
 {
-    fn call(self, state: T, op: UnknownOperation) -> BoxFuture<'static, Resolution> {
+    fn call(self, state: T, op: UnknownOperation) -> BoxFuture<'static, Decision> {
         Box::pin(self(state, op))
     }
 }
 
-/// A reconcile function without state: `async fn(op: UnknownOperation) -> Resolution`.
+/// A reconcile function without state: `async fn(op: UnknownOperation) -> Decision`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a reconcile function",
     label = "named in `recovery = ..`: not a reconcile function",
-    note = "a reconcile function is `async fn(op: idem::UnknownOperation) -> idem::Resolution`, or `async fn(state: T, op: idem::UnknownOperation) -> idem::Resolution` for a handler with `State<T>`"
+    note = "a reconcile function is `async fn(op: idem::UnknownOperation) -> idem::Decision`, or `async fn(state: T, op: idem::UnknownOperation) -> idem::Decision` for a handler with `State<T>`"
 )]
 pub trait Reconcile: Send + 'static {
     /// Calls the function.
-    fn call(self, op: UnknownOperation) -> BoxFuture<'static, Resolution>;
+    fn call(self, op: UnknownOperation) -> BoxFuture<'static, Decision>;
 }
 
 impl<F, Fut> Reconcile for F
 where
     F: FnOnce(UnknownOperation) -> Fut + Send + 'static,
-    Fut: Future<Output = Resolution> + Send + 'static,
+    Fut: Future<Output = Decision> + Send + 'static,
 {
-    fn call(self, op: UnknownOperation) -> BoxFuture<'static, Resolution> {
+    fn call(self, op: UnknownOperation) -> BoxFuture<'static, Decision> {
         Box::pin(self(op))
     }
 }
 
 pub(crate) type ReconcileFn =
-    Box<dyn FnOnce(UnknownOperation) -> BoxFuture<'static, Resolution> + Send>;
+    Box<dyn FnOnce(UnknownOperation) -> BoxFuture<'static, Decision> + Send>;
 
 /// The contract's recovery, ready to run: a reconcile function (with its state) or the
-/// manual path. Made by [`Recover::recoverer`](crate::Recover::recoverer).
+/// manual path. Made by [`Recover::recoverer`](crate::recovery::Recover::recoverer).
 pub struct Recoverer {
     pub(crate) reconcile: Option<ReconcileFn>,
 }
@@ -166,4 +166,21 @@ impl std::fmt::Debug for Recoverer {
             "Recoverer::Manual"
         })
     }
+}
+
+/// What one pass of the reconciler did ([`Idem::reconcile`](crate::Idem::reconcile)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReconcilerPass {
+    /// Records found with an ended lease.
+    pub found: u64,
+    /// Taken over and decided by this pass (applied, not applied, parked, or postponed
+    /// because the recoverer could not decide now).
+    pub recovered: u64,
+    /// Taken over or finished by someone else first (another instance, a retry).
+    pub lost: u64,
+    /// Left alone: an attempt still alive in this process holds them.
+    pub alive: u64,
+    /// The store failed while recovering them; the next pass tries again.
+    pub failed: u64,
 }

@@ -1,53 +1,13 @@
-//! The reconciler: recovery that does not wait for the client.
-//!
-//! Without it, an operation whose attempt died is recovered when its key is seen again (a
-//! retry or a status lookup). A service that registers its recoverers with the handle
-//! and spawns the reconciler has every ended lease recovered within one period, whether
-//! or not the client comes back:
-//!
-//! ```
-//! use std::time::Duration;
-//! use idem_runtime::{Idem, MemoryStore, identity};
-//! # use idem_runtime::{Contracted, Recover, Recoverer, Resolution, UnknownOperation};
-//! # pub mod create_order { pub struct Operation; }
-//! # impl Contracted for create_order::Operation { const CONTRACT: &'static
-//! idem_contract::Contract = &idem_contract::Contract::PLACEHOLDER; }
-//! # impl Recover<AppState> for create_order::Operation {
-//! #     fn recoverer(state: &AppState) -> Recoverer {
-//! #         Recoverer::reconcile_with(state.clone(), |_: AppState, _: UnknownOperation|
-//! async { Resolution::NotApplied })
-//! #     }
-//! # }
-//! #[derive(Clone)]
-//! struct AppState { /* the business database's pool */ }
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! let state = AppState {};
-//! let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"))
-//!     // The reconcile function of `create_order`, with the router's state.
-//!     .recover_with::<create_order::Operation, _>(&state);
-//! let reconciler = idem.spawn_reconciler(Duration::from_secs(10));
-//! // let app = axum::Router::new() /* .route(…) */ .with_state(state).layer(idem.layer());
-//! # reconciler.abort();
-//! # }
-//! ```
-//!
-//! Each pass lists, per registered operation, the processing records whose lease has ended
-//! ([`OperatorStore::list`](crate::OperatorStore::list)), takes each over with one
-//! compare-and-set ([`RecordStore::take_over`](crate::RecordStore::take_over): a new
-//! fencing token, so exactly one of many instances recovers it, and the worker whose lease
-//! ended can no longer write), asks the recoverer once, and records the decision exactly as
-//! a status lookup does ([`crate::recovery`]): applied is stored as the result, not applied
-//! releases the key (the client's next retry runs the handler), unknown parks it for an
-//! operator (`idem ops resolve`), and "cannot decide now" leaves it for the next pass. An
-//! attempt still alive in this process is left alone.
+//! The reconciler: recovery that does not wait for the client (see the module docs of
+//! [`crate::recovery`], "The reconciler").
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Idem;
+use crate::idem::IdemBuilder;
 use crate::operation::Recover;
+use crate::reconcile::ReconcilerPass;
 use crate::reconcile::Recoverer;
 use crate::recovery::{Recovered, recover};
 use crate::store::{ListQuery, RecordKey, StoreError, unix_now};
@@ -55,41 +15,23 @@ use crate::store::{ListQuery, RecordKey, StoreError, unix_now};
 /// How many records one listing of a pass asks for.
 const PAGE: u32 = 100;
 
-/// One operation's recoverer, registered with [`Idem::recover_with`].
+/// One operation's recoverer, registered with [`IdemBuilder::recover_with`](crate::IdemBuilder::recover_with).
 #[derive(Clone)]
 pub(crate) struct Registered {
     pub(crate) contract: &'static idem_contract::Contract,
     pub(crate) make: Arc<dyn Fn() -> Recoverer + Send + Sync>,
 }
 
-/// What one pass of the reconciler did ([`Idem::reconcile`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Reconciled {
-    /// Records found with an ended lease.
-    pub found: u64,
-    /// Taken over and decided by this pass (applied, not applied, parked, or postponed
-    /// because the recoverer could not decide now).
-    pub recovered: u64,
-    /// Taken over or finished by someone else first (another instance, a retry).
-    pub lost: u64,
-    /// Left alone: an attempt still alive in this process holds them.
-    pub alive: u64,
-    /// The store failed while recovering them; the next pass tries again.
-    pub failed: u64,
-}
-
-impl Idem {
+impl IdemBuilder {
     /// Registers how the contracted operation `C` recovers, made from the router's state
     /// `state` (a clone is kept), so that the reconciler ([`Idem::spawn_reconciler`])
     /// recovers its operations. Registering `C` again replaces its recoverer.
     ///
     /// # Panics
     ///
-    /// When another contracted operation with the same name was registered or served
-    /// under this handle (two handlers named alike would share every key): rename one.
-    #[must_use]
-    pub fn recover_with<C, S>(mut self, state: &S) -> Idem
+    /// When another contracted operation with the same name was registered under this
+    /// handle (two handlers named alike would share every key): rename one.
+    pub fn recover_with<C, S>(mut self, state: &S) -> Self
     where
         C: Recover<S>,
         S: Clone + Send + Sync + 'static,
@@ -110,16 +52,18 @@ impl Idem {
         recoverers.push(registered);
         self
     }
+}
 
+impl Idem {
     /// One pass of the reconciler: recovers every record of the registered operations
-    /// whose lease has ended (see the [module docs](crate::reconciler)).
+    /// whose lease has ended (see [the reconciler](crate::recovery#the-reconciler)).
     ///
     /// # Errors
     ///
     /// [`StoreError`] when the store cannot list the records; a failure while recovering
-    /// one record is logged and counted in [`Reconciled::failed`] instead.
-    pub async fn reconcile(&self) -> Result<Reconciled, StoreError> {
-        let mut done = Reconciled::default();
+    /// one record is logged and counted in [`ReconcilerPass::failed`] instead.
+    pub async fn reconcile(&self) -> Result<ReconcilerPass, StoreError> {
+        let mut done = ReconcilerPass::default();
         for registered in self.recoverers().iter() {
             let mut after = None;
             loop {
@@ -186,7 +130,7 @@ impl Idem {
     pub fn spawn_reconciler(&self, every: Duration) -> tokio::task::JoinHandle<()> {
         if self.recoverers().is_empty() {
             tracing::warn!(
-                "idem: the reconciler has no operation to recover: register each with `Idem::recover_with` first"
+                "idem: the reconciler has no operation to recover: register each with `IdemBuilder::recover_with` first"
             );
         }
         let idem = self.clone();
@@ -223,7 +167,7 @@ mod tests {
     use super::*;
     use crate::identity;
     use crate::operation::Contracted;
-    use crate::reconcile::{Resolution, UnknownOperation};
+    use crate::reconcile::{Decision, UnknownOperation};
     use crate::store::{Lease, MemoryStore, NewRecord, OwnerToken, RecordState, Store, UnixMillis};
 
     struct CreateOrder;
@@ -246,10 +190,10 @@ mod tests {
                     state.calls.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     match op.key.as_bytes()[0] {
-                        b'a' => Resolution::applied((StatusCode::CREATED, "order 1")),
-                        b'n' => Resolution::NotApplied,
-                        b'u' => Resolution::unknown("the ledger does not say"),
-                        _ => Resolution::cannot_decide_now("the ledger is down"),
+                        b'a' => Decision::applied((StatusCode::CREATED, "order 1")),
+                        b'n' => Decision::NotApplied,
+                        b'u' => Decision::unknown("the ledger does not say"),
+                        _ => Decision::cannot_decide_now("the ledger is down"),
                     }
                 },
             )
@@ -280,7 +224,9 @@ mod tests {
     }
 
     fn idem(store: Arc<dyn Store>, state: &State) -> Idem {
-        Idem::new(store, identity::header("x-client-id")).recover_with::<CreateOrder, _>(state)
+        Idem::builder(store, identity::header("x-client-id"))
+            .recover_with::<CreateOrder, _>(state)
+            .build()
     }
 
     async fn state_of(store: &dyn Store, key: &str) -> RecordState {

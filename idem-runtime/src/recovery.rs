@@ -3,7 +3,7 @@
 //! An attempt that ends without an answer (a crash, a panic, the server's deadline, a
 //! dropped connection) leaves its record *processing* under a lease. When the lease has
 //! ended, the next request with the key (or a status lookup, or the
-//! [reconciler](crate::reconciler) without waiting for either) takes the lease over with
+//! reconciler, below, without waiting for either) takes the lease over with
 //! one compare-and-set, so exactly one caller recovers each ended lease, and asks the
 //! contract's recoverer. An attempt still at work under the same [`Idem`] handle (a
 //! handler blocking its thread past its lease) keeps its lease until it has ended: its
@@ -11,10 +11,10 @@
 //!
 //! | recoverer says | what happens |
 //! |---|---|
-//! | [`Resolution::Applied`]`(response)` | the effect happened: `response` is stored as the result and replayed |
-//! | [`Resolution::NotApplied`] | the effect did not happen: the request runs the handler as the next attempt (a status lookup releases the key instead, so the client's next retry runs) |
-//! | [`Resolution::Unknown`]`(reason)` | parked as `unknown` with `reason`: 409 `operation-outcome-unknown` until an operator resolves it (`idem ops resolve`, [`OperatorStore::resolve`](crate::OperatorStore::resolve)) |
-//! | [`Resolution::CannotDecideNow`]`(reason)` | nothing is recorded and the lease ends at once: 503 `recovery-pending`, and the next retry, status lookup or reconciler pass asks again |
+//! | [`Decision::Applied`]`(response)` | the effect happened: `response` is stored as the result and replayed |
+//! | [`Decision::NotApplied`] | the effect did not happen: the request runs the handler as the next attempt (a status lookup releases the key instead, so the client's next retry runs) |
+//! | [`Decision::Unknown`]`(reason)` | parked as `unknown` with `reason`: 409 `operation-outcome-unknown` until an operator resolves it (`idem ops resolve`, [`OperatorStore::resolve`](crate::store::OperatorStore::resolve)) |
+//! | [`Decision::CannotDecideNow`]`(reason)` | nothing is recorded and the lease ends at once: 503 `recovery-pending`, and the next retry, status lookup or reconciler pass asks again |
 //! | the reconcile function panics or outlasts the lease | as `CannotDecideNow`, with a reason that says so |
 //! | `recovery = manual("runbook")` | parked as `unknown` with the runbook; in the transactional mode, not applied (an attempt that did not commit took no effect in the database) |
 //!
@@ -24,6 +24,55 @@
 //!
 //! The reconcile function runs in a task of its own, so a client that hangs up does not
 //! cancel it halfway.
+//!
+//! # The reconciler
+//!
+//! Without it, an operation whose attempt died is recovered when its key is seen again (a
+//! retry or a status lookup). A service that registers its recoverers with the handle
+//! and spawns the reconciler has every ended lease recovered within one period, whether
+//! or not the client comes back:
+//!
+//! ```
+//! use std::time::Duration;
+//! use idem_runtime::{Idem, identity, store::MemoryStore};
+//! # use idem_runtime::enforce::Contracted;
+//! # use idem_runtime::recovery::{Decision, Recover, Recoverer, UnknownOperation};
+//! # pub mod create_order { pub struct Operation; }
+//! # impl Contracted for create_order::Operation {
+//! #     const CONTRACT: &'static idem_contract::Contract = &idem_contract::Contract::PLACEHOLDER;
+//! # }
+//! # impl Recover<AppState> for create_order::Operation {
+//! #     fn recoverer(state: &AppState) -> Recoverer {
+//! #         Recoverer::reconcile_with(state.clone(), |_: AppState, _: UnknownOperation| async {
+//! #             Decision::NotApplied
+//! #         })
+//! #     }
+//! # }
+//! #[derive(Clone)]
+//! struct AppState { /* the business database's pool */ }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let state = AppState {};
+//! let idem = Idem::builder(MemoryStore::new(), identity::header("x-client-id"))
+//!     // The reconcile function of `create_order`, with the router's state.
+//!     .recover_with::<create_order::Operation, _>(&state)
+//!     .build();
+//! let reconciler = idem.spawn_reconciler(Duration::from_secs(10));
+//! // let app = axum::Router::new() /* .route(…) */ .with_state(state).layer(idem.layer());
+//! # reconciler.abort();
+//! # }
+//! ```
+//!
+//! Each pass lists, per registered operation, the processing records whose lease has ended
+//! ([`OperatorStore::list`](crate::store::OperatorStore::list)), takes each over with one
+//! compare-and-set ([`RecordStore::take_over`](crate::store::RecordStore::take_over): a new
+//! fencing token, so exactly one of many instances recovers it, and the worker whose lease
+//! ended can no longer write), asks the recoverer once, and records the decision exactly as
+//! a status lookup does (the table above): applied is stored as the result, not applied
+//! releases the key (the client's next retry runs the handler), unknown parks it for an
+//! operator (`idem ops resolve`), and "cannot decide now" leaves it for the next pass. An
+//! attempt still alive in this process is left alone.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -36,9 +85,11 @@ use tracing::Instrument;
 use crate::Idem;
 use crate::answer;
 use crate::attempt::Held;
-pub use crate::operation::{Contracted, Recover};
+pub use crate::operation::Recover;
 use crate::reconcile::ReconcileFn;
-pub use crate::reconcile::{Reconcile, ReconcileWith, Recoverer, Resolution, UnknownOperation};
+pub use crate::reconcile::{
+    Decision, Reconcile, ReconcileWith, ReconcilerPass, Recoverer, UnknownOperation,
+};
 use crate::store::{Lease, OwnerToken, Record, RecordKey, StoreError, unix_now};
 
 /// What the recovery of one ended lease came to.
@@ -172,7 +223,7 @@ async fn decide(attempt: Held, reconcile: ReconcileFn, op: UnknownOperation) -> 
         Err(panic) => Ok(Err(panic)),
     };
     match resolution {
-        Ok(Ok(Resolution::Applied(response))) => {
+        Ok(Ok(Decision::Applied(response))) => {
             tracing::info!(
                 operation = %attempt.contract.operation,
                 operation_id = %attempt.operation_id,
@@ -182,7 +233,7 @@ async fn decide(attempt: Held, reconcile: ReconcileFn, op: UnknownOperation) -> 
             );
             Recovered::Answer(attempt.complete_applied(response).await)
         }
-        Ok(Ok(Resolution::NotApplied)) => {
+        Ok(Ok(Decision::NotApplied)) => {
             tracing::info!(
                 operation = %attempt.contract.operation,
                 operation_id = %attempt.operation_id,
@@ -192,8 +243,8 @@ async fn decide(attempt: Held, reconcile: ReconcileFn, op: UnknownOperation) -> 
             );
             Recovered::Run(attempt)
         }
-        Ok(Ok(Resolution::Unknown(reason))) => Recovered::Answer(attempt.park(&reason).await),
-        Ok(Ok(Resolution::CannotDecideNow(reason))) => {
+        Ok(Ok(Decision::Unknown(reason))) => Recovered::Answer(attempt.park(&reason).await),
+        Ok(Ok(Decision::CannotDecideNow(reason))) => {
             Recovered::Answer(attempt.postpone(&reason).await)
         }
         Ok(Err(_panic)) => {

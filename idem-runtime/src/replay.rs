@@ -11,7 +11,7 @@ use crate::OperationId;
 use crate::answer::with_operation_id;
 use crate::store::StoredResponse;
 
-pub use idem_contract::headers::IDEMPOTENT_REPLAYED_HEADER;
+use idem_contract::headers::IDEMPOTENT_REPLAYED;
 
 /// A handler's answer, read so that it can be stored.
 pub(crate) enum Captured {
@@ -99,7 +99,7 @@ pub(crate) fn replay(stored: &StoredResponse, id: OperationId) -> Response {
     for (name, value) in &stored.headers {
         headers.append(name.clone(), value.clone());
     }
-    headers.insert(IDEMPOTENT_REPLAYED_HEADER, HeaderValue::from_static("true"));
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     with_operation_id(response, id)
 }
 
@@ -176,7 +176,7 @@ mod tests {
         assert_eq!(response.status(), 201);
         assert_eq!(response.headers()["location"], "/orders/1");
         assert_eq!(response.headers().get_all("link").iter().count(), 2);
-        assert_eq!(response.headers()[IDEMPOTENT_REPLAYED_HEADER], "true");
+        assert_eq!(response.headers()[IDEMPOTENT_REPLAYED], "true");
         assert_eq!(body_of(response).await, stored.body);
         let selected = select_headers(
             &HeaderMap::from_iter(stored.headers.clone()),

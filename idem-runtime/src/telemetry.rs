@@ -13,13 +13,13 @@ use axum::extract::MatchedPath;
 use axum::response::Response;
 use http::Request;
 use idem_contract::Contract;
-use idem_contract::headers::IDEMPOTENT_REPLAYED_HEADER;
+use idem_contract::headers::{IDEMPOTENT_REPLAYED, OPERATION_ID};
 use idem_contract::problem::ProblemType;
 use metrics::{Key, Label, Metadata};
 use tracing::Span;
 use tracing::field::Empty;
 
-use crate::operation_id::{OPERATION_ID_HEADER, OperationId};
+use crate::operation_id::OperationId;
 use crate::problem::Problem;
 
 /// The span of one physical attempt.
@@ -398,7 +398,7 @@ impl AttemptTelemetry {
             .or_else(|| {
                 response
                     .headers()
-                    .contains_key(IDEMPOTENT_REPLAYED_HEADER)
+                    .contains_key(IDEMPOTENT_REPLAYED)
                     .then_some(Outcome::Replayed)
             })
             .or_else(|| problem_of(response).map(Outcome::of_problem))
@@ -459,7 +459,7 @@ impl AttemptTelemetry {
     fn finish(&mut self, outcome: Outcome, response: &Response) {
         let id = response
             .headers()
-            .get(OPERATION_ID_HEADER)
+            .get(OPERATION_ID)
             .and_then(|v| v.to_str().ok());
         let status = response.status().as_u16();
         self.finish_with(outcome, status, problem_of(response), id);

@@ -8,7 +8,8 @@
 //! read from HTTP; proof 4 (the trace) is checked by [`TraceCapture`], proof 5 (the
 //! operator) by [`OperatorCheck`], or by checks of your own; without one they are *not
 //! checked*, never passed. The service is made to fail through the test-fault protocol
-//! ([`TEST_FAULT_HEADER`], [`TestFault`]), and the lost answer through [`proxy`].
+//! ([`Idem-Test-Fault`](idem_runtime::headers::TEST_FAULT), [`TestFault`]), and the lost
+//! answer through [`proxy`].
 //!
 //! The guide (the scenarios, what each proof passes on, the protocol's values, the
 //! harness in a service's own tests, `orders monday` and `idem monday`) is the
@@ -32,4 +33,4 @@ pub use self::operator::OperatorCheck;
 pub use self::report::{Proof, Report, Scenario, ScenarioReport, Verdict};
 pub use self::seen::{Evidence, Seen};
 pub use self::trace::{AttemptSpan, TraceCapture};
-pub use idem_runtime::{TEST_FAULT_HEADER, TestFault};
+pub use idem_runtime::TestFault;

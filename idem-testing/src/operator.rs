@@ -14,8 +14,8 @@ use crate::report::{Scenario, Verdict};
 use crate::seen::{Evidence, Seen};
 use idem_runtime::Idem;
 use idem_runtime::store::{
-    AttemptEnd, Inspection, RecordKey, RecordState, Resolve, ResolveAs, Store, StoredResponse,
-    unix_now,
+    AttemptEnd, Inspection, RecordKey, RecordState, Resolution, ResolutionOutcome, Store,
+    StoredResponse, unix_now,
 };
 
 /// Where the check finds the store.
@@ -186,12 +186,12 @@ impl OperatorCheck {
     ) -> Verdict {
         let attempt = parked.record.attempt;
         let completed = evidence.effects > 0;
-        let resolve = Resolve {
+        let resolve = Resolution {
             expected_attempt: attempt,
             outcome: if completed {
-                ResolveAs::Completed(self.answer.clone())
+                ResolutionOutcome::Completed(self.answer.clone())
             } else {
-                ResolveAs::NotApplied
+                ResolutionOutcome::NotApplied
             },
             by: "idem::testing".into(),
             reason: format!(

@@ -148,10 +148,10 @@ async fn serve(mut client: TcpStream, shared: &Shared) {
         request: request.start_line_words(2),
         answer: answer.start_line_tail(),
         operation_id: answer
-            .header(idem_runtime::OPERATION_ID_HEADER)
+            .header(idem_runtime::headers::OPERATION_ID)
             .map(str::to_owned),
         replayed: answer
-            .header(idem_runtime::IDEMPOTENT_REPLAYED_HEADER)
+            .header(idem_runtime::headers::IDEMPOTENT_REPLAYED)
             .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         delivered: false,
         status: answer

@@ -5,8 +5,8 @@ use std::fmt;
 
 use crate::harness::Request;
 use crate::seen::Seen;
-use idem_runtime::{IDEMPOTENT_REPLAYED_HEADER, OPERATION_ID_HEADER};
-use idem_runtime::{TEST_FAULT_HEADER, TestFault};
+use idem_runtime::TestFault;
+use idem_runtime::headers::{IDEMPOTENT_REPLAYED, OPERATION_ID, TEST_FAULT};
 
 /// The request of a run, with everything every send adds to it.
 #[derive(Clone)]
@@ -57,7 +57,7 @@ impl Sender {
             builder = builder.header(name.as_str(), value.as_str());
         }
         if let Some(fault) = fault {
-            builder = builder.header(TEST_FAULT_HEADER, fault.header_value());
+            builder = builder.header(TEST_FAULT, fault.header_value());
         }
         let response = match builder.send().await {
             Ok(response) => response,
@@ -77,8 +77,8 @@ impl Sender {
         };
         let mut seen = Seen {
             status: Some(response.status().as_u16()),
-            operation_id: header(OPERATION_ID_HEADER),
-            replayed: header(IDEMPOTENT_REPLAYED_HEADER).is_some_and(|v| v == "true"),
+            operation_id: header(OPERATION_ID),
+            replayed: header(IDEMPOTENT_REPLAYED).is_some_and(|v| v == "true"),
             retry_after: header("retry-after"),
             location: header("location"),
             ..Seen::default()

@@ -17,11 +17,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use idem_contract::*;
-use idem_runtime::enforce::Enforced;
-use idem_runtime::store::{Inspection, MemoryStore, Record, RecordKey, Resolve, UnixMillis};
-use idem_runtime::{
-    Contracted, Idem, Recover, Recoverer, Resolution, Store, StoreError, UnknownOperation, identity,
+use idem_runtime::enforce::{Contracted, Enforced};
+use idem_runtime::recovery::{Decision, Recover, Recoverer, UnknownOperation};
+use idem_runtime::store::{
+    Inspection, MemoryStore, Record, RecordKey, Resolution, Store, StoreError, UnixMillis,
 };
+use idem_runtime::{Idem, identity};
 use idem_testing::{
     Harness, HarnessError, OperatorCheck, Proof, Report, Request, Scenario, TraceCapture, Verdict,
 };
@@ -95,9 +96,9 @@ impl Recover<Orders> for CreateOrder {
     }
 }
 
-async fn reconcile_order(orders: Orders, op: UnknownOperation) -> Resolution {
+async fn reconcile_order(orders: Orders, op: UnknownOperation) -> Decision {
     if orders.undecidable {
-        return Resolution::unknown("the ledger cannot tell");
+        return Decision::unknown("the ledger cannot tell");
     }
     let found = orders
         .by_operation
@@ -106,8 +107,8 @@ async fn reconcile_order(orders: Orders, op: UnknownOperation) -> Resolution {
         .get(&op.operation_id.to_string())
         .cloned();
     match found {
-        Some(order) => Resolution::applied((StatusCode::CREATED, Json(order))),
-        None => Resolution::NotApplied,
+        Some(order) => Decision::applied((StatusCode::CREATED, Json(order))),
+        None => Decision::NotApplied,
     }
 }
 
@@ -147,9 +148,10 @@ fn idem_service() -> (Router, Arc<AtomicU64>) {
 /// The idem service over `store`, and its handle (for the operator check).
 fn idem_service_over(store: impl Store, orders: Orders) -> (Router, Idem, Arc<AtomicU64>) {
     let count = Arc::clone(&orders.count);
-    let idem = Idem::new(store, identity::header("x-client-id"))
-        .with_heartbeat(Duration::from_millis(300))
-        .with_test_faults();
+    let idem = Idem::builder(store, identity::header("x-client-id"))
+        .heartbeat(Duration::from_millis(300))
+        .test_faults()
+        .build();
     let router = Router::new()
         .route("/orders", post(create_order))
         .route("/orders/operations/{key}", axum::routing::get(order_status))
@@ -499,7 +501,7 @@ idem_runtime::forward_store! {
         async fn resolve(
             &self,
             key: &RecordKey,
-            resolve: &Resolve,
+            resolve: &Resolution,
             now: UnixMillis,
         ) -> Result<Record, StoreError> {
             if self.refuses_resolve {
@@ -877,7 +879,7 @@ async fn bad_configurations_get_precise_errors() {
 async fn a_service_without_the_opt_in_ignores_the_fault_header() {
     let orders = Orders::default();
     let count = Arc::clone(&orders.count);
-    // No `with_test_faults()`: the header is an ordinary header.
+    // No `test_faults()`: the header is an ordinary header.
     let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"));
     let router = Router::new()
         .route("/orders", post(create_order))

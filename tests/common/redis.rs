@@ -189,7 +189,7 @@ pub async fn order_status(
     lookup.status(&key).await
 }
 
-pub async fn reconcile_order(books: Books, op: idem::UnknownOperation) -> idem::Resolution {
+pub async fn reconcile_order(books: Books, op: idem::UnknownOperation) -> idem::Decision {
     let order = books
         .orders
         .lock()
@@ -197,14 +197,15 @@ pub async fn reconcile_order(books: Books, op: idem::UnknownOperation) -> idem::
         .get(&op.operation_id.to_string())
         .copied();
     match order {
-        Some(amount) => idem::Resolution::applied(created(amount)),
-        None => idem::Resolution::NotApplied,
+        Some(amount) => idem::Decision::applied(created(amount)),
+        None => idem::Decision::NotApplied,
     }
 }
 
 pub async fn service(store: idem::RedisStore) -> (TestServer, Books) {
-    let idem = idem::Idem::new(store, idem::identity::header("x-client-id"))
-        .with_unavailable_retry_after(Duration::from_secs(1));
+    let idem = idem::Idem::builder(store, idem::identity::header("x-client-id"))
+        .unavailable_retry_after(Duration::from_secs(1))
+        .build();
     let books = Books::default();
     let router = Router::new()
         .route("/orders", post(create_order))

@@ -204,12 +204,12 @@ pub async fn order_operation_status(
 /// attempt that died left none; the check still reads the table rather than assume it.
 /// Outside it (records in memory or in Redis) the order may have committed before the
 /// process died, and this is what finds it.
-pub async fn reconcile_create_order(app: App, op: idem::UnknownOperation) -> idem::Resolution {
+pub async fn reconcile_create_order(app: App, op: idem::UnknownOperation) -> idem::Decision {
     match app.orders.by_operation(&op.operation_id.to_string()).await {
-        Ok(Some(order)) => idem::Resolution::applied(created(order)),
-        Ok(None) => idem::Resolution::NotApplied,
+        Ok(Some(order)) => idem::Decision::applied(created(order)),
+        Ok(None) => idem::Decision::NotApplied,
         // The table could not be read now: the next retry asks again.
-        Err(error) => idem::Resolution::cannot_decide_now(format!(
+        Err(error) => idem::Decision::cannot_decide_now(format!(
             "the orders table could not be read: {error}"
         )),
     }

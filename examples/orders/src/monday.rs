@@ -2,7 +2,7 @@
 //!
 //! Starts the service in-process on 127.0.0.1 with a temporary SQLite file (its embedded
 //! store: an order and its record commit together), its idem handle made with
-//! `Idem::with_test_faults` (only here: `orders` serving never honours the fault header)
+//! `IdemBuilder::test_faults` (only here: `orders` serving never honours the fault header)
 //! and a short lease, so that the crash is recovered in well under a second; then runs
 //! idem's conformance harness ([`idem::testing::Harness`]) against `POST /orders`,
 //! counting business effects as rows of the orders table, reading the service's trace
@@ -55,9 +55,8 @@ pub struct Monday {
 pub async fn run(trace: &TraceCapture) -> Result<Monday, MondayError> {
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("orders.db");
-    let service = Service::open(&Config::new(Backend::Sqlite { db: db.clone() }))
-        .await?
-        .map_idem(|idem| idem.with_heartbeat(LEASE).with_test_faults());
+    let config = Config::new(Backend::Sqlite { db: db.clone() });
+    let service = Service::open_with(&config, |idem| idem.heartbeat(LEASE).test_faults()).await?;
     let orders = service.app.orders.clone();
     let operator =
         OperatorCheck::for_idem(&service.idem, create_order::CONTRACT.operation.to_string());

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use idem::IdemBuilder;
 use tokio::net::TcpListener;
 
 use crate::api::{self, App, CLIENT_ID_HEADER, Demo, Writes};
@@ -76,7 +77,7 @@ impl Backend {
 pub enum OpenError {
     /// idem's store cannot be opened.
     #[error("idem's store: {0}")]
-    Store(#[from] idem::StoreError),
+    Store(#[from] idem::store::StoreError),
     /// The orders database cannot be used.
     #[error("the orders database: {0}")]
     Orders(#[from] db::MigrateError),
@@ -122,6 +123,19 @@ impl Service {
     ///
     /// When the store or the orders database cannot be opened.
     pub async fn open(config: &Config) -> Result<Service, OpenError> {
+        Service::open_with(config, |settings| settings).await
+    }
+
+    /// [`Service::open`], with idem's settings changed by `settings` (such as
+    /// `IdemBuilder::heartbeat`) before the handle is built.
+    ///
+    /// # Errors
+    ///
+    /// When the store or the orders database cannot be opened.
+    pub async fn open_with(
+        config: &Config,
+        settings: impl FnOnce(IdemBuilder) -> IdemBuilder,
+    ) -> Result<Service, OpenError> {
         let identity = || idem::identity::header(CLIENT_ID_HEADER);
         let demo = Demo {
             delay: config.delay,
@@ -133,7 +147,7 @@ impl Service {
                 let store = idem::SqliteStore::open(db).await?;
                 let orders = Orders::Sqlite(store.pool().clone());
                 db::sqlite::migrate(store.pool()).await?;
-                let idem = idem::Idem::transactional(store, identity());
+                let idem = settings(idem::Idem::transactional_builder(store, identity()));
                 Ok(Service::build(idem, orders, Writes::InTransaction, demo))
             }
             Backend::Postgres { url } => {
@@ -142,13 +156,14 @@ impl Service {
                 db::postgres::migrate(store.pool())
                     .await
                     .map_err(db::MigrateError::from)?;
-                let idem = idem::Idem::transactional(store, identity());
+                let idem = settings(idem::Idem::transactional_builder(store, identity()));
                 Ok(Service::build(idem, orders, Writes::InTransaction, demo))
             }
             // Not transactional: the handler writes the order through the pool.
             Backend::Memory { db } => {
                 let orders = Orders::open_sqlite(db).await?;
-                Ok(Service::with_store(idem::MemoryStore::new(), orders, demo))
+                let idem = settings(idem::Idem::builder(idem::MemoryStore::new(), identity()));
+                Ok(Service::build(idem, orders, Writes::ThroughPool, demo))
             }
             // Not transactional either: Redis cannot commit with PostgreSQL.
             Backend::Redis {
@@ -157,7 +172,8 @@ impl Service {
             } => {
                 let store = idem::RedisStore::connect(redis_url).await?;
                 let orders = Orders::connect_postgres(database_url).await?;
-                Ok(Service::with_store(store, orders, demo))
+                let idem = settings(idem::Idem::builder(store, identity()));
+                Ok(Service::build(idem, orders, Writes::ThroughPool, demo))
             }
         }
     }
@@ -166,33 +182,23 @@ impl Service {
     /// transactional: the handler writes each order through the pool, and
     /// [`reconcile_create_order`](crate::api::reconcile_create_order) decides an attempt
     /// that died between the order's commit and the record's.
-    pub fn with_store(store: impl idem::Store, orders: Orders, demo: Demo) -> Service {
-        let idem = idem::Idem::new(store, idem::identity::header(CLIENT_ID_HEADER));
+    pub fn with_store(store: impl idem::store::Store, orders: Orders, demo: Demo) -> Service {
+        let idem = idem::Idem::builder(store, idem::identity::header(CLIENT_ID_HEADER));
         Service::build(idem, orders, Writes::ThroughPool, demo)
     }
 
-    fn build(idem: idem::Idem, orders: Orders, writes: Writes, demo: Demo) -> Service {
+    fn build(idem: IdemBuilder, orders: Orders, writes: Writes, demo: Demo) -> Service {
         let app = App {
             orders,
             writes,
             demo: Arc::new(demo),
         };
         // The reconciler recovers an attempt that died without waiting for its client.
-        let idem = idem.recover_with::<api::create_order::Operation, _>(&app);
+        let idem = idem
+            .recover_with::<api::create_order::Operation, _>(&app)
+            .build();
         let router = api::router(&idem).with_state(app.clone());
         Service { router, idem, app }
-    }
-
-    /// This service with its idem handle changed by `change` (such as
-    /// `Idem::with_heartbeat`), the router rebuilt over the new handle.
-    pub fn map_idem(self, change: impl FnOnce(idem::Idem) -> idem::Idem) -> Service {
-        let idem = change(self.idem);
-        let router = api::router(&idem).with_state(self.app.clone());
-        Service {
-            router,
-            idem,
-            app: self.app,
-        }
     }
 
     /// Serves on `listener` until `shutdown` completes, purging expired keys and

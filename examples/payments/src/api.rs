@@ -281,11 +281,11 @@ pub async fn payment_operation_status(
 
 /// Decides a `create_payment` whose attempt died without an outcome: the operation's
 /// payment exists (committed with its record, so this is rare), or it does not.
-pub async fn reconcile_create_payment(app: App, op: idem::UnknownOperation) -> idem::Resolution {
+pub async fn reconcile_create_payment(app: App, op: idem::UnknownOperation) -> idem::Decision {
     match db::by_operation(&app.db, &op.operation_id.to_string()).await {
-        Ok(Some(payment)) => idem::Resolution::applied(created(payment)),
-        Ok(None) => idem::Resolution::NotApplied,
-        Err(error) => idem::Resolution::cannot_decide_now(format!(
+        Ok(Some(payment)) => idem::Decision::applied(created(payment)),
+        Ok(None) => idem::Decision::NotApplied,
+        Err(error) => idem::Decision::cannot_decide_now(format!(
             "the payments table could not be read: {error}"
         )),
     }

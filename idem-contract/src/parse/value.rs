@@ -13,7 +13,6 @@ use crate::{
     Concurrency, Contract, DEFAULT_CONFLICT_RETRY_AFTER, Deadline, Duration, DurationError,
     FieldPath, Fingerprint, KeyFormat, KeyScope, KeySource, Namespace, Property, Recovery,
     Retryable, StatusCode, StatusLookup, TransportFailure, duration::ACCEPTED_FORMS,
-    key::DEFAULT_KEY_HEADER,
 };
 
 /// The valid value of one property, of its type in the model.
@@ -431,7 +430,7 @@ fn key_scope(cx: &mut Ctxt, value: &TokenStream) -> Option<(KeyScope, Option<Fie
                 field: field.path(),
             },
             (None, None) => KeySource::Header {
-                name: Cow::Borrowed(DEFAULT_KEY_HEADER),
+                name: Cow::Borrowed(crate::headers::IDEMPOTENCY_KEY),
             },
         };
         Ok((

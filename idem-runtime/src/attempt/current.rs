@@ -7,7 +7,7 @@ use crate::OperationId;
 ///
 /// Write the key (and the client) with the business record, in the same transaction: that
 /// is what a reconcile function looks for when an attempt ended between its effect and
-/// the record of its answer (see [`crate::UnknownOperation`]). Take it as an argument of
+/// the record of its answer (see [`crate::recovery::UnknownOperation`]). Take it as an argument of
 /// the contracted handler, anywhere in the list: `attempt: idem::Attempt`;
 /// `#[idem::contract]` passes it in (it is not an extractor). Without the macro, take it
 /// from [`Guard::current`](super::Guard::current).
@@ -23,7 +23,9 @@ pub struct Attempt {
     pub client: String,
     /// The idempotency key, as checked (1 to 255 visible ASCII characters).
     pub key: String,
-    /// This attempt's number: 1 for the first; a retry after a released key, or after
-    /// recovery found the operation not applied, counts one more.
-    pub number: u32,
+    /// This attempt's number, the operation's attempt counter as its record keeps it (the
+    /// `attempt` of the status lookup, `idem ops` and telemetry): 1 for the first; a retry
+    /// after a released key, or after recovery found the operation not applied, counts
+    /// one more.
+    pub attempt: u32,
 }

@@ -25,7 +25,7 @@ pub struct Guard {
     /// `None` once [`Guard::run`] took the attempt.
     attempt: Option<Held>,
     operation_id: OperationId,
-    number: u32,
+    attempt_number: u32,
     /// The attempt's span and metrics, from the extraction on (`crate::telemetry`).
     telemetry: Option<AttemptTelemetry>,
     /// The fault a request of the test-fault protocol asked for (always `None` without
@@ -39,7 +39,7 @@ impl Guard {
     pub(crate) fn new(attempt: Held, fault: Option<TestFault>) -> Guard {
         Guard {
             operation_id: attempt.operation_id,
-            number: attempt.attempt,
+            attempt_number: attempt.attempt,
             attempt: Some(attempt),
             telemetry: None,
             fault,
@@ -56,9 +56,9 @@ impl Guard {
         self.operation_id
     }
 
-    /// This attempt's number (1 for the first).
+    /// This attempt's number (1 for the first): the operation's attempt counter.
     pub fn attempt(&self) -> u32 {
-        self.number
+        self.attempt_number
     }
 
     /// The attempt, as the handler sees it (the `idem::Attempt` argument).
@@ -77,7 +77,7 @@ impl Guard {
             operation_id: self.operation_id,
             client,
             key,
-            number: self.number,
+            attempt: self.attempt_number,
         }
     }
 
@@ -94,7 +94,7 @@ impl Guard {
     ///   the retry has recovery decide;
     /// - any other status (a success, or a permanent error such as 422) is stored with
     ///   the selected headers and the body, and replayed to every later request with the
-    ///   key; a body larger than [`Idem::with_max_stored_body`](crate::Idem::with_max_stored_body)
+    ///   key; a body larger than [`IdemBuilder::max_stored_body`](crate::IdemBuilder::max_stored_body)
     ///   is sent but not stored, and the operation is parked as `unknown`;
     /// - past its time the handler's future is dropped and the answer is 503
     ///   `attempt-timed-out`: the record stays processing, and recovery decides; the
@@ -152,7 +152,7 @@ impl fmt::Debug for Guard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Guard")
             .field("operation_id", &self.operation_id)
-            .field("attempt", &self.number)
+            .field("attempt", &self.attempt_number)
             .finish_non_exhaustive()
     }
 }

@@ -52,7 +52,7 @@ impl Held {
             Ok(Captured::TooLarge(response)) => {
                 let reason = format!(
                     "the result (status {status}) has a body larger than the {limit} bytes idem stores, \
-                     so it cannot be replayed; raise `Idem::with_max_stored_body` or make the answer smaller"
+                     so it cannot be replayed; raise `IdemBuilder::max_stored_body` or make the answer smaller"
                 );
                 return self.too_large(response, &reason).await;
             }

@@ -47,11 +47,11 @@
 //! | `fingerprint` | `significant.rs` (computed once from the bytes received); `register/existing.rs` (another fingerprint under the key: 422) |
 //! | `ttl` | `register/claim.rs` (the record's expiry); the store's purge ([`Idem::spawn_purger`](crate::Idem::spawn_purger)) |
 //! | `deadline` | its per-attempt part (or the whole deadline without one): the attempt's time, `crate::attempt` (`run.rs`, less a margin kept to settle); its total across attempts: the client ([`idem_client`'s policy](https://docs.rs/idem-client)) |
-//! | `max_attempts` | the client, which stops after it; the server counts every attempt that runs the handler ([`Attempt::number`], the record's attempt, shown by the status lookup and `idem ops`) but does not refuse the next one: a retry past the budget is a client's bug, and refusing it could not undo what earlier attempts did |
+//! | `max_attempts` | the client, which stops after it; the server counts every attempt that runs the handler ([`Attempt::attempt`], the record's attempt, shown by the status lookup and `idem ops`) but does not refuse the next one: a retry past the budget is a client's bug, and refusing it could not undo what earlier attempts did |
 //! | `retryable` | `crate::attempt` (`settle.rs`: a retryable status releases the key; in the transactional mode its writes roll back first) |
 //! | `concurrency` | `register/concurrency.rs` |
 //! | `status_lookup` | [`crate::Lookup`]; the `Location` of `concurrency = accepted` |
-//! | `recovery` | [`crate::recovery`] (the takeover of an ended lease, the recoverer's decision), asked from `register/existing.rs`, the status lookup and [`crate::reconciler`] |
+//! | `recovery` | [`crate::recovery`] (the takeover of an ended lease, the recoverer's decision), asked from `register/existing.rs`, the status lookup and the reconciler (`reconciler.rs`) |
 //!
 //! Then [`Guard::run`] runs the handler and settles its answer.
 
@@ -76,8 +76,8 @@ pub(crate) use self::admit::admit;
 pub use self::rejection::Rejection;
 pub use crate::attempt::{Attempt, Guard};
 use crate::mode::Mode;
+pub use crate::operation::Contracted;
 use crate::operation::Recover;
-pub use crate::replay::IDEMPOTENT_REPLAYED_HEADER;
 use crate::store::RecordKey;
 use crate::telemetry::AttemptTelemetry;
 use crate::{answer, fault};

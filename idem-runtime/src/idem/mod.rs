@@ -1,5 +1,6 @@
 //! The `Idem` handle: the store, the client identity and the runtime's settings.
 
+mod builder;
 pub(crate) mod names;
 pub(crate) mod running;
 
@@ -13,69 +14,47 @@ use http::header::{
     CONTENT_ENCODING, CONTENT_LOCATION, CONTENT_TYPE, ETAG, LAST_MODIFIED, LINK, LOCATION,
 };
 
+pub use self::builder::IdemBuilder;
 use self::names::Names;
 use self::running::Running;
 use crate::identity::ClientIdentity;
 use crate::store::{Store, StoreError, unix_now};
 
-/// The headers replayed with a stored result unless [`Idem::with_replayed_headers`] says
-/// otherwise: the representation metadata a client needs to read the body as first sent
-/// (`content-encoding` among them: without it, an encoded body is meaningless bytes) and
-/// the headers that point at what the operation made.
-pub const DEFAULT_REPLAYED_HEADERS: [HeaderName; 7] = [
-    CONTENT_TYPE,
-    CONTENT_ENCODING,
-    CONTENT_LOCATION,
-    LOCATION,
-    ETAG,
-    LAST_MODIFIED,
-    LINK,
-];
-
-/// The largest stored result body unless [`Idem::with_max_stored_body`] says otherwise:
-/// 1 MiB.
-pub const DEFAULT_MAX_STORED_BODY: usize = 1024 * 1024;
-
-/// The lease an attempt holds in the store, renewed while it runs, unless
-/// [`Idem::with_heartbeat`] says otherwise: 2 seconds. An instance that dies with an
-/// attempt in flight is noticed within it.
-pub const DEFAULT_HEARTBEAT_LEASE: Duration = Duration::from_secs(2);
-
-/// The shortest lease [`Idem::with_heartbeat`] takes: 30 ms, three renewals 10 ms apart.
-pub const MIN_HEARTBEAT_LEASE: Duration = Duration::from_millis(30);
-
-/// The `Retry-After` of 503 `store-unavailable` unless
-/// [`Idem::with_unavailable_retry_after`] says otherwise: 2 seconds.
-pub const DEFAULT_UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(2);
-
 /// The runtime of idem: the store that keeps keys and results, how to tell clients apart,
-/// and the settings of enforcement. Cheap to clone (one `Arc`).
+/// and the settings of enforcement. Cheap to clone (one `Arc`), and immutable once built:
+/// every clone has the same settings.
 ///
-/// Put it into every request with [`Idem::layer`]; the contracted handlers (through
-/// `Enforced`) and the status lookups ([`crate::Lookup`]) take it from the request's
-/// extensions.
+/// [`Idem::new`] (or [`Idem::transactional`]) makes one with the settings listed under
+/// "Default"; [`Idem::builder`] (or [`Idem::transactional_builder`]) changes them. Put it
+/// into every request with [`Idem::layer`]; the contracted handlers (through `Enforced`)
+/// and the status lookups ([`crate::Lookup`]) take it from the request's extensions.
 ///
 /// ```
+/// use std::time::Duration;
 /// use idem_runtime::{Idem, identity, store::MemoryStore};
 ///
-/// let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"))
-///     .with_max_stored_body(256 * 1024);
+/// let idem = Idem::builder(MemoryStore::new(), identity::header("x-client-id"))
+///     .max_stored_body(256 * 1024)
+///     .heartbeat(Duration::from_secs(1))
+///     .build();
 /// let app: axum::Router = axum::Router::new() /* .route(…) */ .layer(idem.layer());
 /// ```
 ///
 /// # Default
 ///
 /// - replayed headers: `content-type`, `content-encoding`, `content-location`,
-///   `location`, `etag`, `last-modified`, `link` ([`DEFAULT_REPLAYED_HEADERS`]);
-/// - largest stored body: 1 MiB ([`DEFAULT_MAX_STORED_BODY`]);
+///   `location`, `etag`, `last-modified`, `link` ([`Idem::DEFAULT_REPLAYED_HEADERS`]);
+/// - largest stored body: 1 MiB ([`Idem::DEFAULT_MAX_STORED_BODY`]);
+/// - the lease an attempt holds, renewed while it runs: 2 s
+///   ([`Idem::DEFAULT_HEARTBEAT_LEASE`]);
 /// - `Retry-After` when the store is unavailable: 2 s
-///   ([`DEFAULT_UNAVAILABLE_RETRY_AFTER`]).
+///   ([`Idem::DEFAULT_UNAVAILABLE_RETRY_AFTER`]);
+/// - no operation registered with the reconciler, and no test faults.
 #[derive(Clone)]
 pub struct Idem {
     inner: Arc<Inner>,
 }
 
-#[derive(Clone)]
 struct Inner {
     store: Arc<dyn Store>,
     /// The same store as an `Arc<dyn TransactionalStore<Database = DB>>`, boxed, when
@@ -94,7 +73,7 @@ struct Inner {
     running: Arc<Running>,
     /// The operation names claimed so far (shared by every clone).
     names: Arc<Names>,
-    /// The recoverers the reconciler runs ([`Idem::recover_with`]).
+    /// The recoverers the reconciler runs ([`IdemBuilder::recover_with`](crate::IdemBuilder::recover_with)).
     recoverers: Vec<crate::reconciler::Registered>,
     /// Whether requests may ask for a fault of the test-fault protocol (only ever set
     /// with the feature `testing`).
@@ -102,98 +81,74 @@ struct Inner {
 }
 
 impl Idem {
+    /// The headers replayed with a stored result unless [`IdemBuilder::replayed_headers`]
+    /// says otherwise: the representation metadata a client needs to read the body as
+    /// first sent (`content-encoding` among them: without it, an encoded body is
+    /// meaningless bytes) and the headers that point at what the operation made.
+    pub const DEFAULT_REPLAYED_HEADERS: [HeaderName; 7] = [
+        CONTENT_TYPE,
+        CONTENT_ENCODING,
+        CONTENT_LOCATION,
+        LOCATION,
+        ETAG,
+        LAST_MODIFIED,
+        LINK,
+    ];
+
+    /// The largest stored result body unless [`IdemBuilder::max_stored_body`] says
+    /// otherwise: 1 MiB.
+    pub const DEFAULT_MAX_STORED_BODY: usize = 1024 * 1024;
+
+    /// The lease an attempt holds in the store, renewed while it runs, unless
+    /// [`IdemBuilder::heartbeat`] says otherwise: 2 seconds. An instance that dies with
+    /// an attempt in flight is noticed within it.
+    pub const DEFAULT_HEARTBEAT_LEASE: Duration = Duration::from_secs(2);
+
+    /// The shortest lease [`IdemBuilder::heartbeat`] takes: 30 ms, three renewals 10 ms
+    /// apart.
+    pub const MIN_HEARTBEAT_LEASE: Duration = Duration::from_millis(30);
+
+    /// The `Retry-After` of 503 `store-unavailable` unless
+    /// [`IdemBuilder::unavailable_retry_after`] says otherwise: 2 seconds.
+    pub const DEFAULT_UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(2);
+
     /// A handle over `store` that tells clients apart with `identity`, with the settings
     /// listed under "Default".
     pub fn new(store: impl Store, identity: impl ClientIdentity) -> Idem {
-        Idem::with_store(Arc::new(store), None, identity)
+        Idem::builder(store, identity).build()
+    }
+
+    /// The builder of a handle over `store` that tells clients apart with `identity`,
+    /// starting from the settings listed under "Default".
+    pub fn builder(store: impl Store, identity: impl ClientIdentity) -> IdemBuilder {
+        IdemBuilder::new(Arc::new(store), None, Arc::new(identity))
     }
 
     /// A handle over a store that can also write records inside a handler's business
-    /// transaction ([`SqliteStore`](crate::SqliteStore), `PostgresStore`): a contracted
-    /// handler that takes the transaction ([`crate::transaction::Tx`]) runs in the
-    /// transactional mode, one that does not runs as with [`Idem::new`].
+    /// transaction ([`SqliteStore`](crate::store::SqliteStore),
+    /// [`PostgresStore`](crate::store::PostgresStore)): a contracted handler that takes
+    /// the transaction ([`crate::transaction::Tx`]) runs in the transactional mode, one
+    /// that does not runs as with [`Idem::new`]. The settings are those listed under
+    /// "Default".
     #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub fn transactional<S>(store: S, identity: impl ClientIdentity) -> Idem
+    where
+        S: crate::store::TransactionalStore,
+    {
+        Idem::transactional_builder(store, identity).build()
+    }
+
+    /// The builder of a handle in the transactional mode ([`Idem::transactional`]).
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub fn transactional_builder<S>(store: S, identity: impl ClientIdentity) -> IdemBuilder
     where
         S: crate::store::TransactionalStore,
     {
         let store = Arc::new(store);
         let typed: Arc<dyn crate::store::TransactionalStore<Database = S::Database>> =
             store.clone();
-        Idem::with_store(store, Some(Arc::new(typed)), identity)
-    }
-
-    fn with_store(
-        store: Arc<dyn Store>,
-        transactional: Option<Arc<dyn Any + Send + Sync>>,
-        identity: impl ClientIdentity,
-    ) -> Idem {
-        Idem {
-            inner: Arc::new(Inner {
-                store,
-                transactional,
-                identity: Arc::new(identity),
-                replayed_headers: DEFAULT_REPLAYED_HEADERS.into(),
-                max_stored_body: DEFAULT_MAX_STORED_BODY,
-                unavailable_retry_after: DEFAULT_UNAVAILABLE_RETRY_AFTER,
-                heartbeat_lease: DEFAULT_HEARTBEAT_LEASE,
-                running: Arc::default(),
-                names: Arc::default(),
-                recoverers: Vec::new(),
-                test_faults: false,
-            }),
-        }
-    }
-
-    fn inner_mut(&mut self) -> &mut Inner {
-        Arc::make_mut(&mut self.inner)
-    }
-
-    /// The headers of a result that are stored and replayed with it (names are matched
-    /// case-insensitively; every value of a repeated header is kept, in order). Status and
-    /// body are always replayed.
-    pub fn with_replayed_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Idem {
-        self.inner_mut().replayed_headers = names.into_iter().collect();
-        self
-    }
-
-    /// The largest result body that is stored, in bytes.
-    ///
-    /// A larger result is still sent to the client that caused it, but it cannot be
-    /// replayed: the operation is parked as `unknown` with a reason that says so, and an
-    /// error is logged.
-    pub fn with_max_stored_body(mut self, bytes: usize) -> Idem {
-        self.inner_mut().max_stored_body = bytes;
-        self
-    }
-
-    /// The `Retry-After` of the 503 answered when the store fails before the handler runs
-    /// (sent in whole seconds, rounded up, at least 1).
-    pub fn with_unavailable_retry_after(mut self, after: Duration) -> Idem {
-        self.inner_mut().unavailable_retry_after = after;
-        self
-    }
-
-    /// The lease an attempt holds in the store, renewed every third of it while the
-    /// attempt runs (a heartbeat), so that an attempt whose instance died is noticed
-    /// within one lease, whatever the contract's per-attempt timeout; the attempt itself
-    /// still has the whole per-attempt timeout. A contract whose per-attempt timeout (or
-    /// deadline) is shorter uses that. A lease under [`MIN_HEARTBEAT_LEASE`] (30 ms) is
-    /// taken as that: renewals come every 10 ms at the most.
-    pub fn with_heartbeat(mut self, lease: Duration) -> Idem {
-        self.inner_mut().heartbeat_lease = lease.max(MIN_HEARTBEAT_LEASE);
-        self
-    }
-
-    /// Honours the test-fault protocol (feature `testing`): a request with the header
-    /// `Idem-Test-Fault` makes its attempt answer 429, 503 or 400 instead of running the
-    /// handler, or die after the handler's effect (see [`TestFault`](crate::TestFault) for the table).
-    /// Only for a service under the conformance harness (the `idem-testing` crate,
-    /// `idem::testing`): never call it in production.
-    #[cfg(feature = "testing")]
-    pub fn with_test_faults(mut self) -> Idem {
-        self.inner_mut().test_faults = true;
-        self
+        let typed: Arc<dyn Any + Send + Sync> = Arc::new(typed);
+        IdemBuilder::new(store, Some(typed), Arc::new(identity))
     }
 
     /// Whether this handle honours the test-fault protocol.
@@ -254,10 +209,6 @@ impl Idem {
         &self.inner.recoverers
     }
 
-    pub(crate) fn recoverers_mut(&mut self) -> &mut Vec<crate::reconciler::Registered> {
-        &mut self.inner_mut().recoverers
-    }
-
     /// The largest stored result body, in bytes.
     pub fn max_stored_body(&self) -> usize {
         self.inner.max_stored_body
@@ -315,34 +266,39 @@ impl fmt::Debug for Idem {
 
 #[cfg(test)]
 mod tests {
+    use http::header::ETAG;
+
     use super::*;
     use crate::identity;
     use crate::store::MemoryStore;
 
     #[test]
-    fn defaults_and_setters() {
+    fn defaults_and_settings() {
         let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"));
-        assert_eq!(idem.replayed_headers(), DEFAULT_REPLAYED_HEADERS);
+        assert_eq!(idem.replayed_headers(), Idem::DEFAULT_REPLAYED_HEADERS);
         assert_eq!(idem.max_stored_body(), 1024 * 1024);
         assert_eq!(idem.unavailable_retry_after_secs(), 2);
-        let copy = idem.clone();
-        let changed = idem
-            .with_replayed_headers([ETAG])
-            .with_max_stored_body(10)
-            .with_unavailable_retry_after(Duration::from_millis(1500));
+        let changed = Idem::builder(MemoryStore::new(), identity::header("x-client-id"))
+            .replayed_headers([ETAG])
+            .max_stored_body(10)
+            .unavailable_retry_after(Duration::from_millis(1500))
+            .build();
         assert_eq!(changed.replayed_headers(), [ETAG]);
         assert_eq!(changed.max_stored_body(), 10);
-        assert_eq!(changed.unavailable_retry_after_secs(), 2);
-        assert_eq!(
-            copy.max_stored_body(),
-            1024 * 1024,
-            "clones are not changed"
-        );
-        assert_eq!(
-            copy.with_unavailable_retry_after(Duration::ZERO)
-                .unavailable_retry_after_secs(),
-            1
-        );
+        assert_eq!(changed.unavailable_retry_after_secs(), 2, "rounded up");
+        let zero = Idem::builder(MemoryStore::new(), identity::header("x-client-id"))
+            .unavailable_retry_after(Duration::ZERO)
+            .build();
+        assert_eq!(zero.unavailable_retry_after_secs(), 1, "at least 1");
+    }
+
+    #[test]
+    fn a_heartbeat_under_the_minimum_is_the_minimum() {
+        let idem = Idem::builder(MemoryStore::new(), identity::header("x-client-id"))
+            .heartbeat(Duration::from_millis(1))
+            .build();
+        let contract = idem_contract::Contract::PLACEHOLDER;
+        assert_eq!(idem.lease_for(&contract), Idem::MIN_HEARTBEAT_LEASE);
     }
 
     #[tokio::test(start_paused = true)]

@@ -100,7 +100,7 @@ macro_rules! forward_store {
                 [::std::vec::Vec<$crate::store::Listed>]}
             {inspect [key: &$crate::store::RecordKey, now: $crate::store::UnixMillis]
                 [::core::option::Option<$crate::store::Inspection>]}
-            {resolve [key: &$crate::store::RecordKey, resolve: &$crate::store::Resolve,
+            {resolve [key: &$crate::store::RecordKey, resolve: &$crate::store::Resolution,
                 now: $crate::store::UnixMillis] [$crate::store::Record]}
             {purge_expired [now: $crate::store::UnixMillis] [u64]}
         ]);

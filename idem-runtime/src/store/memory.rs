@@ -21,8 +21,8 @@ use http::{HeaderName, HeaderValue};
 use super::ops::{self, Event};
 use super::{
     Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OperatorStore,
-    OwnerToken, Record, RecordKey, RecordState, RecordStore, Resolve, ResolveAs, StoreError,
-    StoredResponse, UnixMillis, check_size,
+    OwnerToken, Record, RecordKey, RecordState, RecordStore, Resolution, ResolutionOutcome,
+    StoreError, StoredResponse, UnixMillis, check_size,
 };
 use crate::OperationId;
 
@@ -339,15 +339,15 @@ impl OperatorStore for MemoryStore {
     async fn resolve(
         &self,
         key: &RecordKey,
-        resolve: &Resolve,
+        resolve: &Resolution,
         now: UnixMillis,
     ) -> Result<Record, StoreError> {
         let encoded = match &resolve.outcome {
-            ResolveAs::Completed(response) => {
+            ResolutionOutcome::Completed(response) => {
                 check_size(response, self.max_result)?;
                 Some(encode_response(response)?)
             }
-            ResolveAs::NotApplied => None,
+            ResolutionOutcome::NotApplied => None,
         };
         let outcome = self.update(key, |slot| {
             let current = slot.to_record()?;

@@ -83,8 +83,8 @@ pub mod conformance;
 pub use memory::MemoryStore;
 pub use open::{MAX_URL_LEN, OpenError, OpenOptions, open, redact_url};
 pub use ops::{
-    AttemptEnd, AttemptSummary, Inspection, ListQuery, Listed, OperatorResolution, Resolve,
-    ResolveAs,
+    AttemptEnd, AttemptSummary, Inspection, ListQuery, Listed, Resolution, ResolutionOutcome,
+    ResolutionRecord,
 };
 pub use record::{
     Begin, Lease, NewRecord, OperationState, OwnerToken, Record, RecordKey, RecordState,

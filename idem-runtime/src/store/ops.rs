@@ -103,7 +103,7 @@ pub struct Listed {
 
 /// What an operator decided about a parked operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ResolveAs {
+pub enum ResolutionOutcome {
     /// The effect happened: this is the result, stored and replayed from now on.
     Completed(StoredResponse),
     /// The effect did not happen: the key is released, and the client's next retry with
@@ -114,12 +114,12 @@ pub enum ResolveAs {
 /// An operator's resolution of a parked operation, for
 /// [`OperatorStore::resolve`](super::OperatorStore::resolve).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Resolve {
+pub struct Resolution {
     /// The attempt the operator saw parked: the resolution applies only if the record is
     /// still parked at this attempt.
     pub expected_attempt: u32,
     /// The decision.
-    pub outcome: ResolveAs,
+    pub outcome: ResolutionOutcome,
     /// Who decided (a user name).
     pub by: String,
     /// Why, in the operator's words.
@@ -128,7 +128,7 @@ pub struct Resolve {
 
 /// A recorded operator resolution, as the history keeps it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OperatorResolution {
+pub struct ResolutionRecord {
     /// The attempt that was parked.
     pub attempt: u32,
     /// When it was resolved, in unix milliseconds.
@@ -195,7 +195,7 @@ pub struct Inspection {
     /// Every attempt, the first first.
     pub attempts: Vec<AttemptSummary>,
     /// Every recorded operator resolution, the oldest first.
-    pub resolutions: Vec<OperatorResolution>,
+    pub resolutions: Vec<ResolutionRecord>,
 }
 
 /// One event of the history, as JSON.
@@ -256,10 +256,10 @@ impl Event {
     }
 
     /// The resolution by `resolve` at `now` of attempt `attempt`, parked with `parked`.
-    pub fn resolved(attempt: u32, parked: &str, resolve: &Resolve, now: UnixMillis) -> Event {
+    pub fn resolved(attempt: u32, parked: &str, resolve: &Resolution, now: UnixMillis) -> Event {
         let (resolved, status) = match &resolve.outcome {
-            ResolveAs::Completed(response) => ("completed", Some(response.status)),
-            ResolveAs::NotApplied => ("not-applied", None),
+            ResolutionOutcome::Completed(response) => ("completed", Some(response.status)),
+            ResolutionOutcome::NotApplied => ("not-applied", None),
         };
         Event {
             attempt,
@@ -354,7 +354,7 @@ impl Inspection {
         let resolutions = history
             .iter()
             .filter(|e| e.resolved.is_some())
-            .map(|e| OperatorResolution {
+            .map(|e| ResolutionRecord {
                 attempt: e.attempt,
                 at: e.at.unwrap_or_default(),
                 by: e.by.clone().unwrap_or_default(),

@@ -165,7 +165,7 @@ pub struct StoredResponse {
     /// The HTTP status code.
     pub status: u16,
     /// The headers selected for replay, in order, repeated names included
-    /// ([`crate::Idem::with_replayed_headers`]).
+    /// ([`crate::IdemBuilder::replayed_headers`]).
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// The body as sent; empty for an empty body.
     pub body: Bytes,

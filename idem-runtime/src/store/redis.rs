@@ -102,8 +102,8 @@ use super::headers::{decode_headers, encode_headers};
 use super::ops::{self, Event};
 use super::{
     Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OperationState,
-    OperatorStore, OwnerToken, Record, RecordKey, RecordState, RecordStore, Resolve, ResolveAs,
-    StoreError, StoredResponse, UnixMillis, check_size,
+    OperatorStore, OwnerToken, Record, RecordKey, RecordState, RecordStore, Resolution,
+    ResolutionOutcome, StoreError, StoredResponse, UnixMillis, check_size,
 };
 use crate::OperationId;
 
@@ -873,7 +873,7 @@ impl OperatorStore for RedisStore {
     async fn resolve(
         &self,
         key: &RecordKey,
-        resolve: &Resolve,
+        resolve: &Resolution,
         now: UnixMillis,
     ) -> Result<Record, StoreError> {
         let mut conn = self.conn.clone();
@@ -882,7 +882,7 @@ impl OperatorStore for RedisStore {
             .arg(now)
             .arg(resolve.expected_attempt.to_string());
         match &resolve.outcome {
-            ResolveAs::Completed(response) => {
+            ResolutionOutcome::Completed(response) => {
                 check_size(response, self.max_result)?;
                 invocation
                     .arg("completed")
@@ -890,7 +890,7 @@ impl OperatorStore for RedisStore {
                     .arg(encode_headers(&response.headers))
                     .arg(response.body.as_ref());
             }
-            ResolveAs::NotApplied => {
+            ResolutionOutcome::NotApplied => {
                 invocation.arg("released").arg("").arg("").arg("");
             }
         }

@@ -4,8 +4,8 @@
 use async_trait::async_trait;
 
 use super::{
-    Begin, Inspection, Lease, ListQuery, Listed, NewRecord, OwnerToken, Record, RecordKey, Resolve,
-    StoreError, StoredResponse, UnixMillis,
+    Begin, Inspection, Lease, ListQuery, Listed, NewRecord, OwnerToken, Record, RecordKey,
+    Resolution, StoreError, StoredResponse, UnixMillis,
 };
 
 /// The record calls of the request path: register a key, read its record, and end,
@@ -197,7 +197,7 @@ pub trait OperatorStore: Send + Sync + 'static {
     async fn resolve(
         &self,
         key: &RecordKey,
-        resolve: &Resolve,
+        resolve: &Resolution,
         now: UnixMillis,
     ) -> Result<Record, StoreError>;
 

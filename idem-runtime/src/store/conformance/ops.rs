@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use super::{LEASE, T0, TTL, created, get, key, new_record, started};
 use crate::store::{
-    AttemptEnd, Lease, ListQuery, OperationState, OwnerToken, RecordKey, RecordState, Resolve,
-    ResolveAs, Store, StoreError, ops::HISTORY_LIMIT,
+    AttemptEnd, Lease, ListQuery, OperationState, OwnerToken, RecordKey, RecordState, Resolution,
+    ResolutionOutcome, Store, StoreError, ops::HISTORY_LIMIT,
 };
 
 /// A record parked as unknown at attempt 1 with the reason `lost`.
@@ -19,8 +19,8 @@ async fn parked(store: &dyn Store, k: &RecordKey) {
         .expect("the owner parks");
 }
 
-fn resolution(attempt: u32, outcome: ResolveAs) -> Resolve {
-    Resolve {
+fn resolution(attempt: u32, outcome: ResolutionOutcome) -> Resolution {
+    Resolution {
         expected_attempt: attempt,
         outcome,
         by: "ana".into(),
@@ -256,7 +256,7 @@ pub async fn resolve_as_completed_stores_the_result(store: Arc<dyn Store>) {
     let written = store
         .resolve(
             &k,
-            &resolution(1, ResolveAs::Completed(created())),
+            &resolution(1, ResolutionOutcome::Completed(created())),
             T0 + 100,
         )
         .await
@@ -283,7 +283,7 @@ pub async fn resolve_as_completed_stores_the_result(store: Arc<dyn Store>) {
         (1, T0 + 100, "ana", "checked the ledger", "lost", Some(201))
     );
     let again = store
-        .resolve(&k, &resolution(1, ResolveAs::NotApplied), T0 + 101)
+        .resolve(&k, &resolution(1, ResolutionOutcome::NotApplied), T0 + 101)
         .await;
     assert!(
         matches!(&again, Err(StoreError::Changed(m)) if m.contains("completed")),
@@ -298,7 +298,7 @@ pub async fn resolve_as_not_applied_releases_the_key(store: Arc<dyn Store>) {
     let k = key("k1");
     parked(&*store, &k).await;
     let written = store
-        .resolve(&k, &resolution(1, ResolveAs::NotApplied), T0 + 100)
+        .resolve(&k, &resolution(1, ResolutionOutcome::NotApplied), T0 + 100)
         .await
         .unwrap();
     assert_eq!(written.state, RecordState::Released);
@@ -313,7 +313,11 @@ pub async fn resolve_as_not_applied_releases_the_key(store: Arc<dyn Store>) {
 /// is parked at another attempt than the operator saw; each says which.
 pub async fn resolve_refuses_what_is_not_parked(store: Arc<dyn Store>) {
     let none = store
-        .resolve(&key("nobody"), &resolution(1, ResolveAs::NotApplied), T0)
+        .resolve(
+            &key("nobody"),
+            &resolution(1, ResolutionOutcome::NotApplied),
+            T0,
+        )
         .await;
     assert!(matches!(none, Err(StoreError::NotFound)), "{none:?}");
 
@@ -321,7 +325,7 @@ pub async fn resolve_refuses_what_is_not_parked(store: Arc<dyn Store>) {
     started(&*store, &k, &new_record("sha256:a", T0), T0).await;
     let before = get(&*store, &k, T0 + 1).await;
     let running = store
-        .resolve(&k, &resolution(1, ResolveAs::NotApplied), T0 + 1)
+        .resolve(&k, &resolution(1, ResolutionOutcome::NotApplied), T0 + 1)
         .await;
     assert!(
         matches!(&running, Err(StoreError::Changed(m)) if m.contains("processing")),
@@ -332,7 +336,11 @@ pub async fn resolve_refuses_what_is_not_parked(store: Arc<dyn Store>) {
     let p = key("parked");
     parked(&*store, &p).await;
     let stale = store
-        .resolve(&p, &resolution(2, ResolveAs::Completed(created())), T0 + 2)
+        .resolve(
+            &p,
+            &resolution(2, ResolutionOutcome::Completed(created())),
+            T0 + 2,
+        )
         .await;
     assert!(
         matches!(&stale, Err(StoreError::Changed(m)) if m.contains("attempt 1")),
@@ -343,7 +351,11 @@ pub async fn resolve_refuses_what_is_not_parked(store: Arc<dyn Store>) {
         RecordState::Unknown { .. }
     ));
     let expired = store
-        .resolve(&p, &resolution(1, ResolveAs::NotApplied), T0 + TTL + 1)
+        .resolve(
+            &p,
+            &resolution(1, ResolutionOutcome::NotApplied),
+            T0 + TTL + 1,
+        )
         .await;
     assert!(matches!(expired, Err(StoreError::NotFound)), "{expired:?}");
 }
@@ -357,9 +369,9 @@ pub async fn resolve_has_exactly_one_winner(store: Arc<dyn Store>) {
             let store = Arc::clone(&store);
             let k = k.clone();
             let outcome = if i % 2 == 0 {
-                ResolveAs::NotApplied
+                ResolutionOutcome::NotApplied
             } else {
-                ResolveAs::Completed(created())
+                ResolutionOutcome::Completed(created())
             };
             tokio::spawn(async move { store.resolve(&k, &resolution(1, outcome), T0 + 9).await })
         })

@@ -8,7 +8,7 @@ use super::rows::{decode_inspected, decode_listed, resolution_columns};
 use super::statement::Statement;
 use crate::store::ops::{self, Event};
 use crate::store::{
-    Inspection, ListQuery, Listed, OperatorStore, Record, RecordKey, RecordStore, Resolve,
+    Inspection, ListQuery, Listed, OperatorStore, Record, RecordKey, RecordStore, Resolution,
     StoreError, UnixMillis,
 };
 
@@ -59,7 +59,7 @@ impl<DB: Dialect> OperatorStore for SqlStore<DB> {
     async fn resolve(
         &self,
         key: &RecordKey,
-        resolve: &Resolve,
+        resolve: &Resolution,
         now: UnixMillis,
     ) -> Result<Record, StoreError> {
         let (state, status, headers, body) = resolution_columns(resolve, self.max_result)?;

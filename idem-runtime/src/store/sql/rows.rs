@@ -9,7 +9,7 @@ use bytes::Bytes;
 use super::statement::Columns;
 use crate::OperationId;
 use crate::store::headers::{decode_headers, encode_headers};
-use crate::store::ops::{self, Inspection, Listed, Resolve, ResolveAs};
+use crate::store::ops::{self, Inspection, Listed, Resolution, ResolutionOutcome};
 use crate::store::{
     Lease, OperationState, OwnerToken, Record, RecordKey, RecordState, StoreError, StoredResponse,
     UnixMillis, check_size,
@@ -113,11 +113,11 @@ pub(super) type ResolutionColumns = (&'static str, Option<i64>, Option<String>, 
 
 /// The [`ResolutionColumns`] of `resolve`, after the result's size check.
 pub(super) fn resolution_columns(
-    resolve: &Resolve,
+    resolve: &Resolution,
     max_result: usize,
 ) -> Result<ResolutionColumns, StoreError> {
     Ok(match &resolve.outcome {
-        ResolveAs::Completed(response) => {
+        ResolutionOutcome::Completed(response) => {
             check_size(response, max_result)?;
             (
                 "completed",
@@ -126,6 +126,6 @@ pub(super) fn resolution_columns(
                 Some(response.body.to_vec()),
             )
         }
-        ResolveAs::NotApplied => ("released", None, None, None),
+        ResolutionOutcome::NotApplied => ("released", None, None, None),
     })
 }

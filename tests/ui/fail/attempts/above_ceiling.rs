@@ -12,8 +12,8 @@ async fn order_status() -> StatusCode {
     StatusCode::OK
 }
 
-async fn reconcile(_: idem::UnknownOperation) -> idem::Resolution {
-    idem::Resolution::NotApplied
+async fn reconcile(_: idem::UnknownOperation) -> idem::Decision {
+    idem::Decision::NotApplied
 }
 
 #[idem::contract(

@@ -17,8 +17,8 @@ async fn transfer_status() -> StatusCode {
     StatusCode::OK
 }
 
-async fn reconcile(_: idem::UnknownOperation) -> idem::Resolution {
-    idem::Resolution::NotApplied
+async fn reconcile(_: idem::UnknownOperation) -> idem::Decision {
+    idem::Decision::NotApplied
 }
 
 /// A property missing (`recovery`).

@@ -14,8 +14,8 @@ async fn refund_status(lookup: idem::Lookup<create_refund::Operation>, Path(key)
     lookup.status(&key).await
 }
 
-async fn reconcile(_: idem::UnknownOperation) -> idem::Resolution {
-    idem::Resolution::NotApplied
+async fn reconcile(_: idem::UnknownOperation) -> idem::Decision {
+    idem::Decision::NotApplied
 }
 
 #[idem::contract(

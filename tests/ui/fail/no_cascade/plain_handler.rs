@@ -24,8 +24,8 @@ async fn order_status(lookup: idem::Lookup<create_order::Operation>, Path(key): 
     lookup.status(&key).await
 }
 
-async fn reconcile(_: idem::UnknownOperation) -> idem::Resolution {
-    idem::Resolution::NotApplied
+async fn reconcile(_: idem::UnknownOperation) -> idem::Decision {
+    idem::Decision::NotApplied
 }
 
 #[idem::contract(

@@ -12,12 +12,12 @@ async fn order_status() -> StatusCode {
     StatusCode::OK
 }
 
-async fn reconcile(_: idem::UnknownOperation) -> idem::Resolution {
-    idem::Resolution::NotApplied
+async fn reconcile(_: idem::UnknownOperation) -> idem::Decision {
+    idem::Decision::NotApplied
 }
 
-async fn reconcile_without_operation() -> idem::Resolution {
-    idem::Resolution::NotApplied
+async fn reconcile_without_operation() -> idem::Decision {
+    idem::Decision::NotApplied
 }
 
 #[idem::contract(

@@ -17,9 +17,9 @@ async fn order_status() -> StatusCode {
     StatusCode::OK
 }
 
-async fn reconcile(_app: App, op: idem::UnknownOperation) -> idem::Resolution {
+async fn reconcile(_app: App, op: idem::UnknownOperation) -> idem::Decision {
     let _ = (op.client, op.key);
-    idem::Resolution::NotApplied
+    idem::Decision::NotApplied
 }
 
 #[idem::contract(
@@ -41,7 +41,7 @@ async fn create_order(
     let _ = (order.customer_id, order.amount_minor);
     (
         StatusCode::CREATED,
-        format!("{} {} {}", attempt.client, attempt.key, attempt.number),
+        format!("{} {} {}", attempt.client, attempt.key, attempt.attempt),
     )
 }
 

@@ -19,8 +19,8 @@ async fn lookup() -> &'static str {
     "ok"
 }
 
-async fn reconcile(_: idem::UnknownOperation) -> idem::Resolution {
-    idem::Resolution::Unknown("not reconciled".into())
+async fn reconcile(_: idem::UnknownOperation) -> idem::Decision {
+    idem::Decision::Unknown("not reconciled".into())
 }
 
 #[idem::contract(
@@ -61,8 +61,8 @@ mod payments {
         StatusCode::OK
     }
 
-    pub async fn reconcile_payment(_: idem::UnknownOperation) -> idem::Resolution {
-        idem::Resolution::NotApplied
+    pub async fn reconcile_payment(_: idem::UnknownOperation) -> idem::Decision {
+        idem::Decision::NotApplied
     }
 
     #[idem::contract(
@@ -101,6 +101,6 @@ fn main() {
         &start_process::CONTRACT,
         &payments::pay::CONTRACT,
     ] {
-        assert!(idem::check(contract).is_empty(), "{contract:?}");
+        assert!(idem::model::check(contract).is_empty(), "{contract:?}");
     }
 }

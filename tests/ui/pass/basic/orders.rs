@@ -52,11 +52,11 @@ async fn order_operation_status(
     lookup.status(&key).await
 }
 
-async fn reconcile_create_order(state: AppState, op: idem::UnknownOperation) -> idem::Resolution {
+async fn reconcile_create_order(state: AppState, op: idem::UnknownOperation) -> idem::Decision {
     let orders = state.orders.lock().unwrap();
     match orders.iter().find(|o| o.id.to_string() == op.key) {
-        Some(order) => idem::Resolution::applied((StatusCode::CREATED, Json(order.clone()))),
-        None => idem::Resolution::NotApplied,
+        Some(order) => idem::Decision::applied((StatusCode::CREATED, Json(order.clone()))),
+        None => idem::Decision::NotApplied,
     }
 }
 
@@ -119,5 +119,5 @@ fn main() {
         contract.status_lookup.path.as_deref(),
         Some("/orders/operations/{key}")
     );
-    assert!(idem::check(contract).is_empty());
+    assert!(idem::model::check(contract).is_empty());
 }

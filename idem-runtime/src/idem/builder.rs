@@ -1,0 +1,127 @@
+//! The builder of an [`Idem`] handle.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderName;
+
+use super::{Idem, Inner};
+use crate::identity::ClientIdentity;
+use crate::store::Store;
+
+/// The settings of an [`Idem`] handle, set one by one, then [`IdemBuilder::build`]: made
+/// by [`Idem::builder`] or [`Idem::transactional_builder`], with the settings listed under
+/// [`Idem`]'s "Default". The handle it builds cannot be changed: every clone shares them.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_runtime::{Idem, identity, store::MemoryStore};
+///
+/// let idem = Idem::builder(MemoryStore::new(), identity::header("x-client-id"))
+///     .heartbeat(Duration::from_millis(500))   // a dead instance is noticed within 0.5 s
+///     .max_stored_body(256 * 1024)
+///     .build();
+/// assert_eq!(idem.max_stored_body(), 256 * 1024);
+/// ```
+#[must_use = "a builder does nothing until `build` makes the handle"]
+pub struct IdemBuilder {
+    pub(super) inner: Inner,
+}
+
+impl IdemBuilder {
+    /// A builder over `store` (and, in the transactional mode, the same store as an
+    /// `Arc<dyn TransactionalStore<Database = DB>>`, boxed) with the default settings.
+    pub(super) fn new(
+        store: Arc<dyn Store>,
+        transactional: Option<Arc<dyn Any + Send + Sync>>,
+        identity: Arc<dyn ClientIdentity>,
+    ) -> IdemBuilder {
+        IdemBuilder {
+            inner: Inner {
+                store,
+                transactional,
+                identity,
+                replayed_headers: Idem::DEFAULT_REPLAYED_HEADERS.into(),
+                max_stored_body: Idem::DEFAULT_MAX_STORED_BODY,
+                unavailable_retry_after: Idem::DEFAULT_UNAVAILABLE_RETRY_AFTER,
+                heartbeat_lease: Idem::DEFAULT_HEARTBEAT_LEASE,
+                running: Arc::default(),
+                names: Arc::default(),
+                recoverers: Vec::new(),
+                test_faults: false,
+            },
+        }
+    }
+
+    /// The headers of a result that are stored and replayed with it (names are matched
+    /// case-insensitively; every value of a repeated header is kept, in order). Status and
+    /// body are always replayed.
+    pub fn replayed_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.inner.replayed_headers = names.into_iter().collect();
+        self
+    }
+
+    /// The largest result body that is stored, in bytes.
+    ///
+    /// A larger result is still sent to the client that caused it, but it cannot be
+    /// replayed: the operation is parked as `unknown` with a reason that says so, and an
+    /// error is logged.
+    pub fn max_stored_body(mut self, bytes: usize) -> Self {
+        self.inner.max_stored_body = bytes;
+        self
+    }
+
+    /// The `Retry-After` of the 503 answered when the store fails before the handler runs
+    /// (sent in whole seconds, rounded up, at least 1).
+    pub fn unavailable_retry_after(mut self, after: Duration) -> Self {
+        self.inner.unavailable_retry_after = after;
+        self
+    }
+
+    /// The lease an attempt holds in the store, renewed every third of it while the
+    /// attempt runs (a heartbeat), so that an attempt whose instance died is noticed
+    /// within one lease, whatever the contract's per-attempt timeout; the attempt itself
+    /// still has the whole per-attempt timeout. A contract whose per-attempt timeout (or
+    /// deadline) is shorter uses that. A lease under [`Idem::MIN_HEARTBEAT_LEASE`] (30 ms)
+    /// is taken as that: renewals come every 10 ms at the most.
+    pub fn heartbeat(mut self, lease: Duration) -> Self {
+        self.inner.heartbeat_lease = lease.max(Idem::MIN_HEARTBEAT_LEASE);
+        self
+    }
+
+    /// Honours the test-fault protocol (feature `testing`): a request with the header
+    /// `Idem-Test-Fault` makes its attempt answer 429, 503 or 400 instead of running the
+    /// handler, or die after the handler's effect (see [`TestFault`](crate::TestFault) for
+    /// the table). Only for a service under the conformance harness (the `idem-testing`
+    /// crate, `idem::testing`): never in production.
+    #[cfg(feature = "testing")]
+    pub fn test_faults(mut self) -> Self {
+        self.inner.test_faults = true;
+        self
+    }
+
+    /// The operation names claimed under the handle being built.
+    pub(crate) fn names(&self) -> &super::Names {
+        &self.inner.names
+    }
+
+    /// The recoverers the reconciler will run.
+    pub(crate) fn recoverers_mut(&mut self) -> &mut Vec<crate::reconciler::Registered> {
+        &mut self.inner.recoverers
+    }
+
+    /// The handle, with these settings for good.
+    pub fn build(self) -> Idem {
+        Idem {
+            inner: Arc::new(self.inner),
+        }
+    }
+}
+
+impl fmt::Debug for IdemBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdemBuilder").finish_non_exhaustive()
+    }
+}
