@@ -66,7 +66,7 @@ pub enum OpsCommand {
     #[command(
         after_help = "Examples:\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --expect-attempt 2 --as completed --response order-42.json --reason \"order 42 is in the ledger\"\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --as not-applied --reason \"no order in the ledger\""
     )]
-    Resolution(ResolveArgs),
+    Resolve(ResolveArgs),
 }
 
 /// A state as the command line names it.
@@ -192,7 +192,7 @@ pub fn run(args: OpsArgs) -> Result<(), Errors> {
         match args.command {
             OpsCommand::List(args) => list(args).await,
             OpsCommand::Show(args) => show(args).await,
-            OpsCommand::Resolution(args) => resolve(args).await,
+            OpsCommand::Resolve(args) => resolve(args).await,
         }
     })
 }

@@ -28,7 +28,7 @@ use crate::{Idem, OperationId};
 /// ```
 /// use axum::extract::Path;
 /// use idem_runtime::{Lookup, OperationStatus};
-/// # use idem_runtime::{Contracted, Recover, Recoverer};
+/// # use idem_runtime::{enforce::Contracted, recovery::{Recover, Recoverer}};
 /// # pub struct CreateOrder;
 /// # impl Contracted for CreateOrder { const CONTRACT: &'static idem_contract::Contract = &idem_contract::Contract::PLACEHOLDER; }
 /// # impl<S> Recover<S> for CreateOrder { fn recoverer(_: &S) -> Recoverer { Recoverer::manual() } }

@@ -21,7 +21,7 @@
 //! # impl axum::response::IntoResponse for ApiError {
 //! #     fn into_response(self) -> axum::response::Response { StatusCode::INTERNAL_SERVER_ERROR.into_response() }
 //! # }
-//! # use idem_runtime::{Contracted, Recover, Recoverer, enforce::Enforced};
+//! # use idem_runtime::{enforce::{Contracted, Enforced}, recovery::{Recover, Recoverer}};
 //! # pub struct CreateOrderOp;
 //! # impl Contracted for CreateOrderOp { const CONTRACT: &'static idem_contract::Contract = &idem_contract::Contract::PLACEHOLDER; }
 //! # impl<S> Recover<S> for CreateOrderOp { fn recoverer(_: &S) -> Recoverer { Recoverer::manual() } }

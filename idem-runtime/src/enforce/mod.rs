@@ -7,7 +7,7 @@
 //! ```
 //! use axum::{Json, http::StatusCode, response::Response};
 //! use idem_runtime::enforce::Enforced;
-//! # use idem_runtime::{Contracted, Recover, Recoverer};
+//! # use idem_runtime::{enforce::Contracted, recovery::{Recover, Recoverer}};
 //! # pub struct CreateOrder;
 //! # impl Contracted for CreateOrder { const CONTRACT: &'static idem_contract::Contract = &idem_contract::Contract::PLACEHOLDER; }
 //! # impl<S> Recover<S> for CreateOrder { fn recoverer(_: &S) -> Recoverer { Recoverer::manual() } }

@@ -3,7 +3,7 @@
 //! against Redis 7 only.
 //!
 //! ```no_run
-//! # async fn start() -> Result<(), idem_runtime::StoreError> {
+//! # async fn start() -> Result<(), idem_runtime::store::StoreError> {
 //! use idem_runtime::{Idem, identity, store::RedisStore};
 //!
 //! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;

@@ -21,7 +21,7 @@ use crate::store::StoreError;
 /// writes and its record commit in one transaction.
 ///
 /// ```no_run
-/// # async fn run() -> Result<(), idem_runtime::StoreError> {
+/// # async fn run() -> Result<(), idem_runtime::store::StoreError> {
 /// use idem_runtime::{Idem, identity, store::PostgresStore};
 ///
 /// let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://localhost/app".into());
