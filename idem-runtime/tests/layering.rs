@@ -344,3 +344,43 @@ fn each_stage_of_the_request_path_names_only_the_stages_before_it() {
         broken.join("\n")
     );
 }
+
+/// The request path's modules: their functions switch on no feature inside a body (a
+/// mode that exists only with some features is a type defined in every feature set, its
+/// unavailable arm uninhabited: `mode::Mode`, `fault::TestFault`).
+const REQUEST_PATH: &[&str] = &[
+    "enforce",
+    "mode",
+    "attempt",
+    "recovery",
+    "lookup",
+    "transaction",
+];
+
+#[test]
+fn no_function_of_the_request_path_switches_on_a_feature_inside_its_body() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = Vec::new();
+    for module in REQUEST_PATH {
+        for file in files(&src, module) {
+            let text = code(&std::fs::read_to_string(&file).unwrap());
+            for line in text.lines() {
+                let indented = line.starts_with(char::is_whitespace);
+                let attribute = line.trim_start().starts_with("#[cfg");
+                if (indented && attribute && !line.contains("cfg(test)")) || line.contains("cfg!(")
+                {
+                    found.push(format!(
+                        "{}: {}",
+                        file.strip_prefix(&src).unwrap().display(),
+                        line.trim()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a feature switch inside the request path (make the mode a type defined in every feature set):\n{}",
+        found.join("\n")
+    );
+}
