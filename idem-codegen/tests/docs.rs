@@ -278,3 +278,42 @@ fn html_tables_keep_problem_types_whole() {
         "<td class=\"answer\"><code>504 Gateway Timeout</code> from the service itself</td>"
     ));
 }
+
+/// Text the docs take from a spec (its title, an operation's summary, its route) is
+/// escaped in the Markdown as the HTML template escapes it: a `<script>` stays text.
+#[test]
+fn text_from_the_spec_is_escaped_in_both_formats() {
+    let mut info = info(&orders_doc());
+    info.summary = Some("<script>alert(1)</script>\n# not a heading".into());
+    info.path = Some("/orders/<img src=x onerror=alert(1)>".into());
+    let title = "Orders <script>alert(2)</script> *bold*";
+    let operations = [(contract(|_| {}), info)];
+    let md = docs::render(DocFormat::Markdown, title, &operations).unwrap();
+    // Outside code blocks (a fenced block shows its text as it is, the route included),
+    // with the escaped characters taken out, nothing of the spec's markup is left.
+    let prose = md
+        .split("```")
+        .step_by(2)
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("\\<", "")
+        .replace("\\*", "");
+    for raw in ["<script>", "<img", "*bold*", "\n# not a heading"] {
+        assert!(
+            !prose.contains(raw),
+            "`{raw}` is raw in the Markdown:\n{md}"
+        );
+    }
+    assert!(
+        md.contains("\\<script\\>alert(1)\\</script\\> # not a heading"),
+        "{md}"
+    );
+    assert!(
+        md.starts_with("# Orders \\<script\\>alert(2)\\</script\\> \\*bold\\*"),
+        "{md}"
+    );
+    let html = docs::render(DocFormat::Html, title, &operations).unwrap();
+    for raw in ["<script>", "<img"] {
+        assert!(!html.contains(raw), "`{raw}` is raw in the HTML");
+    }
+}

@@ -80,6 +80,9 @@ fn environment() -> Environment<'static> {
         rich::markdown(&spans, true)
     });
     env.add_filter("code", |s: String| rich::code_span(&s));
+    // Text idem did not write (a spec's title, a summary, a route): escaped as the HTML
+    // template's autoescape escapes it.
+    env.add_filter("literal", |s: String| rich::literal(&s));
     // A problem type URI in two pieces that are never broken: its prefix up to the
     // last `:` and its slug, so that a narrow column wraps it only between them.
     env.add_filter("type_parts", |s: String| match s.rfind(':') {

@@ -101,6 +101,37 @@ fn longest_run(value: &str, c: char) -> usize {
     longest
 }
 
+/// Text that idem did not write (a spec's title, an operation's summary, a route) as
+/// literal Markdown inline text, escaped as the HTML page escapes it: the characters
+/// Markdown reads as inline syntax or raw HTML (`\`, `` ` ``, `*`, `_`, `[`, `]`, `<`, `>`,
+/// `&`, `|`, `~`) are backslash-escaped (CommonMark §2.4: any ASCII punctuation may be),
+/// a leading block marker (`#`, `-`, `+`, `=`, `>`, or a number followed by `.` or `)`)
+/// too, and line breaks become spaces, so the value stays one line of text where it is
+/// put: `<script>` shows as text, and `# x` stays a summary rather than a heading.
+pub fn literal(text: &str) -> String {
+    let text = text.replace(['\n', '\r'], " ");
+    let mut out = String::with_capacity(text.len() + 8);
+    let trimmed = text.trim_start();
+    let digits = trimmed.len()
+        - trimmed
+            .trim_start_matches(|c: char| c.is_ascii_digit())
+            .len();
+    for (i, c) in trimmed.char_indices() {
+        let block_marker = (i == 0 && matches!(c, '#' | '-' | '+' | '=' | '>'))
+            || (i == digits && digits > 0 && matches!(c, '.' | ')'));
+        if block_marker
+            || matches!(
+                c,
+                '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' | '&' | '|' | '~'
+            )
+        {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Renders rich text (as the templates see it) as Markdown. In a table cell, `|` is
 /// escaped and line breaks become spaces.
 pub fn markdown(spans: &[Span], cell: bool) -> String {
@@ -159,5 +190,23 @@ mod tests {
             ]
         );
         assert_eq!(markdown(&Rich::new("a | `b|c`").0, true), "a \\| `b\\|c`");
+    }
+
+    #[test]
+    fn text_from_a_spec_is_literal() {
+        assert_eq!(
+            literal("<script>alert(1)</script>"),
+            "\\<script\\>alert(1)\\</script\\>"
+        );
+        assert_eq!(
+            literal("Orders *v2* & [more](x)"),
+            "Orders \\*v2\\* \\& \\[more\\](x)"
+        );
+        assert_eq!(literal("# heading\nsecond line"), "\\# heading second line");
+        assert_eq!(literal("- item"), "\\- item");
+        assert_eq!(literal("12. twelve"), "12\\. twelve");
+        assert_eq!(literal("a|b`c\\d"), "a\\|b\\`c\\\\d");
+        assert_eq!(literal("POST /orders/{id}"), "POST /orders/{id}");
+        assert_eq!(literal(""), "");
     }
 }
