@@ -75,8 +75,8 @@ impl CreateOrder {
                 message: message.to_owned(),
             })
         };
-        if self.customer_id.trim().is_empty() || self.customer_id.len() > MAX_ID_LEN {
-            fail("customer_id".into(), "must be 1 to 64 bytes and not blank");
+        if let Some(problem) = identifier_problem(&self.customer_id) {
+            fail("customer_id".into(), problem);
         }
         if iso_currency::Currency::from_code(&self.currency).is_none() {
             fail(
@@ -94,11 +94,8 @@ impl CreateOrder {
             fail("items".into(), "must hold 1 to 100 line items");
         }
         for (i, item) in self.items.iter().enumerate() {
-            if item.sku.trim().is_empty() || item.sku.len() > MAX_ID_LEN {
-                fail(
-                    format!("items[{i}].sku"),
-                    "must be 1 to 64 bytes and not blank",
-                );
+            if let Some(problem) = identifier_problem(&item.sku) {
+                fail(format!("items[{i}].sku"), problem);
             }
             if !(1..=MAX_QTY).contains(&item.qty) {
                 fail(format!("items[{i}].qty"), "must be from 1 to 10000");
@@ -109,6 +106,21 @@ impl CreateOrder {
         } else {
             Err(errors)
         }
+    }
+}
+
+/// What is wrong with an identifier (a customer id, a SKU): blank, longer than
+/// [`MAX_ID_LEN`] bytes, or holding a control character (U+0000 to U+001F, U+007F to
+/// U+009F). PostgreSQL's `text` cannot hold U+0000 at all, and no identifier needs a
+/// control character: refusing them here answers 422 naming the field, where the
+/// database would have failed the request with a 500.
+fn identifier_problem(value: &str) -> Option<&'static str> {
+    if value.trim().is_empty() || value.len() > MAX_ID_LEN {
+        Some("must be 1 to 64 bytes and not blank")
+    } else if value.chars().any(char::is_control) {
+        Some("must not hold control characters (such as U+0000)")
+    } else {
+        None
     }
 }
 
@@ -165,5 +177,28 @@ mod tests {
             ..order()
         };
         assert_eq!(empty.validate().unwrap_err()[0].field, "items");
+    }
+
+    #[test]
+    fn control_characters_in_identifiers_are_refused() {
+        for bad in ["cus\u{0}1", "cus\n1", "\u{7f}", "cus\u{9b}"] {
+            let order = CreateOrder {
+                customer_id: bad.into(),
+                items: vec![LineItem {
+                    sku: bad.into(),
+                    qty: 1,
+                }],
+                ..order()
+            };
+            let errors = order.validate().unwrap_err();
+            let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+            assert_eq!(fields, ["customer_id", "items[0].sku"], "{bad:?}");
+            assert!(errors[0].message.contains("control characters"), "{bad:?}");
+        }
+        let unicode = CreateOrder {
+            customer_id: "cus_čřž_日本".into(),
+            ..order()
+        };
+        assert_eq!(unicode.validate(), Ok(()), "other Unicode is fine");
     }
 }

@@ -224,3 +224,43 @@ fn malformed_store_flags_are_refused_before_listening() {
         );
     }
 }
+
+/// A NUL in an identifier is a 422 naming the field on every store, not the 500 that
+/// PostgreSQL's `text` (which cannot hold U+0000) made of it; nothing is written.
+#[tokio::test]
+async fn a_control_character_in_an_identifier_is_a_422_on_every_store() {
+    let http = client();
+    let mut bad = order(1999);
+    bad["customer_id"] = "cus_\u{0}42".into();
+    let (_dir, db) = temp_db();
+    let sqlite = Service::start(&db, &[]);
+    let reply = try_post(&http, &sqlite.url, Some("k-nul"), &bad)
+        .await
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{reply:?}");
+    assert!(
+        reply.json().to_string().contains("customer_id"),
+        "{reply:?}"
+    );
+    assert_eq!(count_sqlite(&db).await, 0);
+    let Some(url) = scratch_url("a NUL in an identifier on PostgreSQL").await else {
+        return;
+    };
+    let postgres = Service::postgres(&url, &[]);
+    let reply = try_post(&http, &postgres.url, Some("k-nul"), &bad)
+        .await
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{reply:?}");
+    assert!(
+        reply.json().to_string().contains("customer_id"),
+        "{reply:?}"
+    );
+    let again = try_post(&http, &postgres.url, Some("k-nul"), &bad)
+        .await
+        .unwrap();
+    assert!(
+        again.replayed(),
+        "the 422 is the operation's answer: {again:?}"
+    );
+    assert_eq!(count_pg(&url).await, 0);
+}
