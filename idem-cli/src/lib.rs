@@ -157,7 +157,7 @@ pub enum Command {
     /// operator calls, with `--store`.
     #[cfg(feature = "monday")]
     #[command(
-        after_help = "Examples:\n  idem monday --spec openapi.yaml --operation create_order --base-url http://127.0.0.1:3000 --request-body order.json --client-header x-client-id=monday --effects-url http://127.0.0.1:3000/admin/orders/count\n  idem monday --contracts contracts.json --operation create_order --route \"POST /orders\" --base-url http://127.0.0.1:3000 --request-body '{\"amount\": 1250}' --effects-command \"sqlite3 orders.db 'select count(*) from orders'\" --store orders.db"
+        after_help = "Examples:\n  idem monday --spec openapi.yaml --operation create_order --base-url http://127.0.0.1:3000 --request-body order.json --client-header x-client-id=monday --effects-url http://127.0.0.1:3000/admin/orders/count\n  idem monday --contracts contracts.json --operation create_order --route \"POST /orders\" --base-url http://127.0.0.1:3000 --request-body '{\"amount\": 1250}' --effects-command \"sqlite3 orders.db 'select count(*) from orders'\" --store orders.db\n  idem monday --spec openapi.yaml --operation create_order --base-url http://127.0.0.1:3000 --request-body order.json --client-header x-tenant=acme --client-header x-client-id=monday --cookie session=abc123 --operation-id-header X-Request-Id --effects-url http://127.0.0.1:3000/admin/stats --effects-pointer /orders"
     )]
     Monday(monday::MondayArgs),
     /// Run the Monday test against a service on loopback: not in this build, which

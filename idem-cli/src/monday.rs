@@ -22,10 +22,11 @@ use serde_json::Value;
 use crate::store::{StoreArgs, open};
 use idem_codegen::error::{Error, Errors};
 
+mod count;
+mod input;
+
 /// The largest spec, contracts file or request body read, in bytes.
 const MAX_FILE: u64 = 16 * 1024 * 1024;
-/// How long one count of the effects may take.
-const COUNT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `idem monday`.
 #[derive(Debug, Args)]
@@ -58,11 +59,22 @@ pub struct MondayArgs {
     /// a JSON literal (`{"amount": 1250}`).
     #[arg(long, value_name = "FILE|-|JSON")]
     pub request_body: Option<String>,
-    /// A header that says who the client is, sent with every request: `NAME=VALUE`.
+    /// A header that says who the client is, sent with every request and status lookup:
+    /// `NAME=VALUE`; repeat it for each header (a tenant and a client, say). The
+    /// contract's client identity header must be one of them.
     #[arg(long, value_name = "NAME=VALUE")]
-    pub client_header: Option<String>,
+    pub client_header: Vec<String>,
+    /// A cookie sent with every request and status lookup (a session the service scopes
+    /// its keys to): `NAME=VALUE`; repeat it for each cookie. Cookies the service sets on
+    /// any answer are kept for the rest of the run too, whatever their path or port.
+    #[arg(long, value_name = "NAME=VALUE")]
+    pub cookie: Vec<String>,
+    /// The answer header that names the operation an answer belongs to: proof 2 links the
+    /// repeat to the first attempt by it.
+    #[arg(long, value_name = "NAME", default_value = "Operation-Id")]
+    pub operation_id_header: String,
     /// Counts the business effects: `GET URL` answers a number (the rows of the orders
-    /// table, say).
+    /// table, say), or JSON holding it (see `--effects-pointer`).
     #[arg(
         long,
         value_name = "URL",
@@ -70,6 +82,10 @@ pub struct MondayArgs {
         required_unless_present = "effects_command"
     )]
     pub effects_url: Option<String>,
+    /// Where the count is in the JSON that `--effects-url` answers: a JSON pointer
+    /// (RFC 6901), `/orders` for `{"orders": 12}`, `/stats/orders` for a nested member.
+    #[arg(long, value_name = "POINTER", requires = "effects_url")]
+    pub effects_pointer: Option<String>,
     /// Counts the business effects: a shell command (`sh -c`) that prints a number.
     #[arg(long, value_name = "COMMAND")]
     pub effects_command: Option<String>,
@@ -181,17 +197,7 @@ fn harness(
         Some(body) => read_body(body)?,
         None => Vec::new(),
     };
-    let client = args
-        .client_header
-        .as_deref()
-        .map(parse_header)
-        .transpose()?;
-    if let (Some(name), None) = (&operation.identity_header, &client) {
-        return Err(Error::new(format!(
-            "the contract says the client is named by the header `{name}`: give `--client-header {name}=VALUE`"
-        ))
-        .into());
-    }
+    let client = Client::from_args(args, operation)?;
     let mut request = Request::new(method, path);
     if !body.is_empty() {
         request = request
@@ -202,13 +208,14 @@ fn harness(
         .map_err(|e| Error::new(e.to_string()))?
         .request(request)
         .key_header(operation.key_header.clone())
+        .operation_id_header(client.operation_id_header.clone())
         .recovery_within(args.recovery_within)
         .check_trace(|evidence: Evidence| async move {
             Verdict::NotChecked(format!(
                 "idem monday runs outside the service: its spans are in its own process (find the idem.attempt spans under {} in your tracing backend, or run the harness in-process with TraceCapture)",
                 evidence
                     .operation_id()
-                    .map_or_else(|| "its Operation-Id".into(), |id| format!("Operation-Id {id}"))
+                    .map_or_else(|| "its operation id".into(), |id| format!("operation {id}"))
             ))
         });
     if let Some(lookup) = args
@@ -218,12 +225,15 @@ fn harness(
     {
         harness = harness.status_lookup(lookup);
     }
-    if let Some((name, value)) = &client {
-        harness = harness.client_header(name.clone(), value.clone());
+    for (name, value) in client.headers {
+        harness = harness.client_header(name, value);
+    }
+    for (name, value) in client.cookies {
+        harness = harness.cookie(name, value);
     }
     harness = match (&args.effects_url, &args.effects_command) {
-        (Some(url), _) => count_by_url(harness, url)?,
-        (None, Some(command)) => count_by_command(harness, command)?,
+        (Some(url), _) => count::by_url(harness, url, client.pointer)?,
+        (None, Some(command)) => count::by_command(harness, command)?,
         (None, None) => {
             return Err(Error::new(
                 "give a way to count business effects: `--effects-url URL` or `--effects-command COMMAND`",
@@ -232,6 +242,69 @@ fn harness(
         }
     };
     Ok(harness)
+}
+
+/// What the options say of the client and of reading the answers, every one checked
+/// (all their errors reported together).
+struct Client {
+    /// The client headers, the contract's identity header first (its value is the
+    /// identity proof 5 looks the record up under).
+    headers: Vec<(String, String)>,
+    cookies: Vec<(String, String)>,
+    operation_id_header: String,
+    pointer: Option<String>,
+}
+
+impl Client {
+    fn from_args(args: &MondayArgs, operation: &Operation) -> Result<Client, Errors> {
+        let headers = input::client_headers(&args.client_header, &operation.key_header);
+        let cookies = input::cookies(&args.cookie);
+        let operation_id_header = input::operation_id_header(&args.operation_id_header);
+        let pointer = args
+            .effects_pointer
+            .as_deref()
+            .map(input::pointer)
+            .transpose();
+        let (headers, cookies, operation_id_header, pointer) =
+            match (headers, cookies, operation_id_header, pointer) {
+                (Ok(h), Ok(c), Ok(o), Ok(p)) => (h, c, o, p),
+                (h, c, o, p) => {
+                    let mut all = Vec::new();
+                    for errors in [h.err(), c.err(), o.err(), p.err()].into_iter().flatten() {
+                        all.extend(errors.0);
+                    }
+                    return Err(Errors(all));
+                }
+            };
+        Ok(Client {
+            headers: identity_first(headers, operation.identity_header.as_deref())?,
+            cookies,
+            operation_id_header,
+            pointer,
+        })
+    }
+}
+
+/// `headers` with the contract's identity header (`name`) first; an error without it.
+fn identity_first(
+    mut headers: Vec<(String, String)>,
+    name: Option<&str>,
+) -> Result<Vec<(String, String)>, Errors> {
+    let Some(name) = name else {
+        return Ok(headers);
+    };
+    let Some(at) = headers
+        .iter()
+        .position(|(n, _)| n.eq_ignore_ascii_case(name))
+    else {
+        return Err(Error::new(format!(
+            "the contract says the client is named by the header `{name}`: give `--client-header {name}=VALUE`"
+        ))
+        .into());
+    };
+    let identity = headers.remove(at);
+    headers.insert(0, identity);
+    Ok(headers)
 }
 
 /// Plugs in proof 5's check (through `--store`, or not checked), runs the harness and
@@ -427,22 +500,6 @@ fn parse_route(route: &str) -> Result<(http::Method, String), Errors> {
     Ok((method, path.to_owned()))
 }
 
-/// `NAME=VALUE`.
-fn parse_header(text: &str) -> Result<(String, String), Errors> {
-    let bad = |why: &str| Error::new(format!("`--client-header {text}`: {why}"));
-    let (name, value) = text
-        .split_once('=')
-        .ok_or_else(|| bad("write it `NAME=VALUE`, such as `x-client-id=acme`"))?;
-    let name = name.trim();
-    if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-        return Err(bad(&format!("`{name}` is not a header name")).into());
-    }
-    if value.is_empty() || http::HeaderValue::from_str(value).is_err() {
-        return Err(bad("the value is empty or not a header value").into());
-    }
-    Ok((name.to_owned(), value.to_owned()))
-}
-
 fn read_text(file: &Path) -> Result<String, Errors> {
     let bytes = read_file(file)?;
     String::from_utf8(bytes).map_err(|_| Error::in_file(file, "not UTF-8 text").into())
@@ -483,79 +540,4 @@ fn read_body(arg: &str) -> Result<Vec<u8>, Errors> {
         return Err(Error::new(format!("the request body ({from}) is not JSON: {e}")).into());
     }
     Ok(bytes)
-}
-
-/// The number a counter printed or answered.
-fn number(text: &str, from: &str) -> Result<u64, String> {
-    let trimmed = text.trim();
-    trimmed.parse::<u64>().map_err(|_| {
-        let shown: String = trimmed.chars().take(80).collect();
-        format!("{from} gave `{shown}`, not a number of effects")
-    })
-}
-
-fn count_by_url(harness: Harness, url: &str) -> Result<Harness, Errors> {
-    let parsed = reqwest::Url::parse(url)
-        .map_err(|e| Error::new(format!("`--effects-url {url}` is not a URL: {e}")))?;
-    if parsed.scheme() != "http" && parsed.scheme() != "https" {
-        return Err(Error::new(format!("`--effects-url {url}` is not an http URL")).into());
-    }
-    let client = reqwest::Client::builder()
-        .timeout(COUNT_TIMEOUT)
-        .build()
-        .map_err(|e| Error::new(format!("cannot build the HTTP client: {e}")))?;
-    Ok(harness.count_effects(move || {
-        let client = client.clone();
-        let url = parsed.clone();
-        async move {
-            let from = format!("GET {url}");
-            let response = client
-                .get(url)
-                .send()
-                .await
-                .map_err(|e| format!("{from} failed: {e}"))?;
-            let status = response.status();
-            let text = response
-                .text()
-                .await
-                .map_err(|e| format!("{from} failed: {e}"))?;
-            if !status.is_success() {
-                return Err(format!("{from} answered {status}"));
-            }
-            number(&text, &from)
-        }
-    }))
-}
-
-fn count_by_command(harness: Harness, command: &str) -> Result<Harness, Errors> {
-    if command.trim().is_empty() {
-        return Err(Error::new("`--effects-command` is empty").into());
-    }
-    let command = command.to_owned();
-    Ok(harness.count_effects(move || {
-        let command = command.clone();
-        async move {
-            let from = format!("the effects command `{command}`");
-            let run = command.clone();
-            let output = tokio::task::spawn_blocking(move || {
-                std::process::Command::new("sh")
-                    .arg("-c")
-                    .arg(&run)
-                    .stdin(std::process::Stdio::null())
-                    .output()
-            })
-            .await
-            .map_err(|e| format!("{from} did not finish: {e}"))?
-            .map_err(|e| format!("{from} cannot run: {e}"))?;
-            if !output.status.success() {
-                let stderr = String::from_utf8_lossy(&output.stderr);
-                return Err(format!(
-                    "{from} failed ({}): {}",
-                    output.status,
-                    stderr.trim().chars().take(200).collect::<String>()
-                ));
-            }
-            number(&String::from_utf8_lossy(&output.stdout), &from)
-        }
-    }))
 }

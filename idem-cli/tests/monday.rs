@@ -1,7 +1,11 @@
 //! `idem monday` through the real binary, against real services on 127.0.0.1: an idem
 //! service (an SQLite store, the test-fault protocol) passes every proof it can check
 //! from outside, a service without idempotency fails the proofs it breaks, and bad input
-//! gets a precise message and a non-zero exit, never a panic.
+//! gets a precise message and a non-zero exit, never a panic. Services it must not blame:
+//! one without the test-fault protocol, one that names its operations in another header,
+//! one whose keys live in a cookie session of a tenant; one whose status lookup is routed
+//! elsewhere fails proof 2, naming the URL it asked; a count in JSON is read at its
+//! pointer.
 #![cfg(feature = "monday")]
 
 use std::borrow::Cow;
@@ -120,21 +124,127 @@ async fn serve(router: Router) -> String {
     format!("http://{addr}")
 }
 
+/// How an idem service under test is set up.
+#[derive(Clone, Copy)]
+struct Setup {
+    /// It honours the test-fault header (`IdemBuilder::test_faults`).
+    faults: bool,
+    /// Where its status lookup is routed.
+    lookup: &'static str,
+    /// The header its answers name their operation in.
+    correlation: &'static str,
+    /// Its client is the tenant `x-tenant` names, the client `x-client-id` names and the
+    /// session the `sid` cookie names (a request to `/orders…` without one starts one).
+    sessions: bool,
+}
+
+/// The service as the contract describes it.
+const IDEM: Setup = Setup {
+    faults: true,
+    lookup: "/orders/operations/{key}",
+    correlation: "operation-id",
+    sessions: false,
+};
+
 /// The idem service over an SQLite file in `dir`; its base URL and the store's path.
 async fn idem_service(dir: &Path) -> (String, PathBuf) {
+    let (base, db, _) = idem_service_with(dir, IDEM).await;
+    (base, db)
+}
+
+/// The idem service set up as `setup` says; its base URL, the store's path and the
+/// number of sessions it started.
+async fn idem_service_with(dir: &Path, setup: Setup) -> (String, PathBuf, Arc<AtomicU64>) {
     let db = dir.join("records.db");
     let store = SqliteStore::open(&db).await.unwrap();
-    let idem = Idem::builder(store, identity::header("x-client-id"))
-        .heartbeat(Duration::from_millis(300))
-        .test_faults()
-        .build();
-    let router = Router::new()
+    let mut builder = match setup.sessions {
+        true => Idem::builder(store, session_identity),
+        false => Idem::builder(store, identity::header("x-client-id")),
+    }
+    .heartbeat(Duration::from_millis(300));
+    if setup.faults {
+        builder = builder.test_faults();
+    }
+    let idem = builder.build();
+    let started = Arc::new(AtomicU64::new(0));
+    let correlation = setup.correlation;
+    let mut router = Router::new()
         .route("/orders", post(create_order))
-        .route("/orders/operations/{key}", get(order_status))
+        .route(setup.lookup, get(order_status))
         .route("/effects", get(effects))
+        .route("/stats", get(stats))
         .with_state(Orders::default())
-        .layer(idem.layer());
-    (serve(router).await, db)
+        .layer(idem.layer())
+        .layer(axum::middleware::map_response(
+            move |mut response: Response| async move {
+                if let Some(id) = response.headers_mut().remove("operation-id") {
+                    response.headers_mut().insert(correlation, id);
+                }
+                response
+            },
+        ));
+    if setup.sessions {
+        router = router.layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&started),
+            start_session,
+        ));
+    }
+    (serve(router).await, db, started)
+}
+
+/// The value of the `sid` cookie.
+fn session(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get_all("cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|c| c.trim().strip_prefix("sid=").map(str::to_owned))
+}
+
+/// The client of a session-scoped service: tenant, client and session.
+#[allow(
+    clippy::result_large_err,
+    reason = "a response is what axum rejects with"
+)]
+fn session_identity(parts: &axum::http::request::Parts) -> Result<String, Response> {
+    let text = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+    match (
+        text("x-tenant"),
+        text("x-client-id"),
+        session(&parts.headers),
+    ) {
+        (Some(tenant), Some(client), Some(sid)) => Ok(format!("{tenant}/{client}/{sid}")),
+        _ => Err(StatusCode::UNAUTHORIZED.into_response()),
+    }
+}
+
+/// Starts a session for a request to `/orders…` that has none, and sets its cookie.
+async fn start_session(
+    State(started): State<Arc<AtomicU64>>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !request.uri().path().starts_with("/orders") || session(request.headers()).is_some() {
+        return next.run(request).await;
+    }
+    let sid = format!("s{}", started.fetch_add(1, Ordering::SeqCst) + 1);
+    let cookie = format!("sid={sid}").parse().unwrap();
+    request.headers_mut().append("cookie", cookie);
+    let mut response = next.run(request).await;
+    let set = format!("sid={sid}; Path=/orders; HttpOnly")
+        .parse()
+        .unwrap();
+    response.headers_mut().append("set-cookie", set);
+    response
+}
+
+async fn stats(State(orders): State<Orders>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({
+        "service": "orders",
+        "orders": orders.count.load(Ordering::SeqCst),
+        "ratio": 0.5,
+    }))
 }
 
 /// A service without idempotency: every request runs the effect, no fault is honoured.
@@ -325,12 +435,213 @@ async fn a_service_without_idempotency_fails_and_names_the_failed_proofs() {
         "{stderr}"
     );
     assert!(
-        stderr.contains("crash midway: 3 stored result or state"),
+        stderr.contains("concurrent, one key: 1 at most one result"),
         "{stderr}"
     );
+    // The concurrent requests' effects, then the one after them, each counted apart.
+    assert!(
+        stdout.contains("10 effect(s) for 10 requests with one key at once, expected 1; 1 for the request after them (201)"),
+        "{stdout}"
+    );
+    // It ignores the test-fault header: the scenarios that need it are not run, and
+    // nothing is said of refusals or crashes that never happened.
+    assert!(stdout.contains("test faults: NOT honoured"), "{stdout}");
+    assert!(!stderr.contains("crash midway"), "{stderr}");
+    assert!(!stdout.contains("behind the"), "{stdout}");
     // Without `--store`, proof 5 is not checked, and says why.
     assert!(stdout.contains("not checked  no --store"), "{stdout}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// `args` and then `more`.
+fn with_more(mut args: Vec<String>, more: &[&str]) -> Vec<String> {
+    args.extend(more.iter().map(|a| (*a).to_owned()));
+    args
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idem_service_without_test_faults_is_not_blamed_for_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec(dir.path());
+    let setup = Setup {
+        faults: false,
+        ..IDEM
+    };
+    let (base, db, _) = idem_service_with(dir.path(), setup).await;
+    let db = db.display().to_string();
+    let out = idem(with_more(args(&spec, &base), &["--store", &db])).await;
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("test faults: NOT honoured (Idem-Test-Fault: answer-400 under a fresh key got 201 and 1 effect(s)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("IdemBuilder::test_faults()"), "{stdout}");
+    // The lost answer and the concurrent requests: proofs 1 to 3 and 5.
+    assert!(
+        stdout.contains("passed: 8 of 30 proofs checked, 0 failed, 22 not checked"),
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout
+            .matches("not checked  not run: the service does not honour Idem-Test-Fault")
+            .count(),
+        20,
+        "{stdout}"
+    );
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_correlating_by_another_header_passes_once_it_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec(dir.path());
+    let setup = Setup {
+        correlation: "x-request-id",
+        ..IDEM
+    };
+    let (base, db, _) = idem_service_with(dir.path(), setup).await;
+    let out = idem(args(&spec, &base)).await;
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("has no Operation-Id header: proof 2 links the answers by it (Harness::operation_id_header, or idem monday's --operation-id-header, names the service's own correlation header)"),
+        "{stdout}"
+    );
+    let db = db.display().to_string();
+    let more = ["--operation-id-header", "X-Request-Id", "--store", &db];
+    let out = idem(with_more(args(&spec, &base), &more)).await;
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("passed: 24 of 30 proofs checked, 0 failed, 6 not checked"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("2 answers under one X-Request-Id "),
+        "{stdout}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_scoped_service_gets_every_client_header_and_one_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec(dir.path());
+    let setup = Setup {
+        sessions: true,
+        ..IDEM
+    };
+    // The session the service starts on the first answer is kept for the whole run.
+    let (base, _, started) = idem_service_with(dir.path(), setup).await;
+    let more = ["--client-header", "x-tenant=acme"];
+    let out = idem(with_more(args(&spec, &base), &more)).await;
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("passed: 18 of 30 proofs checked, 0 failed, 12 not checked"),
+        "{stdout}"
+    );
+    assert_eq!(started.load(Ordering::SeqCst), 1);
+    // A session given as a cookie: the service never starts one, and the operator finds
+    // the records under the client it names.
+    let dir = tempfile::tempdir().unwrap();
+    let (base, db, started) = idem_service_with(dir.path(), setup).await;
+    let db = db.display().to_string();
+    let more = [
+        "--client-header",
+        "x-tenant=acme",
+        "--cookie",
+        "sid=given",
+        "--store",
+        &db,
+        "--client-identity",
+        "acme/monday/given",
+    ];
+    let out = idem(with_more(args(&spec, &base), &more)).await;
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("passed: 24 of 30 proofs checked, 0 failed, 6 not checked"),
+        "{stdout}"
+    );
+    assert_eq!(started.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_lookup_routed_elsewhere_fails_proof_2_naming_its_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec(dir.path());
+    let setup = Setup {
+        lookup: "/operations/{key}",
+        ..IDEM
+    };
+    let (base, _, _) = idem_service_with(dir.path(), setup).await;
+    let out = idem(args(&spec, &base)).await;
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "the status lookup GET {base}/orders/operations/monday-"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("answered 404: it does not answer for the operation's key"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("6 proof(s) failed:")
+            && stderr.contains("lost answer: 2 linked, no new operation"),
+        "{stderr}"
+    );
+    let more = ["--status-lookup", "/operations/{key}"];
+    let out = idem(with_more(args(&spec, &base), &more)).await;
+    assert!(out.status.success(), "{}", text(&out.stdout));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_in_json_is_read_at_its_pointer() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec(dir.path());
+    let (base, _) = idem_service(dir.path()).await;
+    let stats = format!("{base}/stats");
+    let mut args = args(&spec, &base);
+    let at = args.iter().position(|a| a == "--effects-url").unwrap();
+    args[at + 1] = stats.clone();
+    let out = idem(with_more(args.clone(), &["--effects-pointer", "/orders"])).await;
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("passed: 18 of 30 proofs checked, 0 failed, 12 not checked"),
+        "{stdout}"
+    );
+    for (more, expected) in [
+        (
+            vec![],
+            "`, not a number of effects: name the count in it with `--effects-pointer /orders` (a JSON pointer)".to_owned(),
+        ),
+        (
+            vec!["--effects-pointer", "/missing"],
+            "where `/missing` names nothing (its members: `/".to_owned(),
+        ),
+        (
+            vec!["--effects-pointer", "/ratio"],
+            "gave `0.5` at `/ratio`, a number with a fraction, not a number of effects (a whole number, 0 or more)".to_owned(),
+        ),
+        (
+            vec!["--effects-pointer", "/service"],
+            "gave `\"orders\"` at `/service`, a string, not a number of effects".to_owned(),
+        ),
+    ] {
+        let out = idem(with_more(args.clone(), &more)).await;
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{more:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("counting the business effects failed: GET {stats} gave `")),
+            "{more:?}: {stderr}"
+        );
+        assert!(stderr.contains(&expected), "{more:?}: {stderr}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -375,6 +686,58 @@ async fn bad_input_gets_a_precise_message_and_a_non_zero_exit() {
             "write it `NAME=VALUE`".into(),
         ),
         (
+            with(&[("--client-header", "x-client-id=")]),
+            "`--client-header x-client-id=`: the value of `x-client-id` is empty".into(),
+        ),
+        (
+            with(&[("--client-header", "=monday")]),
+            "`--client-header =monday`: the name is empty".into(),
+        ),
+        (
+            with_more(with(&[]), &["--client-header", "Cookie=sid=1"]),
+            "`--client-header Cookie=sid=1`: cookies are given with `--cookie NAME=VALUE`".into(),
+        ),
+        (
+            with_more(with(&[]), &["--client-header", "X-Client-Id=other"]),
+            "`--client-header X-Client-Id=other`: `X-Client-Id` is given twice".into(),
+        ),
+        (
+            with_more(with(&[]), &["--client-header", "idempotency-key=k"]),
+            "`idempotency-key` carries the idempotency key".into(),
+        ),
+        (
+            with_more(with(&[]), &["--cookie", "sid"]),
+            "`--cookie sid`: write it `NAME=VALUE`".into(),
+        ),
+        (
+            with_more(with(&[]), &["--cookie", "sid="]),
+            "`--cookie sid=`: the value of `sid` is empty".into(),
+        ),
+        (
+            with_more(with(&[]), &["--cookie", "=abc"]),
+            "`--cookie =abc`: the name is empty".into(),
+        ),
+        (
+            with_more(with(&[]), &["--cookie", "sid=a b"]),
+            "`--cookie sid=a b`: the value of `sid` holds ' ', which a cookie value cannot".into(),
+        ),
+        (
+            with_more(with(&[]), &["--effects-pointer", "orders"]),
+            "`--effects-pointer orders`: a JSON pointer (RFC 6901) starts with `/`, such as `/orders`".into(),
+        ),
+        (
+            with_more(with(&[]), &["--effects-pointer", ""]),
+            "`--effects-pointer` is empty".into(),
+        ),
+        (
+            with_more(with(&[]), &["--operation-id-header", ""]),
+            "`--operation-id-header` is empty".into(),
+        ),
+        (
+            with_more(with(&[]), &["--operation-id-header", "request id"]),
+            "`--operation-id-header request id`: `request id` is not a header name".into(),
+        ),
+        (
             {
                 let mut args = with(&[]);
                 let at = args.iter().position(|a| a == "--effects-url").unwrap();
@@ -394,6 +757,13 @@ async fn bad_input_gets_a_precise_message_and_a_non_zero_exit() {
             "the contract says the client is named by the header `x-client-id`: give `--client-header x-client-id=VALUE`".into(),
         ),
     ];
+    // Every bad value is reported, not only the first.
+    let both = with_more(with(&[]), &["--cookie", "sid", "--effects-pointer", "x"]);
+    let stderr = text(&idem(both).await.stderr);
+    assert!(
+        stderr.contains("`--cookie sid`") && stderr.contains("`--effects-pointer x`"),
+        "{stderr}"
+    );
     for (args, expected) in cases {
         let out = idem(args.clone()).await;
         let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));

@@ -8,6 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::jar::{Jar, cookie_problem};
 use crate::report::{Report, Scenario, Verdict};
 use crate::scenarios::Run;
 use crate::seen::Evidence;
@@ -109,7 +110,9 @@ enum Target {
 ///
 /// # Default
 ///
-/// - key header: `Idempotency-Key`; no client header;
+/// - key header: `Idempotency-Key`; no client header, no cookie given (those the
+///   service sets are kept: [`Harness::cookie`]);
+/// - proof 2 links answers by `Operation-Id`;
 /// - no status lookup, no trace check, no operator check;
 /// - concurrent requests: 10;
 /// - a crash's recovery awaited for at most 10 s (at least one lease of the service);
@@ -118,7 +121,9 @@ pub struct Harness {
     target: Target,
     pub(super) request: Option<Request>,
     pub(super) key_header: String,
-    pub(super) client: Option<(String, String)>,
+    pub(super) client: Vec<(String, String)>,
+    pub(super) cookies: Vec<(String, String)>,
+    pub(super) operation_id_header: String,
     pub(super) status_lookup: Option<String>,
     pub(super) effects: Option<Counter>,
     pub(super) concurrency: usize,
@@ -146,7 +151,9 @@ impl Harness {
             target,
             request: None,
             key_header: "Idempotency-Key".into(),
-            client: None,
+            client: Vec::new(),
+            cookies: Vec::new(),
+            operation_id_header: "Operation-Id".into(),
             status_lookup: None,
             effects: None,
             concurrency: 10,
@@ -207,10 +214,34 @@ impl Harness {
         self
     }
 
-    /// The header (and its value) that tells the service who the client is, sent with
-    /// every request and status lookup.
+    /// A header (and its value) that tells the service who the client is, sent with
+    /// every request and status lookup. Call it again for each header more (a tenant and
+    /// a client, say); the first one's value is the client's identity a check of proof 5
+    /// looks the record up under ([`Evidence::client`]). Cookies go through
+    /// [`Harness::cookie`], not a `cookie` header.
     pub fn client_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Harness {
-        self.client = Some((name.into(), value.into()));
+        self.client.push((name.into(), value.into()));
+        self
+    }
+
+    /// A cookie sent with every request and status lookup of the run (a session the
+    /// service scopes its keys to, say); call it again for each cookie more.
+    ///
+    /// The run keeps one cookie jar: these cookies, and every cookie the service sets on
+    /// any answer the harness reads (the lost answer too, which the proxy read), whatever
+    /// its host, path or port (the run talks to one service on loopback, through the
+    /// proxy's port too). A `Set-Cookie` replaces the cookie of its name; `Max-Age` of 0
+    /// or less, or an `Expires` in the past, removes it.
+    pub fn cookie(mut self, name: impl Into<String>, value: impl Into<String>) -> Harness {
+        self.cookies.push((name.into(), value.into()));
+        self
+    }
+
+    /// The answer header that names the operation an answer belongs to, by which proof 2
+    /// links the repeat to the first attempt: idem's `Operation-Id` by default; a service
+    /// that correlates with another header (`X-Request-Id`, say) names it here.
+    pub fn operation_id_header(mut self, name: impl Into<String>) -> Harness {
+        self.operation_id_header = name.into();
         self
     }
 
@@ -296,48 +327,24 @@ impl Harness {
 
     /// Runs the scenarios and returns the report.
     ///
+    /// Before the scenarios that need the test-fault protocol (429, 503, 400, crash), one
+    /// probe finds out whether the service honours it ([`FaultProbe`](crate::FaultProbe)); when it does not,
+    /// those scenarios are not run and their proofs are not checked, with the reason.
+    ///
     /// # Errors
     ///
-    /// The configuration is unusable (no request, no effect counter, a bad header), the
-    /// service cannot be reached, or the effect counter fails.
+    /// The configuration is unusable (no request, no effect counter, a bad header or
+    /// cookie), the service cannot be reached, or the effect counter fails.
     pub async fn run(self) -> Result<Report, HarnessError> {
         let request = self.request.clone().ok_or_else(|| {
             HarnessError::BadRequest("no request: call `Harness::request`".into())
         })?;
-        check_request(&request, &self.key_header, self.client.as_ref())?;
+        check_request(&request, &self.key_header, &self.client)?;
+        check_cookies(&self.cookies, &self.operation_id_header)?;
         let effects = self.effects.clone().ok_or(HarnessError::NoEffectCounter)?;
-        let (base, _server) = match &self.target {
-            Target::Url(url) => (url.clone(), None),
-            Target::Router(router) => {
-                let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
-                let addr = listener.local_addr()?;
-                let router = router.clone();
-                let server = tokio::spawn(async move {
-                    let _ = axum::serve(listener, router).await;
-                });
-                let url = reqwest::Url::parse(&format!("http://{addr}/"))
-                    .map_err(|e| HarnessError::Client(e.to_string()))?;
-                (url, Some(AbortOnDrop(server)))
-            }
-        };
+        let (base, _server) = self.serve().await?;
         let addr = socket_addr(&base)?;
-        match tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
-            .await
-        {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                return Err(HarnessError::Unreachable {
-                    addr: addr.to_string(),
-                    why: e.to_string(),
-                });
-            }
-            Err(_) => {
-                return Err(HarnessError::Unreachable {
-                    addr: addr.to_string(),
-                    why: "no connection within 5 s".into(),
-                });
-            }
-        }
+        reach(addr).await?;
         let client = reqwest::Client::builder()
             .retry(reqwest::retry::never())
             .timeout(self.answer_timeout)
@@ -348,7 +355,9 @@ impl Harness {
             request,
             base: base.clone(),
             key_header: self.key_header.clone(),
-            client_header: self.client.clone(),
+            client_headers: self.client.clone(),
+            operation_id_header: self.operation_id_header.clone(),
+            jar: Jar::new(&self.cookies),
         };
         let run = Run {
             harness: &self,
@@ -359,12 +368,43 @@ impl Harness {
         };
         // Proves the counter works before anything is sent.
         run.count().await?;
-        let mut scenarios = Vec::new();
-        for scenario in &self.scenarios {
-            scenarios.push(run.scenario(*scenario).await?);
-        }
-        Ok(Report { scenarios })
+        run.all().await
     }
+
+    /// The base URL of the service: the one given, or the router served on loopback
+    /// (with the task that serves it, stopped when dropped).
+    async fn serve(&self) -> Result<(reqwest::Url, Option<AbortOnDrop>), HarnessError> {
+        match &self.target {
+            Target::Url(url) => Ok((url.clone(), None)),
+            Target::Router(router) => {
+                let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+                let addr = listener.local_addr()?;
+                let router = router.clone();
+                let server = tokio::spawn(async move {
+                    let _ = axum::serve(listener, router).await;
+                });
+                let url = reqwest::Url::parse(&format!("http://{addr}/"))
+                    .map_err(|e| HarnessError::Client(e.to_string()))?;
+                Ok((url, Some(AbortOnDrop(server))))
+            }
+        }
+    }
+}
+
+/// The service accepts a connection within 5 s.
+async fn reach(addr: SocketAddr) -> Result<(), HarnessError> {
+    let why =
+        match tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
+            .await
+        {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no connection within 5 s".into(),
+        };
+    Err(HarnessError::Unreachable {
+        addr: addr.to_string(),
+        why,
+    })
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -378,7 +418,7 @@ impl Drop for AbortOnDrop {
 fn check_request(
     request: &Request,
     key_header: &str,
-    client: Option<&(String, String)>,
+    client: &[(String, String)],
 ) -> Result<(), HarnessError> {
     let bad = |why: String| Err(HarnessError::BadRequest(why));
     if request.path.is_empty() || !request.path.starts_with('/') {
@@ -399,8 +439,13 @@ fn check_request(
         .map(|(n, v)| (n.as_str(), v.as_str()))
         .collect();
     headers.push((key_header, "key"));
-    if let Some((n, v)) = client {
-        headers.push((n, v));
+    for (name, value) in client {
+        if name.trim().eq_ignore_ascii_case("cookie") {
+            return bad(format!(
+                "the client header `{name}`: give cookies with `Harness::cookie`, one each"
+            ));
+        }
+        headers.push((name, value));
     }
     for (name, value) in headers {
         if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
@@ -409,6 +454,22 @@ fn check_request(
         if http::HeaderValue::from_str(value).is_err() {
             return bad(format!("the value of `{name}` is not a header value"));
         }
+    }
+    Ok(())
+}
+
+/// The cookies can be sent, and the correlation header can be read.
+fn check_cookies(cookies: &[(String, String)], operation_id: &str) -> Result<(), HarnessError> {
+    if let Some(why) = cookies
+        .iter()
+        .find_map(|(name, value)| cookie_problem(name, value))
+    {
+        return Err(HarnessError::BadRequest(why));
+    }
+    if http::HeaderName::from_bytes(operation_id.as_bytes()).is_err() {
+        return Err(HarnessError::BadRequest(format!(
+            "`{operation_id}` (the operation id header) is not a header name"
+        )));
     }
     Ok(())
 }

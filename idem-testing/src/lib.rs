@@ -9,7 +9,9 @@
 //! operator) by [`OperatorCheck`], or by checks of your own; without one they are *not
 //! checked*, never passed. The service is made to fail through the test-fault protocol
 //! ([`Idem-Test-Fault`](idem_runtime::headers::TEST_FAULT), [`TestFault`]), and the lost
-//! answer through [`proxy`].
+//! answer through [`proxy`]. A service that does not honour the protocol is found out
+//! first ([`FaultProbe`]): the scenarios that need it are then *not checked*, never
+//! failed.
 //!
 //! The guide (the scenarios, what each proof passes on, the protocol's values, the
 //! harness in a service's own tests, `orders monday` and `idem monday`) is the
@@ -20,7 +22,10 @@
 #![warn(missing_docs)]
 
 mod harness;
+mod jar;
+mod lookup;
 mod operator;
+mod probe;
 pub mod proxy;
 mod report;
 mod scenarios;
@@ -30,6 +35,7 @@ mod trace;
 
 pub use self::harness::{Harness, HarnessError, Request};
 pub use self::operator::OperatorCheck;
+pub use self::probe::FaultProbe;
 pub use self::report::{Proof, Report, Scenario, ScenarioReport, Verdict};
 pub use self::seen::{Evidence, Seen};
 pub use self::trace::{AttemptSpan, TraceCapture};

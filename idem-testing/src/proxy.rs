@@ -47,6 +47,10 @@ pub struct Exchange {
     pub status: u16,
     /// The answer's body.
     pub body: Vec<u8>,
+    /// The answer's headers whose values are text, name and value, in order (a harness
+    /// reads another correlation header than `Operation-Id`, and the cookies the service
+    /// set, from them).
+    pub headers: Vec<(String, String)>,
 }
 
 /// The running proxy; it stops when dropped.
@@ -161,6 +165,16 @@ async fn serve(mut client: TcpStream, shared: &Shared) {
             .and_then(|code| code.parse().ok())
             .unwrap_or(0),
         body: answer.body.clone(),
+        headers: answer
+            .headers
+            .iter()
+            .filter_map(|(name, value)| {
+                Some((
+                    String::from_utf8(name.clone()).ok()?,
+                    String::from_utf8(value.clone()).ok()?,
+                ))
+            })
+            .collect(),
     };
     if !lose {
         let bytes = answer.rewritten(&[]);

@@ -2,6 +2,9 @@
 
 use std::fmt;
 
+use crate::probe::FaultProbe;
+use idem_runtime::TestFault;
+
 /// One scenario of the Monday test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scenario {
@@ -39,6 +42,18 @@ impl Scenario {
             Scenario::Permanent400 => "permanent 400",
             Scenario::Concurrent => "concurrent, one key",
             Scenario::Crash => "crash midway",
+        }
+    }
+
+    /// The fault of the test-fault protocol the scenario makes the service apply, if it
+    /// needs one (the lost answer and the concurrent requests do not).
+    pub fn test_fault(self) -> Option<TestFault> {
+        match self {
+            Scenario::LostAnswer | Scenario::Concurrent => None,
+            Scenario::TooManyRequests => Some(TestFault::Answer(429)),
+            Scenario::Transient503 => Some(TestFault::Answer(503)),
+            Scenario::Permanent400 => Some(TestFault::Answer(400)),
+            Scenario::Crash => Some(TestFault::CrashAfterEffect),
         }
     }
 }
@@ -124,7 +139,9 @@ impl Verdict {
 pub struct ScenarioReport {
     /// The scenario.
     pub scenario: Scenario,
-    /// The idempotency key it used (the concurrent requests' one key, the crash's key…).
+    /// The idempotency key it used (the concurrent requests' one key, the crash's key…);
+    /// empty when the scenario was not run (the service does not honour the test-fault
+    /// header).
     pub key: String,
     /// The verdict on each proof, in [`Proof::ALL`]'s order.
     pub proofs: [Verdict; 5],
@@ -135,6 +152,15 @@ impl ScenarioReport {
     pub fn verdict(&self, proof: Proof) -> &Verdict {
         &self.proofs[proof as usize]
     }
+
+    /// A scenario none of whose proofs could be checked, for one reason.
+    pub(super) fn not_checked(scenario: Scenario, key: String, why: &Verdict) -> ScenarioReport {
+        ScenarioReport {
+            scenario,
+            key,
+            proofs: std::array::from_fn(|_| why.clone()),
+        }
+    }
 }
 
 /// What the Monday test found: [`Display`](fmt::Display) prints it as a table.
@@ -142,6 +168,9 @@ impl ScenarioReport {
 pub struct Report {
     /// The scenarios, in the order they ran.
     pub scenarios: Vec<ScenarioReport>,
+    /// Whether the service honours the test-fault header, as found out before the
+    /// scenarios that need it; `None` when none of them was to run.
+    pub fault_probe: Option<FaultProbe>,
 }
 
 impl Report {
@@ -189,6 +218,9 @@ impl Report {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(probe) = &self.fault_probe {
+            writeln!(f, "{}\n", probe.describe())?;
+        }
         writeln!(
             f,
             "{:<20}  {:<30}  {:<11}  evidence",

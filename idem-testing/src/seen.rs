@@ -25,6 +25,14 @@ pub struct Seen {
 }
 
 impl Seen {
+    /// No complete answer, and why.
+    pub(super) fn broken(why: String) -> Seen {
+        Seen {
+            error: Some(why),
+            ..Seen::default()
+        }
+    }
+
     pub(super) fn complete(&self) -> bool {
         self.error.is_none() && self.status.is_some()
     }
@@ -87,14 +95,15 @@ pub struct Evidence {
     pub scenario: Scenario,
     /// Its idempotency key.
     pub key: String,
-    /// The value of the client header the harness sent ([`Harness::client_header`](crate::Harness::client_header)), if any.
+    /// The value of the first client header the harness sent
+    /// ([`Harness::client_header`](crate::Harness::client_header)), if any.
     pub client: Option<String>,
     /// The answers, in the order they arrived (a lost answer as the proxy read it).
     pub answers: Vec<Seen>,
     /// The business effects counted during the scenario.
     pub effects: u64,
     /// The status lookup's answer at the end, if a lookup was configured and answered
-    /// 200 with JSON.
+    /// 2xx with a JSON object.
     pub lookup: Option<serde_json::Value>,
     pub(super) sender: Sender,
 }

@@ -4,9 +4,10 @@
 use std::fmt;
 
 use crate::harness::Request;
+use crate::jar::Jar;
 use crate::seen::Seen;
 use idem_runtime::TestFault;
-use idem_runtime::headers::{IDEMPOTENT_REPLAYED, OPERATION_ID, TEST_FAULT};
+use idem_runtime::headers::{IDEMPOTENT_REPLAYED, TEST_FAULT};
 
 /// The request of a run, with everything every send adds to it.
 #[derive(Clone)]
@@ -16,7 +17,12 @@ pub(super) struct Sender {
     /// The service's own base URL (not the proxy's).
     pub(super) base: reqwest::Url,
     pub(super) key_header: String,
-    pub(super) client_header: Option<(String, String)>,
+    /// The headers that say who the client is, sent with every request and lookup.
+    pub(super) client_headers: Vec<(String, String)>,
+    /// The header that correlates an answer with its operation (proof 2).
+    pub(super) operation_id_header: String,
+    /// The run's cookies, sent with every request and lookup, kept from every answer.
+    pub(super) jar: Jar,
 }
 
 impl fmt::Debug for Sender {
@@ -38,36 +44,48 @@ impl Sender {
     ) -> Seen {
         let url = match base.join(&self.request.path) {
             Ok(url) => url,
-            Err(e) => {
-                return Seen {
-                    error: Some(e.to_string()),
-                    ..Seen::default()
-                };
-            }
+            Err(e) => return Seen::broken(e.to_string()),
         };
         let mut builder = self
-            .client
-            .request(self.request.method.clone(), url)
+            .with_client(self.client.request(self.request.method.clone(), url))
             .body(self.request.body.clone())
             .header(self.key_header.as_str(), key);
         for (name, value) in &self.request.headers {
             builder = builder.header(name.as_str(), value.as_str());
         }
-        if let Some((name, value)) = &self.client_header {
-            builder = builder.header(name.as_str(), value.as_str());
-        }
         if let Some(fault) = fault {
             builder = builder.header(TEST_FAULT, fault.header_value());
         }
+        self.read(builder).await
+    }
+
+    /// `GET url` as the client (its headers and cookies), and the answer as it came.
+    pub(super) async fn get(&self, url: reqwest::Url) -> Seen {
+        self.read(self.with_client(self.client.get(url))).await
+    }
+
+    /// `builder` with the client headers and the jar's cookies.
+    fn with_client(&self, mut builder: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        for (name, value) in &self.client_headers {
+            builder = builder.header(name.as_str(), value.as_str());
+        }
+        if let Some(cookies) = self.jar.header() {
+            builder = builder.header(http::header::COOKIE, cookies);
+        }
+        builder
+    }
+
+    /// Sends `builder` and reads the answer, keeping the cookies it sets.
+    async fn read(&self, builder: reqwest::RequestBuilder) -> Seen {
         let response = match builder.send().await {
             Ok(response) => response,
-            Err(e) => {
-                return Seen {
-                    error: Some(describe_error(&e)),
-                    ..Seen::default()
-                };
-            }
+            Err(e) => return Seen::broken(describe_error(&e)),
         };
+        for set in response.headers().get_all(http::header::SET_COOKIE) {
+            if let Ok(set) = set.to_str() {
+                self.jar.set(set);
+            }
+        }
         let header = |name: &str| {
             response
                 .headers()
@@ -77,7 +95,7 @@ impl Sender {
         };
         let mut seen = Seen {
             status: Some(response.status().as_u16()),
-            operation_id: header(OPERATION_ID),
+            operation_id: header(&self.operation_id_header),
             replayed: header(IDEMPOTENT_REPLAYED).is_some_and(|v| v == "true"),
             retry_after: header("retry-after"),
             location: header("location"),

@@ -2,8 +2,10 @@
 //! service, against hand-written services (one that keeps the rules, three that break
 //! one each, which must fail exactly the proofs they break), the ready-made checks of
 //! proofs 4 (a trace capture) and 5 (the store's operator calls) passing and failing,
-//! and its bad configurations. Real sockets on 127.0.0.1.
-
+//! and its bad configurations. Services it must not blame: one that ignores the
+//! test-fault header (or one of its values), one that correlates answers by another
+//! header, one whose keys live in a cookie session; and one whose status lookup does not
+//! answer where it is asked. Real sockets on 127.0.0.1.
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -152,12 +154,17 @@ fn idem_service_over(store: impl Store, orders: Orders) -> (Router, Idem, Arc<At
         .heartbeat(Duration::from_millis(300))
         .test_faults()
         .build();
-    let router = Router::new()
-        .route("/orders", post(create_order))
-        .route("/orders/operations/{key}", axum::routing::get(order_status))
-        .with_state(orders)
-        .layer(idem.layer());
+    let router = idem_router(&idem, orders, "/orders/operations/{key}");
     (router, idem, count)
+}
+
+/// `POST /orders` and its status lookup at `lookup`, over `idem`.
+fn idem_router(idem: &Idem, orders: Orders, lookup: &str) -> Router {
+    Router::new()
+        .route("/orders", post(create_order))
+        .route(lookup, axum::routing::get(order_status))
+        .with_state(orders)
+        .layer(idem.layer())
 }
 
 /// The capture of this binary's spans, installed once as the global subscriber (the
@@ -295,6 +302,14 @@ async fn the_ready_made_checks_prove_all_five_on_a_correct_idem_service() {
         operator(Scenario::Crash)
     );
     assert!(operator(Scenario::Permanent400).contains("completed 400"));
+    let concurrent = report
+        .verdict(Scenario::Concurrent, Proof::OneEffect)
+        .unwrap()
+        .evidence();
+    assert_eq!(
+        concurrent,
+        "1 effect(s) for 10 requests with one key at once; none for the request after them"
+    );
     for scenario in Scenario::ALL {
         assert!(
             operator(scenario).contains("nothing to restore"),
@@ -525,6 +540,8 @@ struct Breaks {
     /// Emits an `idem.attempt` span for the attempt that registers a new key, none for
     /// the others: its trace misses every resend.
     traces_only_the_first: bool,
+    /// Honours every value of the test-fault header but `crash-after-effect`.
+    ignores_crash: bool,
 }
 
 #[derive(Clone)]
@@ -680,7 +697,7 @@ async fn hand_written(State(s): State<HandWritten>, headers: HeaderMap) -> Respo
         _ => {}
     }
     let body = s.effect(&key).await;
-    if fault.as_deref() == Some("crash-after-effect") {
+    if fault.as_deref() == Some("crash-after-effect") && !s.breaks.ignores_crash {
         return cut();
     }
     s.settle(&key, &id, 201, &body);
@@ -744,6 +761,12 @@ async fn a_service_that_forgets_its_result_fails_the_lost_answer_the_400_and_the
     );
     let evidence = report.verdict(LostAnswer, OneEffect).unwrap().evidence();
     assert!(evidence.starts_with("2 effect(s)"), "{evidence}");
+    // The concurrent requests made one effect; the request after them, the second.
+    let evidence = report.verdict(Concurrent, OneEffect).unwrap().evidence();
+    assert_eq!(
+        evidence,
+        "1 effect(s) for 10 requests with one key at once, then 1 more for the request after them (201): expected none"
+    );
 }
 
 #[tokio::test]
@@ -854,6 +877,33 @@ async fn bad_configurations_get_precise_errors() {
         bad_header.to_string().contains("is not a header name"),
         "{bad_header}"
     );
+    for (harness, expected) in [
+        (
+            Harness::for_router(router.clone()).cookie("s id", "1"),
+            "`s id` is not a cookie name",
+        ),
+        (
+            Harness::for_router(router.clone()).cookie("sid", "a;b"),
+            "the value of the cookie `sid` holds ';'",
+        ),
+        (
+            Harness::for_router(router.clone()).client_header("Cookie", "sid=1"),
+            "give cookies with `Harness::cookie`",
+        ),
+        (
+            Harness::for_router(router.clone()).operation_id_header("request id"),
+            "`request id` (the operation id header) is not a header name",
+        ),
+    ] {
+        let error = harness
+            .request(Request::post_json("/orders", "{}"))
+            .count_effects(count)
+            .run()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(expected), "{error}");
+    }
     let no_counter = Harness::for_router(router.clone())
         .request(Request::post_json("/orders", "{}"))
         .run()
@@ -876,26 +926,270 @@ async fn bad_configurations_get_precise_errors() {
 }
 
 #[tokio::test]
-async fn a_service_without_the_opt_in_ignores_the_fault_header() {
+async fn a_service_that_ignores_the_fault_header_is_not_blamed_for_it() {
     let orders = Orders::default();
     let count = Arc::clone(&orders.count);
-    // No `test_faults()`: the header is an ordinary header.
+    // No `test_faults()`: the header is an ordinary header, the probe an ordinary request.
     let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"));
-    let router = Router::new()
-        .route("/orders", post(create_order))
-        .with_state(orders)
-        .layer(idem.layer());
+    let router = idem_router(&idem, orders, "/orders/operations/{key}");
     let report = harness(router, count)
-        .scenarios([Scenario::Permanent400])
+        .status_lookup("/orders/operations/{key}")
         .run()
         .await
         .unwrap();
-    let verdict = report
-        .verdict(Scenario::Permanent400, Proof::ResultOrState)
+    println!("{report}");
+    report.assert_passed();
+    let probe = report.fault_probe.as_ref().unwrap();
+    assert!(!probe.honoured());
+    // The probe ran as any request: its one effect is its own, in no scenario.
+    assert_eq!((probe.answer.status, probe.effects), (Some(201), 1));
+    for scenario in Scenario::ALL {
+        for proof in Proof::ALL {
+            let verdict = report.verdict(scenario, proof).unwrap();
+            match scenario.test_fault() {
+                Some(_) => assert!(
+                    matches!(verdict, Verdict::NotChecked(why)
+                        if why.starts_with("not run: the service does not honour Idem-Test-Fault")
+                            && why.contains("IdemBuilder::test_faults() (feature `testing`")),
+                    "{scenario:?} {proof:?}: {verdict:?}"
+                ),
+                None if proof < Proof::Trace => {
+                    assert!(verdict.is_pass(), "{scenario:?} {proof:?}: {verdict:?}");
+                }
+                None => {}
+            }
+        }
+    }
+    let lost = report
+        .verdict(Scenario::LostAnswer, Proof::OneEffect)
         .unwrap();
+    assert!(lost.evidence().starts_with("1 effect(s)"), "{lost:?}");
+    let text = report.to_string();
     assert!(
-        matches!(verdict, Verdict::Fail(why) if why.contains("was not answered 400: got 201")),
-        "{verdict:?}"
+        text.starts_with("test faults: NOT honoured (Idem-Test-Fault: answer-400 under a fresh key got 201 and 1 effect(s), counted here and in no scenario)"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("passed: 6 of 30 proofs checked, 0 failed, 24 not checked"),
+        "{text}"
+    );
+    assert!(!text.contains("behind the"), "{text}");
+}
+
+#[tokio::test]
+async fn a_fault_the_service_does_not_apply_leaves_its_scenario_not_checked() {
+    let report = run_hand_written(Breaks {
+        ignores_crash: true,
+        ..Breaks::default()
+    })
+    .await;
+    report.assert_passed();
+    assert!(report.fault_probe.as_ref().unwrap().honoured());
+    for proof in Proof::ALL {
+        let verdict = report.verdict(Scenario::Crash, proof).unwrap();
+        assert!(
+            matches!(verdict, Verdict::NotChecked(why)
+                if why.starts_with("Idem-Test-Fault: crash-after-effect was answered 201 (1 effect(s))")
+                    && why.contains("honours answer-400 but not this value")),
+            "{proof:?}: {verdict:?}"
+        );
+    }
+    assert!(report.to_string().starts_with(
+        "test faults: honoured (Idem-Test-Fault: answer-400 under a fresh key got 400, 0 effect(s))"
+    ));
+}
+
+/// A router whose answers name their operation in `header` rather than `Operation-Id`.
+fn correlated_by(router: Router, header: &'static str) -> Router {
+    router.layer(axum::middleware::map_response(
+        move |mut response: Response| async move {
+            if let Some(id) = response.headers_mut().remove("operation-id") {
+                response.headers_mut().insert(header, id);
+            }
+            response
+        },
+    ))
+}
+
+#[tokio::test]
+async fn a_service_that_correlates_by_another_header_passes_once_it_is_named() {
+    let service = HandWritten::default();
+    let effects = Arc::clone(&service.effects);
+    let router = correlated_by(
+        Router::new()
+            .route("/orders", post(hand_written))
+            .with_state(service),
+        "x-request-id",
+    );
+    let only = [Scenario::LostAnswer, Scenario::Permanent400];
+    let report = harness(router.clone(), Arc::clone(&effects))
+        .scenarios(only)
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(
+        failures(&report),
+        [
+            (Scenario::LostAnswer, Proof::Linked),
+            (Scenario::Permanent400, Proof::Linked)
+        ]
+    );
+    let evidence = report
+        .verdict(Scenario::LostAnswer, Proof::Linked)
+        .unwrap()
+        .evidence();
+    assert!(
+        evidence.contains("has no Operation-Id header")
+            && evidence
+                .contains("Harness::operation_id_header, or idem monday's --operation-id-header"),
+        "{evidence}"
+    );
+    let report = harness(router, effects)
+        .scenarios(only)
+        .operation_id_header("X-Request-Id")
+        .run()
+        .await
+        .unwrap();
+    report.assert_passed();
+    let evidence = report
+        .verdict(Scenario::LostAnswer, Proof::Linked)
+        .unwrap()
+        .evidence();
+    assert!(
+        evidence.starts_with("2 answers under one X-Request-Id "),
+        "{evidence}"
+    );
+}
+
+/// A service whose keys live in a session: the `sid` cookie names it (a request without
+/// one starts a new session, set in its answer), for the client `x-client-id` names in
+/// the tenant `x-tenant` names (both required).
+#[derive(Clone, Default)]
+struct Sessions {
+    inner: HandWritten,
+    started: Arc<AtomicU64>,
+}
+
+async fn session_scoped(State(s): State<Sessions>, mut headers: HeaderMap) -> Response {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let (Some(tenant), Some(client)) = (text("x-tenant"), text("x-client-id")) else {
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    let sid = text("cookie").and_then(|cookies| {
+        cookies
+            .split(';')
+            .find_map(|c| c.trim().strip_prefix("sid="))
+            .map(str::to_owned)
+    });
+    let (sid, started) = match sid {
+        Some(sid) => (sid, false),
+        None => (
+            format!("s{}", s.started.fetch_add(1, Ordering::SeqCst) + 1),
+            true,
+        ),
+    };
+    let scope = format!("{tenant}/{client}/{sid}");
+    if let Some(key) = text("idempotency-key") {
+        let scoped = format!("{scope}/{key}").parse().unwrap();
+        headers.insert("idempotency-key", scoped);
+    }
+    let mut response = hand_written(State(s.inner), headers).await;
+    if started {
+        let cookie = format!("sid={sid}; Path=/orders; HttpOnly")
+            .parse()
+            .unwrap();
+        response.headers_mut().append("set-cookie", cookie);
+    }
+    response
+}
+
+fn session_service() -> (Router, Arc<AtomicU64>, Arc<AtomicU64>) {
+    let sessions = Sessions::default();
+    let (effects, started) = (
+        Arc::clone(&sessions.inner.effects),
+        Arc::clone(&sessions.started),
+    );
+    let router = Router::new()
+        .route("/orders", post(session_scoped))
+        .with_state(sessions);
+    (router, effects, started)
+}
+
+#[tokio::test]
+async fn a_session_scoped_service_sees_one_session_and_every_client_header() {
+    // The session the service starts on the first answer (the probe's) is kept.
+    let (router, effects, started) = session_service();
+    let report = harness(router, effects)
+        .client_header("x-tenant", "acme")
+        .recovery_within(Duration::from_secs(2))
+        .run()
+        .await
+        .unwrap();
+    println!("{report}");
+    report.assert_passed();
+    assert_eq!(report.passes().len(), 17, "{report}");
+    assert_eq!(started.load(Ordering::SeqCst), 1);
+    // A session given as a cookie: the service never starts one.
+    let (router, effects, started) = session_service();
+    let report = harness(router, effects)
+        .client_header("x-tenant", "acme")
+        .cookie("sid", "given")
+        .recovery_within(Duration::from_secs(2))
+        .run()
+        .await
+        .unwrap();
+    report.assert_passed();
+    assert_eq!(started.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_status_lookup_that_does_not_answer_for_the_key_fails_proof_2() {
+    let only = [Scenario::LostAnswer, Scenario::Concurrent];
+    let orders = Orders::default();
+    let count = Arc::clone(&orders.count);
+    let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"));
+    // Routed at another path than the one the harness is told.
+    let router = idem_router(&idem, orders, "/operations/{key}");
+    let report = harness(router.clone(), Arc::clone(&count))
+        .scenarios(only)
+        .status_lookup("/orders/operations/{key}")
+        .run()
+        .await
+        .unwrap();
+    println!("{report}");
+    assert_eq!(
+        failures(&report),
+        [
+            (Scenario::LostAnswer, Proof::Linked),
+            (Scenario::Concurrent, Proof::Linked)
+        ]
+    );
+    let evidence = report
+        .verdict(Scenario::LostAnswer, Proof::Linked)
+        .unwrap()
+        .evidence();
+    assert!(
+        evidence
+            .contains("but after the operation's outcome the status lookup GET http://127.0.0.1:")
+            && evidence.contains("/orders/operations/monday-")
+            && evidence.contains("answered 404: it does not answer for the operation's key"),
+        "{evidence}"
+    );
+    // Asked where it is, it answers.
+    let report = harness(router, count)
+        .scenarios(only)
+        .status_lookup("/operations/{key}")
+        .run()
+        .await
+        .unwrap();
+    report.assert_passed();
+    let evidence = report
+        .verdict(Scenario::LostAnswer, Proof::Linked)
+        .unwrap()
+        .evidence();
+    assert!(
+        evidence.ends_with("status lookup: state completed, attempt 1"),
+        "{evidence}"
     );
 }
 
