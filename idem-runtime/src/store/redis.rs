@@ -86,8 +86,10 @@
 //! after it breaks, without restarting the service. Every call is bounded by the call
 //! timeout ([`RedisStore::with_call_timeout`], 2 s by default); a server that is down, slow
 //! or refuses a write fails the call with [`StoreError::Unavailable`], which idem answers
-//! with 503 and `Retry-After`, running no handler without its record. A hash that cannot
-//! be read back as a record fails with [`StoreError::Corrupt`].
+//! with 503 and `Retry-After`, running no handler without its record. A call that timed
+//! out, or whose connection broke after it was sent, may still be carried out by the
+//! server: its error says so ([`StoreError::is_outcome_unknown`]). A hash that cannot be
+//! read back as a record fails with [`StoreError::Corrupt`].
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -419,8 +421,9 @@ impl RedisStore {
 
     /// The same store, failing every call that takes longer than `timeout` with
     /// [`StoreError::Unavailable`] ([`DEFAULT_CALL_TIMEOUT`] unless set). A call that timed
-    /// out may still have been carried out by the server: idem treats its outcome as
-    /// unknown, as for any store failure.
+    /// out may still have been carried out by the server: its error says so
+    /// ([`StoreError::is_outcome_unknown`]), and idem treats its outcome as unknown, as
+    /// for any store failure.
     #[must_use]
     pub fn with_call_timeout(mut self, timeout: Duration) -> RedisStore {
         self.call_timeout = timeout;
@@ -467,7 +470,9 @@ impl RedisStore {
         }
     }
 
-    /// Runs `call` under the call timeout, mapping Redis's errors to the store's.
+    /// Runs `call` under the call timeout, mapping Redis's errors to the store's. A
+    /// call that times out may have been sent ([`StoreError::outcome_unknown`]), as may
+    /// one whose connection failed ([`store_error`]).
     async fn bounded<T>(
         &self,
         call: impl std::future::Future<Output = Result<T, RedisError>>,
@@ -475,7 +480,7 @@ impl RedisStore {
         match tokio::time::timeout(self.call_timeout, call).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => Err(store_error(error)),
-            Err(_) => Err(StoreError::unavailable(format!(
+            Err(_) => Err(StoreError::outcome_unknown(format!(
                 "the Redis server did not answer within {} ms",
                 self.call_timeout.as_millis()
             ))),
@@ -496,12 +501,19 @@ impl RedisStore {
 
 /// A Redis error as a store error: a value of the wrong type under one of idem's names is
 /// a record that cannot be read; everything else (I/O, timeouts, a full server, a read-only
-/// replica, a script error) is the store failing.
+/// replica, a script error) is the store failing. An I/O error (a connection that broke,
+/// closed or timed out) may have come after the command was sent, unless it is a refused
+/// connection: the outcome of such a call is unknown ([`StoreError::outcome_unknown`]).
+/// An answer the server gave (an error reply) is known.
 fn store_error(error: RedisError) -> StoreError {
     if error.code() == Some("WRONGTYPE") {
         StoreError::Corrupt(format!(
             "a value under idem's prefix is not a record: {error}"
         ))
+    } else if error.is_timeout() {
+        StoreError::outcome_unknown(format!("the Redis server did not answer in time ({error})"))
+    } else if error.is_io_error() && !error.is_connection_refusal() {
+        StoreError::outcome_unknown(error)
     } else {
         StoreError::unavailable(error)
     }
@@ -901,7 +913,9 @@ impl OperatorStore for RedisStore {
         match flagged(answer)? {
             (1, Some(record)) => Ok(record),
             (0, None) => {
-                let current = self.get(key, now).await?;
+                // The resolution was answered, refused: a failure to read the record
+                // now leaves nothing unknown about it.
+                let current = self.get(key, now).await.map_err(StoreError::known)?;
                 Err(ops::refused(current.as_ref(), resolve.expected_attempt))
             }
             _ => Err(StoreError::Corrupt(
@@ -984,6 +998,38 @@ mod tests {
             Err(StoreError::Unavailable(_))
         ));
         assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    /// A refused connection and an answer the server gave are known failures; a timeout
+    /// or a connection lost while the answer was awaited leaves the outcome unknown.
+    #[test]
+    fn errors_say_whether_the_call_may_have_been_carried_out() {
+        use std::io::{Error, ErrorKind};
+
+        let io = |kind: ErrorKind| store_error(RedisError::from(Error::from(kind)));
+        assert!(!io(ErrorKind::ConnectionRefused).is_outcome_unknown());
+        for kind in [
+            ErrorKind::ConnectionReset,
+            ErrorKind::BrokenPipe,
+            ErrorKind::UnexpectedEof,
+        ] {
+            assert!(io(kind).is_outcome_unknown(), "{kind:?}");
+        }
+        let timed_out = io(ErrorKind::TimedOut);
+        assert!(timed_out.is_outcome_unknown());
+        assert!(
+            timed_out
+                .to_string()
+                .contains("the Redis server did not answer in time"),
+            "{timed_out}"
+        );
+        let read_only = RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+            "You can't write against a read only replica.",
+        ));
+        let refused = store_error(read_only);
+        assert!(matches!(refused, StoreError::Unavailable(_)));
+        assert!(!refused.is_outcome_unknown());
     }
 
     #[test]

@@ -39,6 +39,7 @@ mod statement;
 mod transactional;
 
 use std::fmt;
+use std::future::Future;
 
 use sqlx::Pool;
 use sqlx::pool::PoolConnection;
@@ -101,16 +102,30 @@ impl<DB: Dialect> SqlStore<DB> {
         DB::acquire(self).await
     }
 
+    /// Awaits `sent`, a statement run on a connection. The statement has been sent once
+    /// it runs: a connection that broke before its answer came is
+    /// [`StoreError::outcome_unknown`]; an error the database answered with is
+    /// [`Dialect::fault`]'s.
+    async fn run<T>(
+        &self,
+        sent: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, StoreError> {
+        sent.await.map_err(|error| {
+            let lost = answer_lost(&error);
+            match DB::fault(self, error) {
+                StoreError::Unavailable(source) if lost => StoreError::outcome_unknown(source),
+                other => other,
+            }
+        })
+    }
+
     /// Runs `statement` on `conn`; how many rows it changed.
     async fn execute(
         &self,
         conn: &mut DB::Connection,
         statement: Statement<DB>,
     ) -> Result<u64, StoreError> {
-        statement
-            .execute(conn)
-            .await
-            .map_err(|e| DB::fault(self, e))
+        self.run(statement.execute(conn)).await
     }
 
     /// Runs `statement`, one `UPDATE` of a record, on a connection of its own: the lease
@@ -126,12 +141,23 @@ impl<DB: Dialect> SqlStore<DB> {
         conn: &mut DB::Connection,
         statement: Statement<DB>,
     ) -> Result<Option<Record>, StoreError> {
-        let row = statement
-            .fetch_optional(conn)
-            .await
-            .map_err(|e| DB::fault(self, e))?;
+        let row = self.run(statement.fetch_optional(conn)).await?;
         row.as_ref().map(rows::decode).transpose()
     }
+}
+
+/// Whether a driver error on a statement that was sent means its answer was lost: the
+/// connection broke, closed or spoke nonsense before the answer was read. An error the
+/// database answered with (`Database`), or one raised before anything was sent (a
+/// value that cannot be encoded), is not.
+fn answer_lost(error: &sqlx::Error) -> bool {
+    matches!(
+        error,
+        sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::WorkerCrashed
+    )
 }
 
 impl<DB: Dialect> Clone for SqlStore<DB> {
@@ -152,5 +178,21 @@ impl<DB: Dialect> fmt::Debug for SqlStore<DB> {
             .field("state", &self.state)
             .field("max_result", &self.max_result)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::answer_lost;
+
+    #[test]
+    fn a_broken_connection_loses_the_answer_and_a_refusal_before_sending_does_not() {
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(answer_lost(&io));
+        assert!(answer_lost(&sqlx::Error::Protocol("garbled".into())));
+        assert!(answer_lost(&sqlx::Error::WorkerCrashed));
+        assert!(!answer_lost(&sqlx::Error::PoolTimedOut));
+        assert!(!answer_lost(&sqlx::Error::Encode("too big".into())));
+        assert!(!answer_lost(&sqlx::Error::RowNotFound));
     }
 }
