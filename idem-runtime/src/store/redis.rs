@@ -98,9 +98,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, Script, Value};
+use redis::{IntoConnectionInfo, RedisError, Script, Value};
 
 use super::headers::{decode_headers, encode_headers};
+use super::open::Bounds;
 use super::ops::{self, Event};
 use super::{
     Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OperationState,
@@ -362,21 +363,44 @@ impl RedisStore {
     /// [`StoreError::Unavailable`] when the URL is malformed or the server cannot be
     /// reached, refuses the login or does not answer within the call timeout.
     pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(url).map_err(StoreError::unavailable)?;
+        RedisStore::connect_within(url, None).await
+    }
+
+    /// [`RedisStore::connect`], bounded by `bounds` when given
+    /// (`store::OpenOptions::timeout`): connecting and each answer the connection
+    /// awaits take at most `bounds.limit`, every call `bounds.call`, and the socket
+    /// probes a silent peer (TCP keepalive after `bounds.limit` idle; on Linux, data
+    /// unacknowledged for `bounds.limit` closes the connection).
+    pub(crate) async fn connect_within(
+        url: &str,
+        bounds: Option<Bounds>,
+    ) -> Result<RedisStore, StoreError> {
+        let (connect, response, call) = match bounds {
+            Some(b) => (b.limit, b.limit, b.call),
+            None => (
+                Duration::from_secs(1),
+                DEFAULT_CALL_TIMEOUT,
+                DEFAULT_CALL_TIMEOUT,
+            ),
+        };
+        let mut info = url
+            .into_connection_info()
+            .map_err(StoreError::unavailable)?;
+        if let Some(bounds) = bounds {
+            info = info.set_tcp_settings(probing(bounds.limit));
+        }
+        let client = redis::Client::open(info).map_err(StoreError::unavailable)?;
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(1)))
-            .set_response_timeout(Some(DEFAULT_CALL_TIMEOUT))
+            .set_connection_timeout(Some(connect))
+            .set_response_timeout(Some(response))
             .set_number_of_retries(2)
             .set_min_delay(Duration::from_millis(100))
             .set_max_delay(Duration::from_millis(500));
-        let conn = tokio::time::timeout(
-            DEFAULT_CALL_TIMEOUT,
-            ConnectionManager::new_with_config(client, config),
-        )
-        .await
-        .map_err(|_| StoreError::unavailable("the Redis server did not answer in time"))?
-        .map_err(StoreError::unavailable)?;
-        let store = RedisStore::from_connection(conn);
+        let conn = tokio::time::timeout(call, ConnectionManager::new_with_config(client, config))
+            .await
+            .map_err(|_| StoreError::unavailable("the Redis server did not answer in time"))?
+            .map_err(StoreError::unavailable)?;
+        let store = RedisStore::from_connection(conn).with_call_timeout(call);
         // The connection alone proves little: a server that wants a password accepts it
         // without one and refuses every command after (`NOAUTH`).
         let mut conn = store.conn.clone();
@@ -517,6 +541,17 @@ fn store_error(error: RedisError) -> StoreError {
     } else {
         StoreError::unavailable(error)
     }
+}
+
+/// The socket settings of a bounded connection: keepalive probes after `limit` idle
+/// and, on Linux, the connection closed when sent data stays unacknowledged for `limit`
+/// (`TCP_USER_TIMEOUT`), so that a silent peer is noticed by the socket too.
+fn probing(limit: Duration) -> redis::io::tcp::TcpSettings {
+    let keepalive = redis::io::tcp::socket2::TcpKeepalive::new().with_time(limit);
+    let settings = redis::io::tcp::TcpSettings::default().set_keepalive(keepalive);
+    #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+    let settings = settings.set_user_timeout(limit);
+    settings
 }
 
 /// A hash's fields, from `HGETALL` (a flat array of names and values, or a map).

@@ -40,6 +40,7 @@ mod transactional;
 
 use std::fmt;
 use std::future::Future;
+use std::time::Duration;
 
 use sqlx::Pool;
 use sqlx::pool::PoolConnection;
@@ -61,6 +62,9 @@ pub struct SqlStore<DB: Dialect> {
     pool: Pool<DB>,
     state: DB::State,
     max_result: usize,
+    /// How long the client waits for one statement's answer; `None`: as long as the
+    /// driver does.
+    call_timeout: Option<Duration>,
 }
 
 impl<DB: Dialect> SqlStore<DB> {
@@ -71,7 +75,16 @@ impl<DB: Dialect> SqlStore<DB> {
             pool,
             state,
             max_result: DEFAULT_MAX_RESULT,
+            call_timeout: None,
         }
+    }
+
+    /// The same store, waiting at most `limit` for the answer to each statement (the
+    /// client's bound of `store::OpenOptions::timeout`): a statement that was sent and
+    /// got no answer within it fails with [`StoreError::outcome_unknown`].
+    pub(crate) fn with_call_timeout(mut self, limit: Duration) -> SqlStore<DB> {
+        self.call_timeout = Some(limit);
+        self
     }
 
     /// The same store, keeping results of up to `bytes` bytes
@@ -102,15 +115,24 @@ impl<DB: Dialect> SqlStore<DB> {
         DB::acquire(self).await
     }
 
-    /// Awaits `sent`, a statement run on a connection. The statement has been sent once
-    /// it runs: a connection that broke before its answer came is
-    /// [`StoreError::outcome_unknown`]; an error the database answered with is
-    /// [`Dialect::fault`]'s.
+    /// Awaits `sent`, a statement run on a connection, within the call timeout if the
+    /// store has one. The statement has been sent once it runs: a timeout, or a
+    /// connection that broke before its answer came, is [`StoreError::outcome_unknown`];
+    /// an error the database answered with is [`Dialect::fault`]'s.
     async fn run<T>(
         &self,
         sent: impl Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T, StoreError> {
-        sent.await.map_err(|error| {
+        let answer = match self.call_timeout {
+            Some(limit) => tokio::time::timeout(limit, sent).await.map_err(|_| {
+                StoreError::outcome_unknown(format!(
+                    "the database did not answer within {} ms",
+                    limit.as_millis()
+                ))
+            })?,
+            None => sent.await,
+        };
+        answer.map_err(|error| {
             let lost = answer_lost(&error);
             match DB::fault(self, error) {
                 StoreError::Unavailable(source) if lost => StoreError::outcome_unknown(source),
@@ -166,6 +188,7 @@ impl<DB: Dialect> Clone for SqlStore<DB> {
             pool: self.pool.clone(),
             state: self.state.clone(),
             max_result: self.max_result,
+            call_timeout: self.call_timeout,
         }
     }
 }
@@ -177,6 +200,7 @@ impl<DB: Dialect> fmt::Debug for SqlStore<DB> {
             .field("pool", &self.pool)
             .field("state", &self.state)
             .field("max_result", &self.max_result)
+            .field("call_timeout", &self.call_timeout)
             .finish()
     }
 }
