@@ -498,8 +498,21 @@ fn read_response(file: &Path) -> Result<StoredResponse, Error> {
                 "`status` is {status}: a completed operation's result has a status from 200 to 499 (a 5xx is never stored as final)"
             ))
         })?;
-    let mut headers = Vec::new();
-    match fields.get("headers") {
+    Ok(StoredResponse {
+        status,
+        headers: response_headers(file, fields.get("headers"))?,
+        body: response_body(file, &fields)?.into(),
+    })
+}
+
+/// The `headers` of a response file, each value of a list its own header.
+fn response_headers(
+    file: &Path,
+    headers: Option<&Value>,
+) -> Result<Vec<(HeaderName, HeaderValue)>, Error> {
+    let err = |message: String| Error::in_file(file, message);
+    let mut out = Vec::new();
+    match headers {
         None | Some(Value::Null) => {}
         Some(Value::Object(map)) => {
             for (name, value) in map {
@@ -526,7 +539,7 @@ fn read_response(file: &Path) -> Result<StoredResponse, Error> {
                             "the value of header `{name}` is not a valid header value"
                         ))
                     })?;
-                    headers.push((header.clone(), v));
+                    out.push((header.clone(), v));
                 }
             }
         }
@@ -536,6 +549,12 @@ fn read_response(file: &Path) -> Result<StoredResponse, Error> {
             ));
         }
     }
+    Ok(out)
+}
+
+/// The body of a response file: `body` as compact JSON, or `body_text` as it is.
+fn response_body(file: &Path, fields: &serde_json::Map<String, Value>) -> Result<Vec<u8>, Error> {
+    let err = |message: String| Error::in_file(file, message);
     let body = match (fields.get("body"), fields.get("body_text")) {
         (Some(_), Some(_)) => {
             return Err(err("give `body` or `body_text`, not both".into()));
@@ -545,11 +564,7 @@ fn read_response(file: &Path) -> Result<StoredResponse, Error> {
         (None, Some(_)) => return Err(err("`body_text` must be a string".into())),
         (None, None) => Vec::new(),
     };
-    Ok(StoredResponse {
-        status,
-        headers,
-        body: body.into(),
-    })
+    Ok(body)
 }
 
 /// A time in unix milliseconds as RFC 3339, UTC.
