@@ -21,8 +21,10 @@
 //! in a few minutes; `--features postgres` adds one driver. In a build without them,
 //! `idem ops` and `idem monday` still exist and say which feature they need.
 //!
-//! Exit codes: 0 on success, 1 when an input is refused (every problem is printed as
-//! `file:line:col: error: message`), 2 for a usage error (clap's convention).
+//! Exit codes: 0 on success, 1 when an input is refused or a step fails (every problem is
+//! printed as `file:line:col: error: message`), 2 for a usage error (clap's convention),
+//! and 3 ([`EXIT_OUTCOME_UNKNOWN`]) when `idem ops resolve` sent its resolution to the
+//! store and no answer came: it may or may not have been applied.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -52,6 +54,50 @@ use idem_contract::Target;
 
 use idem_codegen::contracts::{self, Sourced};
 use idem_codegen::error::{Error, Errors};
+
+/// The exit code of `idem ops resolve` when the resolution was sent to the store and no
+/// answer came (a timeout after sending, a connection lost while the answer was
+/// awaited): it may or may not have been applied, and `idem ops show` tells which.
+pub const EXIT_OUTCOME_UNKNOWN: u8 = 3;
+
+/// Why a command did not succeed: what it prints, and its exit code.
+#[derive(Debug)]
+pub enum Failure {
+    /// A refused input, or a step that failed before it changed anything: exit code 1.
+    Failed(Errors),
+    /// A change was sent to the store and no answer came, so it may or may not have been
+    /// made: exit code [`EXIT_OUTCOME_UNKNOWN`].
+    OutcomeUnknown(Errors),
+}
+
+impl Failure {
+    /// What to print, one line (or block) each.
+    pub fn errors(&self) -> &Errors {
+        match self {
+            Failure::Failed(errors) | Failure::OutcomeUnknown(errors) => errors,
+        }
+    }
+
+    /// The process's exit code.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Failure::Failed(_) => 1,
+            Failure::OutcomeUnknown(_) => EXIT_OUTCOME_UNKNOWN,
+        }
+    }
+}
+
+impl From<Errors> for Failure {
+    fn from(errors: Errors) -> Failure {
+        Failure::Failed(errors)
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Failure {
+        Failure::Failed(error.into())
+    }
+}
 
 /// Publish the failure contracts of critical API commands.
 ///
@@ -134,7 +180,7 @@ pub enum Command {
     /// `sqlite`, `postgres` or `redis`; all on by default).
     #[cfg(feature = "ops")]
     #[command(
-        after_help = "Examples:\n  idem ops list --store orders.db --state unknown\n  idem ops show --store orders.db --operation create_order --client acme --key 7f3c\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --as not-applied --reason \"no order in the ledger\""
+        after_help = concat!("Examples:\n  idem ops list --store orders.db --state unknown\n  idem ops show --store orders.db --operation create_order --client acme --key 7f3c\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --as not-applied --reason \"no order in the ledger\"\n\n", "Every wait for the store is bounded by --timeout (10s by default).\n\nExit codes: 0 done; 1 refused or failed, nothing changed (a read that got no answer included); 2 usage error; 3 `resolve` sent its resolution and no answer came: it may or may not have been applied, `idem ops show` tells.")
     )]
     Ops(ops::OpsArgs),
     /// Operate on a running service's store: not in this build, which has no store
@@ -380,11 +426,11 @@ pub fn main() -> ExitCode {
     };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(errors) => {
-            for e in errors.iter() {
+        Err(failure) => {
+            for e in failure.errors().iter() {
                 eprintln!("{e}");
             }
-            ExitCode::FAILURE
+            ExitCode::from(failure.exit_code())
         }
     }
 }
@@ -393,16 +439,17 @@ pub fn main() -> ExitCode {
 ///
 /// # Errors
 ///
-/// Every problem found; the command wrote nothing.
-pub fn run(cli: Cli) -> Result<(), Errors> {
+/// Every problem found, and whether what the command sent was applied is unknown
+/// ([`Failure::OutcomeUnknown`]) or nothing was changed ([`Failure::Failed`]).
+pub fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
-        Command::Merge(args) => merge::run(args),
-        Command::Docs(args) => docs::run(args),
-        Command::Export(args) => source::export(args),
-        Command::Check(args) => source::check(args),
-        Command::Schema(args) => source::schema(args),
+        Command::Merge(args) => Ok(merge::run(args)?),
+        Command::Docs(args) => Ok(docs::run(args)?),
+        Command::Export(args) => Ok(source::export(args)?),
+        Command::Check(args) => Ok(source::check(args)?),
+        Command::Schema(args) => Ok(source::schema(args)?),
         Command::Ops(args) => ops::run(args),
-        Command::Monday(args) => monday::run(args),
+        Command::Monday(args) => Ok(monday::run(args)?),
     }
 }
 

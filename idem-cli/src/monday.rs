@@ -319,6 +319,7 @@ async fn run_harness(
         let store = open(&StoreArgs {
             store: store.clone(),
             redis_prefix: args.redis_prefix.clone(),
+            timeout: crate::store::DEFAULT_TIMEOUT,
         })
         .await?;
         let name = args

@@ -22,14 +22,14 @@ pub struct Off {
 /// `idem ops` in a build without a store driver.
 #[cfg(not(feature = "ops"))]
 pub mod ops {
-    use super::{Errors, Off, refuse};
+    use super::{Off, refuse};
 
     /// Refuses, naming the features that bring `idem ops`.
-    pub fn run(_: Off) -> Result<(), Errors> {
-        Err(refuse(
+    pub fn run(_: Off) -> Result<(), crate::Failure> {
+        Err(crate::Failure::Failed(refuse(
             "ops",
             "a store driver: `cargo install idem-cli --features sqlite` (or `postgres`, `redis`)",
-        ))
+        )))
     }
 }
 

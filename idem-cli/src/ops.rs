@@ -6,6 +6,11 @@
 //! compare-and-set ([`OperatorStore::resolve`](idem_runtime::store::OperatorStore::resolve)),
 //! recorded on the record (who, when, why). Every argument is checked before the store is
 //! opened, and a refused command changes nothing.
+//!
+//! Every wait for the store is bounded (`--timeout`, [`StoreArgs`]). A resolution that was
+//! sent and got no answer ends with [`EXIT_OUTCOME_UNKNOWN`] and says so: it may or may
+//! not have been applied (a request held up in the network may still arrive), and
+//! `idem ops show` tells. A read that gets no answer is a failure to read (exit 1).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
@@ -20,6 +25,8 @@ use serde_json::{Value, json};
 
 use idem_codegen::error::{Error, Errors};
 
+pub use crate::EXIT_OUTCOME_UNKNOWN;
+use crate::Failure;
 pub use crate::store::StoreArgs;
 use crate::store::check_text;
 
@@ -46,12 +53,12 @@ pub struct OpsArgs {
 pub enum OpsCommand {
     /// List operations, by state and operation.
     #[command(
-        after_help = "Examples:\n  idem ops list --store orders.db --state unknown\n  idem ops list --store postgres://idem@db/orders --operation create_order --state processing --json"
+        after_help = concat!("Examples:\n  idem ops list --store orders.db --state unknown\n  idem ops list --store postgres://idem@db/orders --operation create_order --state processing --json\n\n", "Exit codes: 0 listed; 1 refused or failed (a read that got no answer within --timeout included); 2 usage error.")
     )]
     List(ListArgs),
     /// Show one operation: its record, every attempt and every operator resolution.
     #[command(
-        after_help = "Example:\n  idem ops show --store orders.db --operation create_order --client acme --key 7f3c"
+        after_help = concat!("Example:\n  idem ops show --store orders.db --operation create_order --client acme --key 7f3c\n\n", "Exit codes: 0 shown; 1 not recorded, refused or failed (a read that got no answer within --timeout included); 2 usage error.")
     )]
     Show(ShowArgs),
     /// Resolve a parked (`unknown`) operation as completed, with the result clients get
@@ -64,7 +71,7 @@ pub enum OpsCommand {
     /// compact JSON), or `body_text` a string sent as it is; a header's value may be a
     /// list of values.
     #[command(
-        after_help = "Examples:\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --expect-attempt 2 --as completed --response order-42.json --reason \"order 42 is in the ledger\"\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --as not-applied --reason \"no order in the ledger\""
+        after_help = concat!("Examples:\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --expect-attempt 2 --as completed --response order-42.json --reason \"order 42 is in the ledger\"\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --as not-applied --reason \"no order in the ledger\"\n\n", "Exit codes: 0 resolved; 1 refused or failed, the resolution not applied (a bad argument, no such record, not parked at the attempt expected, a store that cannot be reached or refused it); 2 usage error; 3 the resolution was sent and no answer came within --timeout (or the connection broke): it may or may not have been applied. Run `idem ops show` to see; resolving again with --expect-attempt is safe, as a resolution applies only to the attempt it names.")
     )]
     Resolve(ResolveArgs),
 }
@@ -181,20 +188,26 @@ pub struct ResolveArgs {
 ///
 /// # Errors
 ///
-/// A refused argument, a store that cannot be reached, a key with no record, a record
-/// that is not parked at the attempt expected: each with its message; nothing changed.
-pub fn run(args: OpsArgs) -> Result<(), Errors> {
+/// [`Failure::Failed`]: a refused argument, a store that cannot be reached or fails, a
+/// key with no record, a record that is not parked at the attempt expected, each with its
+/// message; nothing changed. [`Failure::OutcomeUnknown`]: a resolution was sent and no
+/// answer came; the message says how to see whether it was applied.
+pub fn run(args: OpsArgs) -> Result<(), Failure> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| Error::new(format!("cannot start the async runtime: {e}")))?;
-    runtime.block_on(async move {
+    let outcome = runtime.block_on(async move {
         match args.command {
-            OpsCommand::List(args) => list(args).await,
-            OpsCommand::Show(args) => show(args).await,
+            OpsCommand::List(args) => Ok(list(args).await?),
+            OpsCommand::Show(args) => Ok(show(args).await?),
             OpsCommand::Resolve(args) => resolve(args).await,
         }
-    })
+    });
+    // A call given up on may leave a blocking task behind (a name lookup that does not
+    // answer): the command ends all the same.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    outcome
 }
 
 async fn list(args: ListArgs) -> Result<(), Errors> {
@@ -217,7 +230,7 @@ async fn list(args: ListArgs) -> Result<(), Errors> {
         let page = store
             .list(&query, now)
             .await
-            .map_err(|e| store_failed(&args.store, &e))?;
+            .map_err(|e| read_failed(&args.store, &e))?;
         let last_page = page.len() < query.page() as usize;
         found.extend(page);
         if last_page {
@@ -265,7 +278,7 @@ async fn show(args: ShowArgs) -> Result<(), Errors> {
     let shown = store
         .inspect(&key, now)
         .await
-        .map_err(|e| store_failed(&args.store, &e))?
+        .map_err(|e| read_failed(&args.store, &e))?
         .ok_or_else(|| not_found(&key))?;
     if args.json {
         println!("{}", inspection_json(&shown));
@@ -335,7 +348,7 @@ async fn show(args: ShowArgs) -> Result<(), Errors> {
     Ok(())
 }
 
-async fn resolve(args: ResolveArgs) -> Result<(), Errors> {
+async fn resolve(args: ResolveArgs) -> Result<(), Failure> {
     let key = record_key(&args.key)?;
     check_text("--reason", &args.reason, MAX_REASON)?;
     let by = operator(&args)?;
@@ -362,22 +375,39 @@ async fn resolve(args: ResolveArgs) -> Result<(), Errors> {
     let now = unix_now();
     let expected_attempt = match args.expect_attempt {
         Some(n) => n,
-        None => {
-            let record = store
-                .get(&key, now)
-                .await
-                .map_err(|e| store_failed(&args.store, &e))?
-                .ok_or_else(|| not_found(&key))?;
-            record.attempt
-        }
+        None => store
+            .get(&key, now)
+            .await
+            .map_err(|e| {
+                Error::new(format!(
+                    "cannot read {} to find the attempt to resolve (--expect-attempt N skips this read), so nothing was resolved: {}",
+                    describe(&key),
+                    read_failed(&args.store, &e).message
+                ))
+            })?
+            .ok_or_else(|| not_found(&key))?
+            .attempt,
     };
     let resolution = Resolution {
         expected_attempt,
         outcome,
-        by: by.clone(),
+        by,
         reason: args.reason.clone(),
     };
-    match store.resolve(&key, &resolution, now).await {
+    let resolved = store.resolve(&key, &resolution, now).await;
+    resolved_or_why(&args, &key, &resolution, resolved, now)
+}
+
+/// Prints what a resolution did, or says why it was not applied, or that whether it was
+/// applied is unknown.
+fn resolved_or_why(
+    args: &ResolveArgs,
+    key: &RecordKey,
+    resolution: &Resolution,
+    resolved: Result<Record, StoreError>,
+    now: UnixMillis,
+) -> Result<(), Failure> {
+    let error = match resolved {
         Ok(record) => {
             let outcome = match &record.state {
                 RecordState::Completed { response } => {
@@ -386,26 +416,87 @@ async fn resolve(args: ResolveArgs) -> Result<(), Errors> {
                 _ => "not applied: the key is released, the client's next retry runs".to_owned(),
             };
             println!(
-                "resolved {} (attempt {}) as {outcome}, by {by} at {}",
-                describe(&key),
+                "resolved {} (attempt {}) as {outcome}, by {} at {}",
+                describe(key),
                 record.attempt,
+                resolution.by,
                 time(now)
             );
-            Ok(())
+            return Ok(());
         }
-        Err(StoreError::NotFound) => Err(not_found(&key).into()),
+        Err(e) if e.is_outcome_unknown() => {
+            return Err(Failure::OutcomeUnknown(
+                outcome_unknown(args, key, resolution.expected_attempt, &e).into(),
+            ));
+        }
+        Err(StoreError::NotFound) => not_found(key),
         Err(StoreError::Changed(why)) => {
-            Err(Error::new(format!("{} was not resolved: {why}", describe(&key))).into())
+            Error::new(format!("{} was not resolved: {why}", describe(key)))
         }
-        Err(StoreError::TooLarge { size, limit }) => Err(Error::in_file(
+        Err(StoreError::TooLarge { size, limit }) => Error::in_file(
             args.response.as_deref().unwrap_or(Path::new("-")),
             format!(
                 "the response is {size} bytes (body and headers); the store keeps results of at most {limit} bytes"
             ),
-        )
-        .into()),
-        Err(e) => Err(store_failed(&args.store, &e).into()),
+        ),
+        Err(e @ StoreError::Unavailable(_)) => Error::new(format!(
+            "{}: the resolution was not applied (it was not sent, or the store refused it)",
+            store_failed(&args.store, &e).message
+        )),
+        Err(e) => store_failed(&args.store, &e),
+    };
+    Err(error.into())
+}
+
+/// A resolution sent with no answer: it may or may not have been applied; how to see.
+fn outcome_unknown(args: &ResolveArgs, key: &RecordKey, attempt: u32, error: &StoreError) -> Error {
+    let store = idem_runtime::store::redact_url(&args.store.store);
+    let mut show = vec!["idem", "ops", "show", "--store", store.as_ref()];
+    let redis = store
+        .get(..5)
+        .is_some_and(|s| s.eq_ignore_ascii_case("redis"));
+    if redis && args.store.redis_prefix != "idem" {
+        show.extend(["--redis-prefix", args.store.redis_prefix.as_str()]);
     }
+    show.extend([
+        "--operation",
+        key.operation.as_str(),
+        "--client",
+        key.client.as_str(),
+        "--key",
+        key.key.as_str(),
+    ]);
+    let show: Vec<String> = show.into_iter().map(shell_word).collect();
+    // What was lost, without the words every store error starts with.
+    let why = std::error::Error::source(error)
+        .and_then(std::error::Error::source)
+        .map_or_else(|| error.to_string(), ToString::to_string);
+    Error::new(format!(
+        "the resolution of {} may or may not have been applied: it was sent to the store {store} and no answer came ({why})\n\
+         run `{}` to see; the request may still be on its way, so a record still parked may change yet: resolving it again with --expect-attempt {attempt} is safe, as a resolution applies only to the attempt it names",
+        describe(key),
+        show.join(" ")
+    ))
+}
+
+/// `word` as one word of a POSIX shell command line: as it is when it holds nothing the
+/// shell reads specially, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./:@%+=,".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+/// A read that failed, naming the store without its password: whether its answer was
+/// lost or the store refused, nothing was read, and a read changes nothing.
+fn read_failed(args: &StoreArgs, error: &StoreError) -> Error {
+    Error::new(format!(
+        "could not read from the store {}: {error}",
+        idem_runtime::store::redact_url(&args.store)
+    ))
 }
 
 /// A store call that failed, naming the store without its password.
@@ -498,8 +589,21 @@ fn read_response(file: &Path) -> Result<StoredResponse, Error> {
                 "`status` is {status}: a completed operation's result has a status from 200 to 499 (a 5xx is never stored as final)"
             ))
         })?;
-    let mut headers = Vec::new();
-    match fields.get("headers") {
+    Ok(StoredResponse {
+        status,
+        headers: response_headers(file, fields.get("headers"))?,
+        body: response_body(file, &fields)?.into(),
+    })
+}
+
+/// The `headers` of a response file, each value of a list its own header.
+fn response_headers(
+    file: &Path,
+    headers: Option<&Value>,
+) -> Result<Vec<(HeaderName, HeaderValue)>, Error> {
+    let err = |message: String| Error::in_file(file, message);
+    let mut out = Vec::new();
+    match headers {
         None | Some(Value::Null) => {}
         Some(Value::Object(map)) => {
             for (name, value) in map {
@@ -526,7 +630,7 @@ fn read_response(file: &Path) -> Result<StoredResponse, Error> {
                             "the value of header `{name}` is not a valid header value"
                         ))
                     })?;
-                    headers.push((header.clone(), v));
+                    out.push((header.clone(), v));
                 }
             }
         }
@@ -536,6 +640,12 @@ fn read_response(file: &Path) -> Result<StoredResponse, Error> {
             ));
         }
     }
+    Ok(out)
+}
+
+/// The body of a response file: `body` as compact JSON, or `body_text` as it is.
+fn response_body(file: &Path, fields: &serde_json::Map<String, Value>) -> Result<Vec<u8>, Error> {
+    let err = |message: String| Error::in_file(file, message);
     let body = match (fields.get("body"), fields.get("body_text")) {
         (Some(_), Some(_)) => {
             return Err(err("give `body` or `body_text`, not both".into()));
@@ -545,11 +655,7 @@ fn read_response(file: &Path) -> Result<StoredResponse, Error> {
         (None, Some(_)) => return Err(err("`body_text` must be a string".into())),
         (None, None) => Vec::new(),
     };
-    Ok(StoredResponse {
-        status,
-        headers,
-        body: body.into(),
-    })
+    Ok(body)
 }
 
 /// A time in unix milliseconds as RFC 3339, UTC.

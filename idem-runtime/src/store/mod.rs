@@ -138,6 +138,12 @@ pub enum StoreError {
     #[error("the lease is lost: another attempt or recovery holds the record")]
     LeaseLost,
     /// The backend cannot be reached or failed (a connection, a lock timeout, I/O).
+    ///
+    /// [`StoreError::is_outcome_unknown`] tells the two kinds apart for a caller that
+    /// must say what a write did (`idem ops resolve`): the call failed before it was
+    /// sent, or the backend answered that it failed (nothing changed), or it was sent
+    /// and its answer never came (it may or may not have taken effect). The request
+    /// path treats both alike: it answers 503 and recovery decides the key.
     #[error("the store is unavailable: {0}")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The backend holds data it cannot read back as a record.
@@ -170,5 +176,81 @@ impl StoreError {
     /// A [`StoreError::Unavailable`] from any error.
     pub fn unavailable(err: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
         StoreError::Unavailable(err.into())
+    }
+
+    /// A [`StoreError::Unavailable`] for a call that was sent and whose answer never
+    /// came: a timeout after sending, a connection that broke or closed while the
+    /// answer was awaited. Whether it took effect is unknown
+    /// ([`StoreError::is_outcome_unknown`]).
+    pub fn outcome_unknown(err: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
+        StoreError::Unavailable(Box::new(OutcomeUnknown(err.into())))
+    }
+
+    /// Whether the call was sent and its answer never came
+    /// ([`StoreError::outcome_unknown`]): a write may or may not have taken effect, and
+    /// only reading the record again tells (a request held up in the network may still
+    /// arrive). `false` for every other error, whose call either never reached the
+    /// backend or was answered with a failure, and for a [`StoreError::Unavailable`]
+    /// made by [`StoreError::unavailable`].
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(self, StoreError::Unavailable(source) if source.is::<OutcomeUnknown>())
+    }
+
+    /// The same error with its outcome known: for the failed read that follows a write
+    /// the backend answered (a refused resolution), which changed nothing either way.
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+    pub(crate) fn known(self) -> StoreError {
+        match self {
+            StoreError::Unavailable(source) => match source.downcast::<OutcomeUnknown>() {
+                Ok(unknown) => StoreError::Unavailable(unknown.0),
+                Err(source) => StoreError::Unavailable(source),
+            },
+            other => other,
+        }
+    }
+}
+
+/// The source of a [`StoreError::Unavailable`] whose call was sent and whose answer
+/// never came ([`StoreError::outcome_unknown`]).
+#[derive(Debug)]
+struct OutcomeUnknown(Box<dyn std::error::Error + Send + Sync>);
+
+impl std::fmt::Display for OutcomeUnknown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (the call was sent and its answer lost)", self.0)
+    }
+}
+
+impl std::error::Error for OutcomeUnknown {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StoreError;
+
+    #[test]
+    fn an_unknown_outcome_is_unavailable_and_says_so() {
+        let unknown = StoreError::outcome_unknown("no answer within 10 ms");
+        assert!(matches!(unknown, StoreError::Unavailable(_)));
+        assert!(unknown.is_outcome_unknown());
+        assert_eq!(
+            unknown.to_string(),
+            "the store is unavailable: no answer within 10 ms (the call was sent and its answer lost)"
+        );
+        assert!(!StoreError::unavailable("refused").is_outcome_unknown());
+        assert!(!StoreError::LeaseLost.is_outcome_unknown());
+        assert!(!StoreError::Changed("moved on".into()).is_outcome_unknown());
+    }
+
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+    #[test]
+    fn a_known_error_keeps_its_message_without_the_unknown() {
+        let known = StoreError::outcome_unknown("reset").known();
+        assert!(!known.is_outcome_unknown());
+        assert_eq!(known.to_string(), "the store is unavailable: reset");
+        assert!(matches!(StoreError::NotFound.known(), StoreError::NotFound));
     }
 }

@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::{MemoryStore, Store};
 
@@ -99,11 +100,56 @@ pub enum OpenError {
 ///   creating the SQLite file and schema, applying idem's PostgreSQL migrations, with
 ///   each backend's own pool (`SqliteStore::open`, `PostgresStore::connect`,
 ///   `RedisStore::connect`);
-/// - Redis prefix `idem` (`RedisStore`'s default).
+/// - Redis prefix `idem` (`RedisStore`'s default);
+/// - no [`timeout`](OpenOptions::timeout): each backend's own bounds, those of the
+///   constructors above.
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
     existing_only: bool,
     redis_prefix: Cow<'static, str>,
+    timeout: Option<Duration>,
+}
+
+/// The bounds [`OpenOptions::timeout`] puts on a store, as each backend applies them
+/// (none without a store feature: `memory:` has nothing to wait for).
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "redis")),
+    allow(dead_code)
+)]
+pub(crate) struct Bounds {
+    /// Connecting, the wait for a connection of a pool, and the server's own limit on a
+    /// statement (PostgreSQL's `statement_timeout`) or on the wait for a lock (SQLite's
+    /// busy timeout).
+    pub(crate) limit: Duration,
+    /// The client's wait for the answer to one statement or command: `limit` and a grace
+    /// (a quarter of it, at most 1 s), so that a server that gives up in time is heard
+    /// and only a silent one is cut off.
+    pub(crate) call: Duration,
+}
+
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres", feature = "redis")),
+    allow(dead_code)
+)]
+impl Bounds {
+    /// The shortest timeout: a shorter one is taken as this, 1 ms (never zero, which
+    /// PostgreSQL's `statement_timeout` reads as "no limit").
+    const MIN: Duration = Duration::from_millis(1);
+
+    /// The longest timeout: a longer one is taken as this, 24 h (within what PostgreSQL's
+    /// `statement_timeout`, a 32-bit count of milliseconds, holds).
+    const MAX: Duration = Duration::from_secs(24 * 60 * 60);
+
+    /// The bounds of a timeout, taken as [`Bounds::MIN`] to [`Bounds::MAX`].
+    fn new(timeout: Duration) -> Bounds {
+        let limit = timeout.clamp(Bounds::MIN, Bounds::MAX);
+        let grace = (limit / 4).min(Duration::from_secs(1));
+        Bounds {
+            limit,
+            call: limit + grace,
+        }
+    }
 }
 
 impl Default for OpenOptions {
@@ -118,6 +164,7 @@ impl OpenOptions {
         OpenOptions {
             existing_only: false,
             redis_prefix: Cow::Borrowed("idem"),
+            timeout: None,
         }
     }
 
@@ -137,6 +184,45 @@ impl OpenOptions {
     pub fn with_redis_prefix(mut self, prefix: impl Into<String>) -> OpenOptions {
         self.redis_prefix = Cow::Owned(prefix.into());
         self
+    }
+
+    /// Bounds every wait of opening the store, and of every call of the store opened, by
+    /// `timeout` (taken as 1 ms at least and 24 h at most), so that no call hangs on a
+    /// server or a network gone silent:
+    ///
+    /// - connecting, and the wait for a connection of a pool: `timeout`;
+    /// - each statement or command: `timeout` on the server where it has a limit of its
+    ///   own (PostgreSQL's `statement_timeout`, set for the session over any the URL
+    ///   gives; SQLite's busy timeout, the wait for another writer's lock), and on the
+    ///   client: Redis's answer within `timeout` (the `redis` crate's response timeout),
+    ///   and any store's within `timeout` and a grace (a quarter of it, at most 1 s), so
+    ///   that a server's own refusal arrives first and only a silent peer is cut off;
+    /// - the socket: a Redis connection sends TCP keepalive probes after `timeout` idle
+    ///   and (on Linux) closes when data it sent stays unacknowledged that long; a
+    ///   PostgreSQL server is asked to probe its end of the connection after `timeout`
+    ///   idle, every `timeout`, three times (`tcp_keepalives_idle`,
+    ///   `tcp_keepalives_interval`, `tcp_keepalives_count`, in whole seconds, at least 1);
+    ///   sqlx sets no keepalive on the client's end.
+    ///
+    /// A call cut off after it was sent, or whose connection broke before its answer
+    /// came, fails with
+    /// [`StoreError::outcome_unknown`](super::StoreError::outcome_unknown); one that
+    /// failed before it was sent, or that the server answered with an error, with a
+    /// plain [`StoreError::Unavailable`](super::StoreError::Unavailable). A store that
+    /// cannot be opened in time is [`OpenError::Connect`]. Without a timeout (the
+    /// default), each backend keeps the bounds of its constructor.
+    pub const fn timeout(mut self, timeout: Duration) -> OpenOptions {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// The bounds of [`OpenOptions::timeout`], if set.
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "redis")),
+        allow(dead_code)
+    )]
+    fn bounds(&self) -> Option<Bounds> {
+        self.timeout.map(Bounds::new)
     }
 
     /// Opens the store `url` names (the URLs: [`open`]).
@@ -288,9 +374,9 @@ async fn sqlite(
                 path: path.to_owned(),
             });
         }
-        SqliteStore::open_existing(path).await
+        SqliteStore::open_existing_within(path, options.bounds()).await
     } else {
-        SqliteStore::open(path).await
+        SqliteStore::open_within(path, options.bounds()).await
     };
     Ok(Arc::new(store.map_err(|e| connect_error(url, e))?))
 }
@@ -303,40 +389,115 @@ async fn postgres(url: &str, _: &OpenOptions) -> Result<Arc<dyn Store>, OpenErro
 #[cfg(feature = "postgres")]
 async fn postgres(url: &str, options: &OpenOptions) -> Result<Arc<dyn Store>, OpenError> {
     use std::str::FromStr;
-    use std::time::Duration;
 
     use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
     use super::PostgresStore;
-    use super::postgres::MIGRATIONS;
 
     let connect = PgConnectOptions::from_str(url).map_err(|e| OpenError::Malformed {
         url: redact_url(url).into_owned(),
         reason: e.to_string(),
     })?;
-    if !options.existing_only {
+    let bounds = options.bounds();
+    if !options.existing_only && bounds.is_none() {
         let store = PostgresStore::connect(url).await;
         return Ok(Arc::new(store.map_err(|e| connect_error(url, e))?));
     }
+    // As `PostgresStore::connect` (16 connections, 3 s), or an operator's 2 and 5 s.
+    let (size, wait) = if options.existing_only {
+        (2, Duration::from_secs(5))
+    } else {
+        (16, Duration::from_secs(3))
+    };
     let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_with(connect)
+        .max_connections(size)
+        .acquire_timeout(bounds.map_or(wait, |b| b.limit))
+        .connect_with(match bounds {
+            Some(bounds) => postgres_bounded(connect, bounds),
+            None => connect,
+        })
         .await
         .map_err(|e| connect_error(url, e))?;
-    let versions: Result<Vec<i64>, _> =
-        sqlx::query_scalar("SELECT version FROM idem_schema_migrations")
-            .fetch_all(&pool)
-            .await;
+    let store = if options.existing_only {
+        postgres_schema(url, &pool, bounds).await?;
+        PostgresStore::without_migrations(pool)
+    } else {
+        within(bounds, PostgresStore::from_pool(pool))
+            .await
+            .map_err(|e| connect_error(url, e))?
+            .map_err(|e| connect_error(url, e))?
+    };
+    Ok(Arc::new(match bounds {
+        Some(bounds) => store.with_call_timeout(bounds.call),
+        None => store,
+    }))
+}
+
+/// `connect` with the server's side of `bounds`: its `statement_timeout`, and keepalive
+/// probes of the client's end of the connection (see [`OpenOptions::timeout`]).
+#[cfg(feature = "postgres")]
+fn postgres_bounded(
+    connect: sqlx::postgres::PgConnectOptions,
+    bounds: Bounds,
+) -> sqlx::postgres::PgConnectOptions {
+    let ms = bounds.limit.as_millis().to_string();
+    let secs = bounds.limit.as_secs().max(1).to_string();
+    connect.options([
+        ("statement_timeout", ms.as_str()),
+        ("tcp_keepalives_idle", secs.as_str()),
+        ("tcp_keepalives_interval", secs.as_str()),
+        ("tcp_keepalives_count", "3"),
+    ])
+}
+
+/// Checks that the database at `url` has idem's latest migration, without creating
+/// anything ([`OpenOptions::existing_only`]).
+#[cfg(feature = "postgres")]
+async fn postgres_schema(
+    url: &str,
+    pool: &sqlx::PgPool,
+    bounds: Option<Bounds>,
+) -> Result<(), OpenError> {
+    use super::postgres::MIGRATIONS;
+
+    /// PostgreSQL's `undefined_table`.
+    const UNDEFINED_TABLE: &str = "42P01";
+
+    let versions =
+        sqlx::query_scalar::<_, i64>("SELECT version FROM idem_schema_migrations").fetch_all(pool);
+    let versions = within(bounds, versions)
+        .await
+        .map_err(|e| connect_error(url, e))?;
     let latest = MIGRATIONS.iter().map(|m| m.version).max().unwrap_or(1);
-    let url = redact_url(url).into_owned();
     match versions {
-        Ok(v) if v.contains(&latest) => Ok(Arc::new(PostgresStore::without_migrations(pool))),
+        Ok(v) if v.contains(&latest) => Ok(()),
         Ok(_) => Err(OpenError::OutdatedSchema {
-            url,
+            url: redact_url(url).into_owned(),
             missing: latest,
         }),
-        Err(_) => Err(OpenError::NoSchema { url }),
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(UNDEFINED_TABLE) => {
+            Err(OpenError::NoSchema {
+                url: redact_url(url).into_owned(),
+            })
+        }
+        Err(e) => Err(connect_error(url, e)),
+    }
+}
+
+/// Awaits `step` of opening a store, within `bounds.call` when given.
+#[cfg(feature = "postgres")]
+async fn within<T>(
+    bounds: Option<Bounds>,
+    step: impl std::future::Future<Output = T>,
+) -> Result<T, String> {
+    match bounds {
+        Some(bounds) => tokio::time::timeout(bounds.call, step).await.map_err(|_| {
+            format!(
+                "the server did not answer within {} ms",
+                bounds.call.as_millis()
+            )
+        }),
+        None => Ok(step.await),
     }
 }
 
@@ -355,7 +516,7 @@ async fn redis(url: &str, options: &OpenOptions) -> Result<Arc<dyn Store>, OpenE
             reason: e.to_string(),
         });
     }
-    let store = RedisStore::connect(url)
+    let store = RedisStore::connect_within(url, options.bounds())
         .await
         .map_err(|e| connect_error(url, e))?;
     Ok(Arc::new(
@@ -500,6 +661,84 @@ mod tests {
             .unwrap();
         assert!(matches!(e, OpenError::Connect { .. }), "{e}");
         assert!(e.to_string().contains("idem_records"), "{e}");
+    }
+
+    #[test]
+    fn a_timeout_is_kept_in_range_and_the_client_waits_a_grace_longer() {
+        let bounds = |ms: u64| {
+            let b = Bounds::new(Duration::from_millis(ms));
+            (b.limit.as_millis(), b.call.as_millis())
+        };
+        assert_eq!(bounds(0), (1, 1));
+        assert_eq!(bounds(400), (400, 500));
+        assert_eq!(bounds(2_000), (2_000, 2_500));
+        assert_eq!(bounds(10_000), (10_000, 11_000));
+        assert_eq!(bounds(u64::MAX), (86_400_000, 86_401_000));
+    }
+
+    /// Another connection holds the write lock: a write of a store opened with a
+    /// timeout waits the busy timeout, and fails as a refusal (nothing was written), not
+    /// as an unknown outcome.
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn a_bounded_sqlite_write_waits_for_the_lock_as_long_as_the_timeout() {
+        use sqlx::Connection;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("orders.db");
+        let url = path.to_str().unwrap();
+        let store = OpenOptions::new()
+            .timeout(Duration::from_millis(300))
+            .open(url)
+            .await
+            .unwrap();
+        let mut holder = sqlx::SqliteConnection::connect(&format!("sqlite://{url}"))
+            .await
+            .unwrap();
+        let tx = holder.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        let started = std::time::Instant::now();
+        let e = store
+            .purge_expired(super::super::unix_now())
+            .await
+            .unwrap_err();
+        let waited = started.elapsed();
+        assert!(e.to_string().contains("database is locked"), "{e}");
+        assert!(!e.is_outcome_unknown(), "{e}");
+        assert!(
+            waited >= Duration::from_millis(300) && waited < Duration::from_secs(3),
+            "{waited:?}"
+        );
+        tx.rollback().await.unwrap();
+        store.purge_expired(super::super::unix_now()).await.unwrap();
+    }
+
+    /// A database without idem's table is told apart from one that does not answer.
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn postgres_without_the_schema_is_named_so_with_a_timeout() {
+        let Some(url) = crate::store::conformance::postgres::scratch_url("open, no schema").await
+        else {
+            return;
+        };
+        let options = OpenOptions::new()
+            .existing_only()
+            .timeout(Duration::from_secs(5));
+        let e = options.open(&url).await.err().unwrap();
+        assert!(matches!(e, OpenError::NoSchema { .. }), "{e}");
+        let store = OpenOptions::new()
+            .timeout(Duration::from_secs(5))
+            .open(&url)
+            .await
+            .unwrap();
+        let listed = store
+            .list(
+                &super::super::ListQuery::default(),
+                super::super::unix_now(),
+            )
+            .await
+            .unwrap();
+        assert!(listed.is_empty());
+        options.open(&url).await.unwrap();
     }
 
     #[cfg(feature = "postgres")]

@@ -86,8 +86,10 @@
 //! after it breaks, without restarting the service. Every call is bounded by the call
 //! timeout ([`RedisStore::with_call_timeout`], 2 s by default); a server that is down, slow
 //! or refuses a write fails the call with [`StoreError::Unavailable`], which idem answers
-//! with 503 and `Retry-After`, running no handler without its record. A hash that cannot
-//! be read back as a record fails with [`StoreError::Corrupt`].
+//! with 503 and `Retry-After`, running no handler without its record. A call that timed
+//! out, or whose connection broke after it was sent, may still be carried out by the
+//! server: its error says so ([`StoreError::is_outcome_unknown`]). A hash that cannot be
+//! read back as a record fails with [`StoreError::Corrupt`].
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -96,9 +98,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, Script, Value};
+use redis::{IntoConnectionInfo, RedisError, Script, Value};
 
 use super::headers::{decode_headers, encode_headers};
+use super::open::Bounds;
 use super::ops::{self, Event};
 use super::{
     Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OperationState,
@@ -360,21 +363,44 @@ impl RedisStore {
     /// [`StoreError::Unavailable`] when the URL is malformed or the server cannot be
     /// reached, refuses the login or does not answer within the call timeout.
     pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(url).map_err(StoreError::unavailable)?;
+        RedisStore::connect_within(url, None).await
+    }
+
+    /// [`RedisStore::connect`], bounded by `bounds` when given
+    /// (`store::OpenOptions::timeout`): connecting and each answer the connection
+    /// awaits take at most `bounds.limit`, every call `bounds.call`, and the socket
+    /// probes a silent peer (TCP keepalive after `bounds.limit` idle; on Linux, data
+    /// unacknowledged for `bounds.limit` closes the connection).
+    pub(crate) async fn connect_within(
+        url: &str,
+        bounds: Option<Bounds>,
+    ) -> Result<RedisStore, StoreError> {
+        let (connect, response, call) = match bounds {
+            Some(b) => (b.limit, b.limit, b.call),
+            None => (
+                Duration::from_secs(1),
+                DEFAULT_CALL_TIMEOUT,
+                DEFAULT_CALL_TIMEOUT,
+            ),
+        };
+        let mut info = url
+            .into_connection_info()
+            .map_err(StoreError::unavailable)?;
+        if let Some(bounds) = bounds {
+            info = info.set_tcp_settings(probing(bounds.limit));
+        }
+        let client = redis::Client::open(info).map_err(StoreError::unavailable)?;
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(1)))
-            .set_response_timeout(Some(DEFAULT_CALL_TIMEOUT))
+            .set_connection_timeout(Some(connect))
+            .set_response_timeout(Some(response))
             .set_number_of_retries(2)
             .set_min_delay(Duration::from_millis(100))
             .set_max_delay(Duration::from_millis(500));
-        let conn = tokio::time::timeout(
-            DEFAULT_CALL_TIMEOUT,
-            ConnectionManager::new_with_config(client, config),
-        )
-        .await
-        .map_err(|_| StoreError::unavailable("the Redis server did not answer in time"))?
-        .map_err(StoreError::unavailable)?;
-        let store = RedisStore::from_connection(conn);
+        let conn = tokio::time::timeout(call, ConnectionManager::new_with_config(client, config))
+            .await
+            .map_err(|_| StoreError::unavailable("the Redis server did not answer in time"))?
+            .map_err(StoreError::unavailable)?;
+        let store = RedisStore::from_connection(conn).with_call_timeout(call);
         // The connection alone proves little: a server that wants a password accepts it
         // without one and refuses every command after (`NOAUTH`).
         let mut conn = store.conn.clone();
@@ -419,8 +445,9 @@ impl RedisStore {
 
     /// The same store, failing every call that takes longer than `timeout` with
     /// [`StoreError::Unavailable`] ([`DEFAULT_CALL_TIMEOUT`] unless set). A call that timed
-    /// out may still have been carried out by the server: idem treats its outcome as
-    /// unknown, as for any store failure.
+    /// out may still have been carried out by the server: its error says so
+    /// ([`StoreError::is_outcome_unknown`]), and idem treats its outcome as unknown, as
+    /// for any store failure.
     #[must_use]
     pub fn with_call_timeout(mut self, timeout: Duration) -> RedisStore {
         self.call_timeout = timeout;
@@ -467,7 +494,9 @@ impl RedisStore {
         }
     }
 
-    /// Runs `call` under the call timeout, mapping Redis's errors to the store's.
+    /// Runs `call` under the call timeout, mapping Redis's errors to the store's. A
+    /// call that times out may have been sent ([`StoreError::outcome_unknown`]), as may
+    /// one whose connection failed ([`store_error`]).
     async fn bounded<T>(
         &self,
         call: impl std::future::Future<Output = Result<T, RedisError>>,
@@ -475,7 +504,7 @@ impl RedisStore {
         match tokio::time::timeout(self.call_timeout, call).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => Err(store_error(error)),
-            Err(_) => Err(StoreError::unavailable(format!(
+            Err(_) => Err(StoreError::outcome_unknown(format!(
                 "the Redis server did not answer within {} ms",
                 self.call_timeout.as_millis()
             ))),
@@ -496,15 +525,33 @@ impl RedisStore {
 
 /// A Redis error as a store error: a value of the wrong type under one of idem's names is
 /// a record that cannot be read; everything else (I/O, timeouts, a full server, a read-only
-/// replica, a script error) is the store failing.
+/// replica, a script error) is the store failing. An I/O error (a connection that broke,
+/// closed or timed out) may have come after the command was sent, unless it is a refused
+/// connection: the outcome of such a call is unknown ([`StoreError::outcome_unknown`]).
+/// An answer the server gave (an error reply) is known.
 fn store_error(error: RedisError) -> StoreError {
     if error.code() == Some("WRONGTYPE") {
         StoreError::Corrupt(format!(
             "a value under idem's prefix is not a record: {error}"
         ))
+    } else if error.is_timeout() {
+        StoreError::outcome_unknown(format!("the Redis server did not answer in time ({error})"))
+    } else if error.is_io_error() && !error.is_connection_refusal() {
+        StoreError::outcome_unknown(error)
     } else {
         StoreError::unavailable(error)
     }
+}
+
+/// The socket settings of a bounded connection: keepalive probes after `limit` idle
+/// and, on Linux, the connection closed when sent data stays unacknowledged for `limit`
+/// (`TCP_USER_TIMEOUT`), so that a silent peer is noticed by the socket too.
+fn probing(limit: Duration) -> redis::io::tcp::TcpSettings {
+    let keepalive = redis::io::tcp::socket2::TcpKeepalive::new().with_time(limit);
+    let settings = redis::io::tcp::TcpSettings::default().set_keepalive(keepalive);
+    #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+    let settings = settings.set_user_timeout(limit);
+    settings
 }
 
 /// A hash's fields, from `HGETALL` (a flat array of names and values, or a map).
@@ -901,7 +948,9 @@ impl OperatorStore for RedisStore {
         match flagged(answer)? {
             (1, Some(record)) => Ok(record),
             (0, None) => {
-                let current = self.get(key, now).await?;
+                // The resolution was answered, refused: a failure to read the record
+                // now leaves nothing unknown about it.
+                let current = self.get(key, now).await.map_err(StoreError::known)?;
                 Err(ops::refused(current.as_ref(), resolve.expected_attempt))
             }
             _ => Err(StoreError::Corrupt(
@@ -984,6 +1033,38 @@ mod tests {
             Err(StoreError::Unavailable(_))
         ));
         assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    /// A refused connection and an answer the server gave are known failures; a timeout
+    /// or a connection lost while the answer was awaited leaves the outcome unknown.
+    #[test]
+    fn errors_say_whether_the_call_may_have_been_carried_out() {
+        use std::io::{Error, ErrorKind};
+
+        let io = |kind: ErrorKind| store_error(RedisError::from(Error::from(kind)));
+        assert!(!io(ErrorKind::ConnectionRefused).is_outcome_unknown());
+        for kind in [
+            ErrorKind::ConnectionReset,
+            ErrorKind::BrokenPipe,
+            ErrorKind::UnexpectedEof,
+        ] {
+            assert!(io(kind).is_outcome_unknown(), "{kind:?}");
+        }
+        let timed_out = io(ErrorKind::TimedOut);
+        assert!(timed_out.is_outcome_unknown());
+        assert!(
+            timed_out
+                .to_string()
+                .contains("the Redis server did not answer in time"),
+            "{timed_out}"
+        );
+        let read_only = RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+            "You can't write against a read only replica.",
+        ));
+        let refused = store_error(read_only);
+        assert!(matches!(refused, StoreError::Unavailable(_)));
+        assert!(!refused.is_outcome_unknown());
     }
 
     #[test]

@@ -39,6 +39,8 @@ mod statement;
 mod transactional;
 
 use std::fmt;
+use std::future::Future;
+use std::time::Duration;
 
 use sqlx::Pool;
 use sqlx::pool::PoolConnection;
@@ -60,6 +62,9 @@ pub struct SqlStore<DB: Dialect> {
     pool: Pool<DB>,
     state: DB::State,
     max_result: usize,
+    /// How long the client waits for one statement's answer; `None`: as long as the
+    /// driver does.
+    call_timeout: Option<Duration>,
 }
 
 impl<DB: Dialect> SqlStore<DB> {
@@ -70,7 +75,16 @@ impl<DB: Dialect> SqlStore<DB> {
             pool,
             state,
             max_result: DEFAULT_MAX_RESULT,
+            call_timeout: None,
         }
+    }
+
+    /// The same store, waiting at most `limit` for the answer to each statement (the
+    /// client's bound of `store::OpenOptions::timeout`): a statement that was sent and
+    /// got no answer within it fails with [`StoreError::outcome_unknown`].
+    pub(crate) fn with_call_timeout(mut self, limit: Duration) -> SqlStore<DB> {
+        self.call_timeout = Some(limit);
+        self
     }
 
     /// The same store, keeping results of up to `bytes` bytes
@@ -101,16 +115,39 @@ impl<DB: Dialect> SqlStore<DB> {
         DB::acquire(self).await
     }
 
+    /// Awaits `sent`, a statement run on a connection, within the call timeout if the
+    /// store has one. The statement has been sent once it runs: a timeout, or a
+    /// connection that broke before its answer came, is [`StoreError::outcome_unknown`];
+    /// an error the database answered with is [`Dialect::fault`]'s.
+    async fn run<T>(
+        &self,
+        sent: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, StoreError> {
+        let answer = match self.call_timeout {
+            Some(limit) => tokio::time::timeout(limit, sent).await.map_err(|_| {
+                StoreError::outcome_unknown(format!(
+                    "the database did not answer within {} ms",
+                    limit.as_millis()
+                ))
+            })?,
+            None => sent.await,
+        };
+        answer.map_err(|error| {
+            let lost = answer_lost(&error);
+            match DB::fault(self, error) {
+                StoreError::Unavailable(source) if lost => StoreError::outcome_unknown(source),
+                other => other,
+            }
+        })
+    }
+
     /// Runs `statement` on `conn`; how many rows it changed.
     async fn execute(
         &self,
         conn: &mut DB::Connection,
         statement: Statement<DB>,
     ) -> Result<u64, StoreError> {
-        statement
-            .execute(conn)
-            .await
-            .map_err(|e| DB::fault(self, e))
+        self.run(statement.execute(conn)).await
     }
 
     /// Runs `statement`, one `UPDATE` of a record, on a connection of its own: the lease
@@ -126,12 +163,23 @@ impl<DB: Dialect> SqlStore<DB> {
         conn: &mut DB::Connection,
         statement: Statement<DB>,
     ) -> Result<Option<Record>, StoreError> {
-        let row = statement
-            .fetch_optional(conn)
-            .await
-            .map_err(|e| DB::fault(self, e))?;
+        let row = self.run(statement.fetch_optional(conn)).await?;
         row.as_ref().map(rows::decode).transpose()
     }
+}
+
+/// Whether a driver error on a statement that was sent means its answer was lost: the
+/// connection broke, closed or spoke nonsense before the answer was read. An error the
+/// database answered with (`Database`), or one raised before anything was sent (a
+/// value that cannot be encoded), is not.
+fn answer_lost(error: &sqlx::Error) -> bool {
+    matches!(
+        error,
+        sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::WorkerCrashed
+    )
 }
 
 impl<DB: Dialect> Clone for SqlStore<DB> {
@@ -140,6 +188,7 @@ impl<DB: Dialect> Clone for SqlStore<DB> {
             pool: self.pool.clone(),
             state: self.state.clone(),
             max_result: self.max_result,
+            call_timeout: self.call_timeout,
         }
     }
 }
@@ -151,6 +200,23 @@ impl<DB: Dialect> fmt::Debug for SqlStore<DB> {
             .field("pool", &self.pool)
             .field("state", &self.state)
             .field("max_result", &self.max_result)
+            .field("call_timeout", &self.call_timeout)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::answer_lost;
+
+    #[test]
+    fn a_broken_connection_loses_the_answer_and_a_refusal_before_sending_does_not() {
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(answer_lost(&io));
+        assert!(answer_lost(&sqlx::Error::Protocol("garbled".into())));
+        assert!(answer_lost(&sqlx::Error::WorkerCrashed));
+        assert!(!answer_lost(&sqlx::Error::PoolTimedOut));
+        assert!(!answer_lost(&sqlx::Error::Encode("too big".into())));
+        assert!(!answer_lost(&sqlx::Error::RowNotFound));
     }
 }

@@ -33,10 +33,7 @@ impl<DB: Dialect> OperatorStore for SqlStore<DB> {
             .maybe_text(after.map(|k| k.key.as_str()))
             .int(i64::from(query.page()));
         let mut conn = self.conn().await?;
-        let rows = statement
-            .fetch_all(&mut conn)
-            .await
-            .map_err(|e| DB::fault(self, e))?;
+        let rows = self.run(statement.fetch_all(&mut conn)).await?;
         rows.iter().map(decode_listed).collect()
     }
 
@@ -46,11 +43,8 @@ impl<DB: Dialect> OperatorStore for SqlStore<DB> {
         now: UnixMillis,
     ) -> Result<Option<Inspection>, StoreError> {
         let mut conn = self.conn().await?;
-        let row = Statement::<DB>::keyed(INSPECT, key)
-            .ms(now)
-            .fetch_optional(&mut conn)
-            .await
-            .map_err(|e| DB::fault(self, e))?;
+        let statement = Statement::<DB>::keyed(INSPECT, key).ms(now);
+        let row = self.run(statement.fetch_optional(&mut conn)).await?;
         row.as_ref()
             .map(|row| decode_inspected(key, row))
             .transpose()
@@ -79,7 +73,9 @@ impl<DB: Dialect> OperatorStore for SqlStore<DB> {
         match written {
             Some(record) => Ok(record),
             None => {
-                let current = self.get(key, now).await?;
+                // The resolution was answered, refused: a failure to read the record
+                // now leaves nothing unknown about it.
+                let current = self.get(key, now).await.map_err(StoreError::known)?;
                 Err(ops::refused(current.as_ref(), resolve.expected_attempt))
             }
         }

@@ -20,6 +20,13 @@ use self::dialect::SqliteState;
 use self::health::Health;
 use super::SqlStore;
 use crate::store::StoreError;
+use crate::store::open::Bounds;
+
+/// The busy timeout of a store opened without bounds of its own.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a call of a store opened without bounds of its own waits for a connection
+/// of the pool: sqlx's default.
+const POOL_WAIT: Duration = Duration::from_secs(30);
 
 /// A durable [`Store`](crate::store::Store) in an SQLite database, through sqlx
 /// ([`SqlStore`] over SQLite); also a
@@ -114,7 +121,8 @@ impl SqlStore<Sqlite> {
     /// - `synchronous = FULL`: a completed record survives a power loss, not only a
     ///   process crash (a lost record could let a retry run the operation again);
     /// - busy timeout 5 s: a writer waits that long for the lock before the call fails
-    ///   with [`StoreError::Unavailable`] (answered with 503, fail closed);
+    ///   with [`StoreError::Unavailable`] (answered with 503, fail closed); a store
+    ///   opened through [`crate::store::OpenOptions::timeout`] waits that timeout;
     /// - a pool of at most 8 connections, with the checks listed under "Faults" in
     ///   [`SqliteStore`]'s docs.
     ///
@@ -123,17 +131,28 @@ impl SqlStore<Sqlite> {
     /// [`StoreError::Unavailable`] when the file cannot be opened or created, or the
     /// schema cannot be created.
     pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
-        let path = path.as_ref().to_path_buf();
+        SqliteStore::open_within(path.as_ref(), None).await
+    }
+
+    /// [`SqliteStore::open`], its waits bounded by `bounds` when given
+    /// (`store::OpenOptions::timeout`): the busy timeout and the wait for a connection of
+    /// the pool are `bounds.limit`, the client's wait for each statement's answer
+    /// `bounds.call`.
+    pub(crate) async fn open_within(
+        path: &Path,
+        bounds: Option<Bounds>,
+    ) -> Result<SqliteStore, StoreError> {
         let options = SqliteConnectOptions::new()
-            .filename(&path)
+            .filename(path)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_secs(5));
-        let health = Health::new(Some(path));
+            .busy_timeout(bounds.map_or(BUSY_TIMEOUT, |b| b.limit));
+        let health = Health::new(Some(path.to_owned()));
         let hook = Arc::clone(&health);
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
+            .acquire_timeout(bounds.map_or(POOL_WAIT, |b| b.limit))
             .before_acquire(move |_, meta| {
                 let fresh = hook.is_fresh(meta.age);
                 Box::pin(async move { Ok(fresh) })
@@ -145,7 +164,10 @@ impl SqlStore<Sqlite> {
         // Only `open` creates the file: a connection opened later, after the file was
         // moved or removed, must fail rather than start an empty database in its place.
         pool.set_connect_options(options.create_if_missing(false));
-        let store = SqlStore::new(pool, SqliteState::new(health));
+        let mut store = SqlStore::new(pool, SqliteState::new(health));
+        if let Some(bounds) = bounds {
+            store = store.with_call_timeout(bounds.call);
+        }
         store.state.health.check_file()?;
         Ok(store)
     }
@@ -160,13 +182,22 @@ impl SqlStore<Sqlite> {
     /// [`StoreError::Unavailable`] when the file is missing or cannot be opened, or holds
     /// no table `idem_records`.
     pub async fn open_existing(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
-        let path = path.as_ref();
+        SqliteStore::open_existing_within(path.as_ref(), None).await
+    }
+
+    /// [`SqliteStore::open_existing`], its waits bounded as [`SqliteStore::open_within`]
+    /// says.
+    pub(crate) async fn open_existing_within(
+        path: &Path,
+        bounds: Option<Bounds>,
+    ) -> Result<SqliteStore, StoreError> {
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(false)
-            .busy_timeout(Duration::from_secs(5));
+            .busy_timeout(bounds.map_or(BUSY_TIMEOUT, |b| b.limit));
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
+            .acquire_timeout(bounds.map_or(POOL_WAIT, |b| b.limit))
             .connect_with(options)
             .await
             .map_err(|e| StoreError::unavailable(format!("cannot open {}: {e}", path.display())))?;
@@ -183,7 +214,7 @@ impl SqlStore<Sqlite> {
                 path.display()
             )));
         }
-        SqliteStore::open(path).await
+        SqliteStore::open_within(path, bounds).await
     }
 
     /// A private in-memory database, for tests: one connection that lives as long as the
