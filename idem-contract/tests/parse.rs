@@ -332,3 +332,24 @@ fn an_option_written_as_a_property_says_where_it_goes() {
         ]
     );
 }
+
+/// A 402 is the same decline of the same payment on every try: permanent, as 400 and 404
+/// are, so `retryable` refuses it at its own token.
+#[test]
+fn payment_required_is_permanent() {
+    let parsed = run(
+        quote! {
+            key_scope = client, fingerprint = [customer_id], ttl = "24h", deadline = "30s",
+            max_attempts = 3, retryable = [402, 503], concurrency = conflict,
+            status_lookup = lookup, recovery = reconcile,
+        },
+        handler(),
+    );
+    assert_eq!(
+        messages(&parsed),
+        [
+            "`402` (Payment Required) is a permanent answer: the same request gets the same answer, so retrying it cannot help; remove it (retryable statuses are such as 408, 409, 425, 429, 500, 502, 503 and 504)"
+        ]
+    );
+    assert!(parsed.contract.is_none());
+}
