@@ -353,3 +353,34 @@ fn payment_required_is_permanent() {
     );
     assert!(parsed.contract.is_none());
 }
+
+/// axum reads the body with the last argument: an extractor after `Json(body)` is
+/// reported at itself, with where it goes, as the user wrote both; `idem::Attempt` (passed
+/// in by the macro) may come anywhere.
+#[test]
+fn the_body_extractor_comes_last() {
+    let item: syn::Item = syn::parse_quote! {
+        async fn create_order(
+            attempt: idem::Attempt,
+            Json(body): Json<CreateOrder>,
+            tx: idem::PgTx,
+            attempt_too: Attempt,
+            State(app): axum::extract::State<App<'static, u8>>,
+        ) -> StatusCode { todo!() }
+    };
+    let parsed = run(full(), item);
+    assert_eq!(
+        messages(&parsed),
+        [
+            "the request body extractor must be the last argument: move `tx: idem::PgTx` before `Json(body)`",
+            "the request body extractor must be the last argument: move `State(app): axum::extract::State<App<'static, u8>>` before `Json(body)`",
+        ]
+    );
+    assert!(parsed.contract.is_none());
+    assert!(parsed.handler.is_some(), "the other rules still read it");
+
+    let item: syn::Item = syn::parse_quote! {
+        async fn create_order(tx: idem::PgTx, Form(body): axum::Form<CreateOrder>, a: idem::Attempt) -> StatusCode { todo!() }
+    };
+    assert!(run(full(), item).errors.is_empty());
+}

@@ -7,7 +7,7 @@ use syn::spanned::Spanned;
 use syn::{FnArg, ItemFn};
 
 use idem_contract::Contract;
-use idem_contract::parse::{Handler, Parsed, is_attempt};
+use idem_contract::parse::{Handler, Parsed, is_attempt, is_body};
 
 use super::{Paths, checks, model};
 
@@ -224,10 +224,11 @@ fn rewrite(paths: &Paths, contract: &Contract, func: ItemFn) -> TokenStream {
 }
 
 /// The handler of a contract with errors: the same name, visibility and extractors, less
-/// the `idem::Attempt` that the macro would pass in, so that `post(handler)` still
-/// type-checks and the compile shows only the contract's own errors (an `Attempt` is not
-/// an axum extractor). The function as written is kept inside, uncalled, so that its own
-/// errors are still reported. Its body is never run: the compile fails.
+/// the `idem::Attempt` that the macro would pass in, and with the body extractor last, so
+/// that `post(handler)` still type-checks and the compile shows only the contract's own
+/// errors (an `Attempt` is not an axum extractor; a body before other extractors is the
+/// parser's error, not also axum's). The function as written is kept inside, uncalled, so
+/// that its own errors are still reported. Its body is never run: the compile fails.
 pub(super) fn stand_in(paths: &Paths, func: &ItemFn) -> TokenStream {
     let p = &paths.private;
     let ItemFn {
@@ -239,7 +240,7 @@ pub(super) fn stand_in(paths: &Paths, func: &ItemFn) -> TokenStream {
     inner.sig.ident = inner_ident;
     inner.vis = syn::Visibility::Inherited;
     inner.attrs.retain(|a| a.path().is_ident("allow"));
-    let inputs = sig
+    let (bodies, others): (Vec<&syn::PatType>, Vec<&syn::PatType>) = sig
         .inputs
         .iter()
         .filter_map(|input| match input {
@@ -247,6 +248,10 @@ pub(super) fn stand_in(paths: &Paths, func: &ItemFn) -> TokenStream {
             FnArg::Receiver(_) => None,
         })
         .filter(|arg| !is_attempt(&arg.ty))
+        .partition(|arg| is_body(&arg.ty));
+    let inputs = others
+        .into_iter()
+        .chain(bodies)
         .enumerate()
         .map(|(i, arg)| {
             let name = format_ident!("__idem_arg{}", i, span = Span::mixed_site());
