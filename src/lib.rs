@@ -152,6 +152,19 @@ pub use idem_contract::headers;
 // function take and give, the stores and their transactions. Everything has one
 // canonical path; the stores, the transactions and the recovery types are documented in
 // their modules, and their root paths are conveniences (`doc(no_inline)`).
+/// The sqlx crate idem was built with, for a handler's writes in the transactional mode
+/// (features `sqlite` and `postgres`): [`Tx::conn`](transaction::Tx::conn) gives a
+/// connection of this sqlx, so a service writes
+/// `idem::sqlx::query(..).execute(&mut *tx.conn().await?)` with no `sqlx` dependency of
+/// its own to keep at idem's version.
+///
+/// It has sqlx's runtime for tokio and the drivers of idem's features (SQLite, PostgreSQL
+/// with rustls), and none of sqlx's own optional features: the `query!` macros (which need
+/// a database at build time), `json`, `uuid`, `chrono`. A service that needs them depends
+/// on sqlx itself, at the version idem uses (`cargo tree -i sqlx`), and names the
+/// features it wants; cargo builds one sqlx for both.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use idem_runtime::sqlx;
 #[cfg(feature = "redis")]
 #[doc(no_inline)]
 pub use idem_runtime::store::RedisStore;
