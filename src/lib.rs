@@ -170,8 +170,8 @@ pub use idem_runtime::sqlx;
 pub use idem_runtime::store::RedisStore;
 #[cfg(feature = "server")]
 pub use idem_runtime::{
-    Attempt, Idem, IdemBuilder, IdemLayer, IdemService, Lookup, OperationId, OperationReport,
-    OperationStatus,
+    Attempt, Idem, IdemBuilder, IdemLayer, IdemService, Lookup, NotConfigured, OperationId,
+    OperationReport, OperationStatus, Operations,
 };
 #[cfg(feature = "server")]
 pub use idem_runtime::{enforce, identity, problem, recovery, store};

@@ -149,7 +149,7 @@ pub use idem_contract::headers;
 pub use crate::attempt::Attempt;
 #[cfg(feature = "testing")]
 pub use crate::fault::TestFault;
-pub use crate::idem::{Idem, IdemBuilder};
+pub use crate::idem::{Idem, IdemBuilder, NotConfigured, Operations};
 pub use crate::layer::{IdemLayer, IdemService};
 pub use crate::lookup::{Lookup, OperationReport, OperationStatus};
 pub use crate::operation_id::OperationId;

@@ -9,7 +9,7 @@ use syn::{FnArg, ItemFn};
 use idem_contract::Contract;
 use idem_contract::parse::{Handler, Parsed, is_attempt, is_body};
 
-use super::{Paths, checks, model};
+use super::{Paths, checks, mode, model};
 
 /// The whole expansion of a valid contract on `func`.
 pub(super) fn expand(
@@ -25,6 +25,7 @@ pub(super) fn expand(
         model::contract(paths, contract),
         checks::body_type(paths, parsed).as_ref(),
         handler.query.as_ref(),
+        Some(mode::mode(paths, &func)),
     );
     let recover = recover_impl(paths, parsed.recovery.as_ref(), handler, &func);
     let handler_fn = rewrite(paths, contract, func);
@@ -32,14 +33,16 @@ pub(super) fn expand(
 }
 
 /// `mod create_order { pub const CONTRACT; pub struct Operation; }` and the `Contracted`
-/// impl: the contract is reachable from the handler's own path, with no import
-/// (functions and modules live in different namespaces).
+/// impl (with `mode`, the `MODE` item, when given): the contract is reachable from the
+/// handler's own path, with no import (functions and modules live in different
+/// namespaces).
 pub(super) fn companion(
     paths: &Paths,
     func: &ItemFn,
     contract: TokenStream,
     body: Option<&syn::Type>,
     query: Option<&syn::Type>,
+    mode: Option<TokenStream>,
 ) -> TokenStream {
     let p = &paths.private;
     let m = &paths.model;
@@ -83,6 +86,7 @@ pub(super) fn companion(
             const CONTRACT: &'static #m::Contract = &#ident::CONTRACT;
             #body_fields
             #query_fields
+            #mode
         }
     }
 }
