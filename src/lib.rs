@@ -52,14 +52,15 @@
 //! # Where to read on
 //!
 //! - [`contract`](macro@contract): the attribute, property by property.
-//! - [`Idem`]: the runtime handle (store, client identity, limits; [`IdemBuilder`]) and
-//!   its layer.
+//! - [`Idem`]: the runtime handle (store, client identity, limits; [`IdemBuilder`]), its
+//!   layer, and the start-up check of the handlers it serves ([`Idem::check_handlers`]).
 //! - [`problem`]: every answer idem gives of its own, with its stable `type`;
 //!   [`headers`]: the header names idem and its clients share.
 //! - [`recovery`]: what happens to an operation whose outcome is unknown: a reconcile
 //!   function's [`Decision`], the reconciler, the manual path.
 //! - [`transaction`]: the transactional mode, where a handler's business writes and the
-//!   key's final state commit in one transaction ([`SqliteTx`], `PgTx`).
+//!   key's final state commit in one transaction ([`SqliteTx`], `PgTx`), written through
+//!   [`sqlx`], the sqlx idem was built with.
 //! - [`store`]: the store traits and their backends ([`MemoryStore`], [`SqliteStore`],
 //!   `PostgresStore` with the feature `postgres`, `RedisStore` with the feature `redis`),
 //!   and `store::open` for a store named by a URL.
