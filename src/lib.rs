@@ -52,14 +52,15 @@
 //! # Where to read on
 //!
 //! - [`contract`](macro@contract): the attribute, property by property.
-//! - [`Idem`]: the runtime handle (store, client identity, limits; [`IdemBuilder`]) and
-//!   its layer.
+//! - [`Idem`]: the runtime handle (store, client identity, limits; [`IdemBuilder`]), its
+//!   layer, and the start-up check of the handlers it serves ([`Idem::check_handlers`]).
 //! - [`problem`]: every answer idem gives of its own, with its stable `type`;
 //!   [`headers`]: the header names idem and its clients share.
 //! - [`recovery`]: what happens to an operation whose outcome is unknown: a reconcile
 //!   function's [`Decision`], the reconciler, the manual path.
 //! - [`transaction`]: the transactional mode, where a handler's business writes and the
-//!   key's final state commit in one transaction ([`SqliteTx`], `PgTx`).
+//!   key's final state commit in one transaction ([`SqliteTx`], `PgTx`), written through
+//!   [`sqlx`], the sqlx idem was built with.
 //! - [`store`]: the store traits and their backends ([`MemoryStore`], [`SqliteStore`],
 //!   `PostgresStore` with the feature `postgres`, `RedisStore` with the feature `redis`),
 //!   and `store::open` for a store named by a URL.
@@ -152,13 +153,26 @@ pub use idem_contract::headers;
 // function take and give, the stores and their transactions. Everything has one
 // canonical path; the stores, the transactions and the recovery types are documented in
 // their modules, and their root paths are conveniences (`doc(no_inline)`).
+/// The sqlx crate idem was built with, for a handler's writes in the transactional mode
+/// (features `sqlite` and `postgres`): [`Tx::conn`](transaction::Tx::conn) gives a
+/// connection of this sqlx, so a service writes
+/// `idem::sqlx::query(..).execute(&mut *tx.conn().await?)` with no `sqlx` dependency of
+/// its own to keep at idem's version.
+///
+/// It has sqlx's runtime for tokio and the drivers of idem's features (SQLite, PostgreSQL
+/// with rustls), and none of sqlx's own optional features: the `query!` macros (which need
+/// a database at build time), `json`, `uuid`, `chrono`. A service that needs them depends
+/// on sqlx itself, at the version idem uses (`cargo tree -i sqlx`), and names the
+/// features it wants; cargo builds one sqlx for both.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use idem_runtime::sqlx;
 #[cfg(feature = "redis")]
 #[doc(no_inline)]
 pub use idem_runtime::store::RedisStore;
 #[cfg(feature = "server")]
 pub use idem_runtime::{
-    Attempt, Idem, IdemBuilder, IdemLayer, IdemService, Lookup, OperationId, OperationReport,
-    OperationStatus,
+    Attempt, Idem, IdemBuilder, IdemLayer, IdemService, Lookup, NotConfigured, OperationId,
+    OperationReport, OperationStatus, Operations,
 };
 #[cfg(feature = "server")]
 pub use idem_runtime::{enforce, identity, problem, recovery, store};

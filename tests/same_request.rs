@@ -171,9 +171,66 @@ async fn export(
     )
 }
 
+/// A renewal whose coupon and billing details are optional: serde reads a member that
+/// is absent and one that is `null` into the same `None`.
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct Renew {
+    plan: String,
+    coupon: Option<String>,
+    billing: Option<Billing>,
+}
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct Billing {
+    country: String,
+    vat_id: Option<String>,
+}
+
+#[idem::contract(
+    key_scope = client,
+    fingerprint = [plan, coupon, billing],
+    ttl = "1h",
+    deadline = "10s",
+    max_attempts = 4,
+    retryable = [503],
+    concurrency = conflict,
+    status_lookup = order_status,
+    recovery = manual("https://runbooks.example.com/renewals"),
+)]
+async fn renew(State(runs): State<Counter>, Json(_renew): Json<Renew>) -> impl IntoResponse {
+    let run = runs.bump();
+    (StatusCode::CREATED, Json(json!({ "run": run })))
+}
+
+/// The same, with the whole body significant.
+#[idem::contract(
+    key_scope = client,
+    fingerprint = body,
+    ttl = "1h",
+    deadline = "10s",
+    max_attempts = 4,
+    retryable = [503],
+    concurrency = conflict,
+    status_lookup = order_status,
+    recovery = manual("https://runbooks.example.com/renewals"),
+)]
+async fn renew_whole(State(runs): State<Counter>, Json(_renew): Json<Renew>) -> impl IntoResponse {
+    let run = runs.bump();
+    (StatusCode::CREATED, Json(json!({ "run": run })))
+}
+
 async fn server() -> (TestServer, Counter) {
+    serve(Idem::new(
+        MemoryStore::new(),
+        identity::header("x-client-id"),
+    ))
+    .await
+}
+
+async fn serve(idem: Idem) -> (TestServer, Counter) {
     let runs = Counter::default();
-    let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"));
     let router = Router::new()
         .route("/orders", post(create_order))
         .route("/orders/operations/{key}", get(order_status))
@@ -181,6 +238,8 @@ async fn server() -> (TestServer, Counter) {
         .route("/charges", post(create_charge))
         .route("/tags", post(tag))
         .route("/exports", post(export))
+        .route("/renewals", post(renew))
+        .route("/renewals/whole", post(renew_whole))
         .with_state(runs.clone())
         .layer(idem.layer());
     (TestServer::start(router).await, runs)
@@ -404,5 +463,124 @@ async fn named_query_parameters_are_significant() {
         .await
         .problem(422, "fingerprint-mismatch");
     export("").await.problem(422, "fingerprint-mismatch");
+    assert_eq!(runs.get(), 1);
+}
+
+async fn post_json(server: &TestServer, path: &str, key: &str, body: &str) -> Answer {
+    send(
+        server
+            .post(path, key)
+            .header("content-type", "application/json")
+            .body(body.to_owned()),
+    )
+    .await
+}
+
+/// A member sent as `null` is the same content as one left out, at any depth, with listed
+/// fields and with the whole body; `null` elements of an array and an empty object are
+/// not.
+#[tokio::test]
+async fn a_null_member_is_the_same_request_as_an_absent_one() {
+    let (server, runs) = server().await;
+    for path in ["/renewals", "/renewals/whole"] {
+        let key = format!("k-null{path}");
+        let first = post_json(
+            &server,
+            path,
+            &key,
+            r#"{"plan":"pro","coupon":null,"billing":{"country":"FR","vat_id":null}}"#,
+        )
+        .await;
+        assert_eq!(first.status, 201, "{path}");
+        let same = [
+            r#"{"plan":"pro","billing":{"country":"FR"}}"#,
+            r#"{"billing":{"vat_id":null,"country":"FR"},"plan":"pro","coupon":null}"#,
+        ];
+        for body in same {
+            let retry = post_json(&server, path, &key, body).await;
+            assert_eq!(retry.status, 201, "{path} {body}: {:?}", retry.json());
+            assert!(retry.replayed(), "{path} {body}");
+            assert_eq!(retry.json(), first.json());
+        }
+        let other = [
+            r#"{"plan":"pro","coupon":"WELCOME","billing":{"country":"FR"}}"#,
+            r#"{"plan":"pro","billing":{"country":"FR","vat_id":"FR1"}}"#,
+            r#"{"plan":"pro"}"#,
+        ];
+        for body in other {
+            post_json(&server, path, &key, body)
+                .await
+                .problem(422, "fingerprint-mismatch");
+        }
+    }
+    assert_eq!(runs.get(), 2, "one run per key");
+}
+
+/// A record written by a release that hashed `null` members (its fingerprint is the
+/// SHA-256 of `{"coupon":null,"plan":"pro"}`) in a durable store: a retry of the same
+/// bytes is still that request: a completed record is replayed, a released one is run
+/// again under its operation id. A retry that leaves the `null` out did not match such a
+/// record before, and does not now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_of_the_earlier_rule_matches_a_retry_of_the_same_bytes() {
+    use idem::store::{Lease, NewRecord, OwnerToken, RecordKey, RecordStore, StoredResponse};
+    const EARLIER: &str = "sha256:a01efea5c60597457e1db1ca8512a2dae48aadaf5f2141e1c7b8c5b21b5bb298";
+    let body = r#"{"plan":"pro","coupon":null}"#;
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem::SqliteStore::open(dir.path().join("records.db"))
+        .await
+        .unwrap();
+    let now = idem::store::unix_now();
+    let new = |id: idem::OperationId| NewRecord {
+        operation_id: id,
+        fingerprint: EARLIER.to_owned(),
+        lease: Lease {
+            token: OwnerToken::random(),
+            until: now + 60_000,
+        },
+        expires_at: now + 3_600_000,
+        transactional: false,
+        holds_until: now + 10_000,
+    };
+    let done = RecordKey::new("renew", common::server::CLIENT, "k-earlier-done");
+    let record = new(idem::OperationId::new());
+    store.begin(&done, &record, now).await.unwrap();
+    let stored = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: "written by the earlier release".into(),
+    };
+    store
+        .complete(&done, record.lease.token, &stored, now)
+        .await
+        .unwrap();
+    let released = RecordKey::new("renew", common::server::CLIENT, "k-earlier-released");
+    let released_id = idem::OperationId::new();
+    let record = new(released_id);
+    store.begin(&released, &record, now).await.unwrap();
+    store
+        .release(&released, record.lease.token, now)
+        .await
+        .unwrap();
+
+    let (server, runs) = serve(Idem::new(store, identity::header("x-client-id"))).await;
+    let replay = post_json(&server, "/renewals", "k-earlier-done", body).await;
+    assert_eq!(replay.status, 201);
+    assert!(replay.replayed());
+    assert_eq!(replay.body, b"written by the earlier release");
+    post_json(&server, "/renewals", "k-earlier-done", r#"{"plan":"pro"}"#)
+        .await
+        .problem(422, "fingerprint-mismatch");
+
+    let run = post_json(&server, "/renewals", "k-earlier-released", body).await;
+    assert_eq!(run.status, 201, "{:?}", run.json());
+    assert!(!run.replayed());
+    assert_eq!(
+        run.operation_id(),
+        released_id.to_string(),
+        "the same operation"
+    );
+    let again = post_json(&server, "/renewals", "k-earlier-released", body).await;
+    assert!(again.replayed());
     assert_eq!(runs.get(), 1);
 }

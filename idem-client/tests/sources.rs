@@ -90,3 +90,25 @@ fn a_source_without_the_operation_says_what_it_has() {
         );
     }
 }
+
+/// The builder holds a hand-made policy to the macro's rules: a 402 (the same decline of
+/// the same payment) is permanent, and cannot be retryable.
+#[test]
+fn a_built_policy_refuses_a_permanent_402() {
+    use idem_contract::{Retryable, StatusCode};
+    let error = RetryPolicy::builder("create_charge")
+        .max_attempts(3)
+        .deadline(std::time::Duration::from_secs(30))
+        .retryable([
+            Retryable::Status(StatusCode(402)),
+            Retryable::Status(StatusCode(503)),
+        ])
+        .build()
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with("`402` (Payment Required) is a permanent answer"),
+        "{error}"
+    );
+}

@@ -12,19 +12,21 @@ use serde::{Deserialize, Deserializer, Serialize};
 /// JSON body, nested with dots: `customer.id`) or `fingerprint = body` (the whole body).
 ///
 /// The runtime hashes the RFC 8785 canonical JSON of the significant content with SHA-256.
-/// The same key with a different fingerprint is a client bug, answered with 422
-///.
+/// The same key with a different fingerprint is a client bug, answered with 422. A member
+/// whose value is `null` is the same content as an absent member, at any depth (the
+/// `null` elements of an array are kept).
 ///
 /// The macro checks each field against the handler's `Json<T>` body type, so a misspelt
-/// field is a compile error. A field is looked up in the JSON body by its Rust name;
-/// `#[serde(rename)]` on the body type is not followed.
+/// field is a compile error. A field is looked up in the JSON body under the name serde
+/// reads (`#[serde(rename_all)]` is followed).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Fingerprint {
-    /// `body`: the whole body. A JSON body is canonicalised first; any other body is
-    /// hashed as received.
+    /// `body`: the whole body. A JSON body is canonicalised first, without its `null`
+    /// members; any other body is hashed as received.
     Body,
-    /// The listed members of the JSON body; members that are absent are left out.
+    /// The listed members of the JSON body; members that are absent or `null` are left
+    /// out.
     Fields(Cow<'static, [FieldPath]>),
 }
 

@@ -17,8 +17,9 @@ use serde::{Deserialize, Serialize};
 pub struct StatusCode(pub u16);
 
 /// The client-error statuses that are permanent: sending the same request again gets the
-/// same answer. Together with every 2xx and 3xx they can never be retryable.
-pub const PERMANENT_CLIENT_ERRORS: [u16; 9] = [400, 401, 403, 404, 405, 410, 413, 415, 422];
+/// same answer (a 402 is the same decline of the same payment). Together with every 2xx
+/// and 3xx they can never be retryable.
+pub const PERMANENT_CLIENT_ERRORS: [u16; 10] = [400, 401, 402, 403, 404, 405, 410, 413, 415, 422];
 
 impl StatusCode {
     /// The status as a number.
@@ -54,6 +55,7 @@ impl StatusCode {
             308 => "Permanent Redirect",
             400 => "Bad Request",
             401 => "Unauthorized",
+            402 => "Payment Required",
             403 => "Forbidden",
             404 => "Not Found",
             405 => "Method Not Allowed",
@@ -158,7 +160,7 @@ mod tests {
     #[test]
     fn permanence_follows_design_section_3() {
         for code in [
-            200, 201, 204, 301, 304, 400, 401, 403, 404, 405, 410, 413, 415, 422,
+            200, 201, 204, 301, 304, 400, 401, 402, 403, 404, 405, 410, 413, 415, 422,
         ] {
             assert!(StatusCode(code).is_permanent(), "{code}");
         }

@@ -332,3 +332,55 @@ fn an_option_written_as_a_property_says_where_it_goes() {
         ]
     );
 }
+
+/// A 402 is the same decline of the same payment on every try: permanent, as 400 and 404
+/// are, so `retryable` refuses it at its own token.
+#[test]
+fn payment_required_is_permanent() {
+    let parsed = run(
+        quote! {
+            key_scope = client, fingerprint = [customer_id], ttl = "24h", deadline = "30s",
+            max_attempts = 3, retryable = [402, 503], concurrency = conflict,
+            status_lookup = lookup, recovery = reconcile,
+        },
+        handler(),
+    );
+    assert_eq!(
+        messages(&parsed),
+        [
+            "`402` (Payment Required) is a permanent answer: the same request gets the same answer, so retrying it cannot help; remove it (retryable statuses are such as 408, 409, 425, 429, 500, 502, 503 and 504)"
+        ]
+    );
+    assert!(parsed.contract.is_none());
+}
+
+/// axum reads the body with the last argument: an extractor after `Json(body)` is
+/// reported at itself, with where it goes, as the user wrote both; `idem::Attempt` (passed
+/// in by the macro) may come anywhere.
+#[test]
+fn the_body_extractor_comes_last() {
+    let item: syn::Item = syn::parse_quote! {
+        async fn create_order(
+            attempt: idem::Attempt,
+            Json(body): Json<CreateOrder>,
+            tx: idem::PgTx,
+            attempt_too: Attempt,
+            State(app): axum::extract::State<App<'static, u8>>,
+        ) -> StatusCode { todo!() }
+    };
+    let parsed = run(full(), item);
+    assert_eq!(
+        messages(&parsed),
+        [
+            "the request body extractor must be the last argument: move `tx: idem::PgTx` before `Json(body)`",
+            "the request body extractor must be the last argument: move `State(app): axum::extract::State<App<'static, u8>>` before `Json(body)`",
+        ]
+    );
+    assert!(parsed.contract.is_none());
+    assert!(parsed.handler.is_some(), "the other rules still read it");
+
+    let item: syn::Item = syn::parse_quote! {
+        async fn create_order(tx: idem::PgTx, Form(body): axum::Form<CreateOrder>, a: idem::Attempt) -> StatusCode { todo!() }
+    };
+    assert!(run(full(), item).errors.is_empty());
+}

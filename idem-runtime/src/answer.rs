@@ -1,7 +1,10 @@
 //! The answers idem gives instead of the handler's (see [`crate::problem`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
+use http::request::Parts;
 use http::{HeaderValue, StatusCode, header};
 use idem_contract::{Contract, KeyError};
 
@@ -27,11 +30,50 @@ pub(crate) fn with_fresh_id(response: Response) -> Response {
     with_operation_id(response, OperationId::new())
 }
 
-/// 500 `not-configured`.
-pub(crate) fn not_configured() -> Problem {
+/// Whether the first request without an idem handle has been logged (once per process:
+/// every request to the route has the same cause).
+static NO_HANDLE_LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the first `Tx` without a transactional store has been logged (once per process).
+static NO_TRANSACTIONAL_STORE_LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// 500 `not-configured`: the request has no idem handle (the router has no idem layer).
+/// The first one in the process logs an error that names the fix: nothing else would tell
+/// the service's operator.
+pub(crate) fn not_configured(parts: &Parts) -> Problem {
+    if !NO_HANDLE_LOGGED.swap(true, Ordering::Relaxed) {
+        tracing::error!(
+            method = %parts.method,
+            path = parts.uri.path(),
+            "idem: a contracted handler or status lookup was called without an idem handle, and answers 500 `not-configured`: add `.layer(idem.layer())` to the router that serves it (logged once)"
+        );
+    }
     Problem::new(
         ProblemType::NotConfigured,
         "the request has no idem handle: add `.layer(idem.layer())` to the router that serves this route",
+    )
+    .with_operation_id(OperationId::new())
+}
+
+/// 500 `not-configured`: the handler takes the transaction of `database`, and the handle
+/// has no transactional store of it (it was made with `Idem::new`, or over another
+/// database). The first one in the process logs an error that names the fix.
+pub(crate) fn no_transactional_store(parts: &Parts, database: &str) -> Problem {
+    let fix = format!(
+        "build the handle with `Idem::transactional(store, ..)` over the {database} store that holds the business data (`Idem::check_handlers` finds this at start-up)"
+    );
+    if !NO_TRANSACTIONAL_STORE_LOGGED.swap(true, Ordering::Relaxed) {
+        tracing::error!(
+            method = %parts.method,
+            path = parts.uri.path(),
+            "idem: a handler takes the transaction of {database}, but the idem handle has no transactional store of it, and answers 500 `not-configured`: {fix} (logged once)"
+        );
+    }
+    Problem::new(
+        ProblemType::NotConfigured,
+        format!(
+            "the handler takes the transaction of {database}, but the idem handle has no transactional store of that database: {fix}"
+        ),
     )
     .with_operation_id(OperationId::new())
 }

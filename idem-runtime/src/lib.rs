@@ -134,12 +134,22 @@ pub mod transaction;
 #[path = "private.rs"]
 pub mod __private;
 
+/// The sqlx crate this runtime was built with (features `sqlite` and `postgres`): the
+/// transaction's connection ([`transaction::Tx::conn`]) is one of its types, so a handler
+/// writes through this sqlx, `sqlx::query(..).execute(&mut *tx.conn().await?)`, with no
+/// dependency of its own to keep at the same version. It has sqlx's runtime for tokio,
+/// its SQLite and PostgreSQL drivers as the features say, and none of sqlx's own
+/// optional features (the `query!` macros, `json`, `uuid`, `chrono`): a service that
+/// needs them depends on sqlx itself, at the version `cargo tree -i sqlx` shows.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sqlx;
+
 pub use idem_contract::headers;
 
 pub use crate::attempt::Attempt;
 #[cfg(feature = "testing")]
 pub use crate::fault::TestFault;
-pub use crate::idem::{Idem, IdemBuilder};
+pub use crate::idem::{Idem, IdemBuilder, NotConfigured, Operations};
 pub use crate::layer::{IdemLayer, IdemService};
 pub use crate::lookup::{Lookup, OperationReport, OperationStatus};
 pub use crate::operation_id::OperationId;

@@ -1,9 +1,56 @@
 //! The contracted operation as a type: what the macro implements for
 //! `create_order::Operation`, and what the runtime asks of it.
 
+use std::marker::PhantomData;
+
 use idem_contract::Contract;
 
 use crate::reconcile::Recoverer;
+
+/// What a contracted handler needs of the [`Idem`](crate::Idem) handle that serves it:
+/// [`Contracted::MODE`], which the macro reads from the handler's arguments, and
+/// [`Idem::check_handlers`](crate::Idem::check_handlers) checks at start-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandlerMode {
+    /// The handler takes no transaction: any handle serves it.
+    Plain,
+    /// The handler takes the transaction of a database (`idem::PgTx`, `idem::SqliteTx`):
+    /// only a handle made with `Idem::transactional` over a store of that database
+    /// serves it.
+    Transactional {
+        /// The database's name as sqlx gives it: `PostgreSQL`, `SQLite`.
+        database: &'static str,
+    },
+}
+
+impl HandlerMode {
+    /// The mode of a handler whose arguments give the modes `args`: the first
+    /// transactional one, else [`HandlerMode::Plain`].
+    pub const fn of(args: &[HandlerMode]) -> HandlerMode {
+        let mut i = 0;
+        while i < args.len() {
+            if let HandlerMode::Transactional { .. } = args[i] {
+                return args[i];
+            }
+            i += 1;
+        }
+        HandlerMode::Plain
+    }
+}
+
+/// The mode an argument of type `T` gives its handler, for the macro:
+/// `ModeOf::<T>::MODE` is transactional for the transaction `Tx<DB>` under any name (an
+/// inherent const, in `crate::transaction`), and [`HandlerMode::Plain`] for every other
+/// type, through [`PlainArgument`] (inherent items are found first).
+pub struct ModeOf<T: ?Sized>(PhantomData<fn() -> T>);
+
+/// The mode of an argument that is not a transaction: [`ModeOf`]'s fallback.
+pub trait PlainArgument {
+    /// [`HandlerMode::Plain`].
+    const MODE: HandlerMode = HandlerMode::Plain;
+}
+
+impl<T: ?Sized> PlainArgument for ModeOf<T> {}
 
 /// An operation that the macro made from a contracted handler: `create_order::Operation`.
 ///
@@ -32,6 +79,11 @@ pub trait Contracted: Send + Sync + 'static {
     fn query_fields() -> Option<&'static [&'static str]> {
         None
     }
+
+    /// What the handler needs of the handle that serves it: transactional when it takes
+    /// the transaction (`idem::PgTx`, `idem::SqliteTx`). The macro reads it from the
+    /// handler's arguments; the default is [`HandlerMode::Plain`].
+    const MODE: HandlerMode = HandlerMode::Plain;
 }
 
 /// How a contracted operation recovers, given the router's state `S`.

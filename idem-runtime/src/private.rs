@@ -10,7 +10,7 @@ pub use axum::response::{IntoResponse, Response};
 
 pub use crate::attempt::{Attempt, Guard};
 pub use crate::enforce::Enforced;
-pub use crate::operation::{Contracted, Recover};
+pub use crate::operation::{Contracted, HandlerMode, ModeOf, PlainArgument, Recover};
 pub use crate::reconcile::{Reconcile, ReconcileWith, Recoverer};
 
 /// A handler that can serve a status lookup: an async function whose arguments are

@@ -66,12 +66,12 @@ use tokio::time::Instant;
 
 use crate::Idem;
 use crate::answer;
-use crate::problem::{Problem, ProblemType};
+use crate::fault;
+use crate::operation::{HandlerMode, ModeOf};
 use crate::store::{
     OpenTransaction, OwnerToken, RecordKey, Reservation, StoreError, StoredResponse,
     TransactionalStore, unix_now,
 };
-use crate::{OperationId, fault};
 
 /// The transaction of a contracted handler's attempt: the business writes go through
 /// [`Tx::conn`], and idem commits them together with the key's final state (see the
@@ -161,6 +161,13 @@ impl<DB: Database> Tx<DB> {
     }
 }
 
+impl<DB: Database> ModeOf<Tx<DB>> {
+    /// The mode of a handler that takes `Tx<DB>`: transactional over `DB` (found before
+    /// the fallback [`PlainArgument::MODE`](crate::operation::PlainArgument) of other
+    /// arguments).
+    pub const MODE: HandlerMode = HandlerMode::Transactional { database: DB::NAME };
+}
+
 impl<S, DB> FromRequestParts<S> for Tx<DB>
 where
     DB: Database,
@@ -173,18 +180,10 @@ where
             return Ok(tx.clone());
         }
         let Some(idem) = parts.extensions.get::<Idem>() else {
-            return Err(answer::not_configured().into_response());
+            return Err(answer::not_configured(parts).into_response());
         };
         let Some(store) = idem.transactional_store::<DB>() else {
-            return Err(Problem::new(
-                ProblemType::NotConfigured,
-                format!(
-                    "the handler takes the transaction `idem::Tx<{}>`, but the idem handle has no transactional store of that database: build it with `Idem::transactional(store, ..)` over a store of the same database",
-                    DB::NAME
-                ),
-            )
-            .with_operation_id(OperationId::new())
-            .into_response());
+            return Err(answer::no_transactional_store(parts, DB::NAME).into_response());
         };
         let tx = Tx {
             cell: Arc::new(Cell {

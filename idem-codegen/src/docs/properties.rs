@@ -26,7 +26,7 @@ pub(super) fn properties(c: &Contract, info: &OperationInfo) -> Vec<PropertyText
     });
     let fingerprint = match &c.fingerprint {
         Fingerprint::Body => Rich::new(
-            "The whole body is significant: a retry sends the same JSON content (member order, whitespace and number spelling do not matter). The same key with a different body, or on another resource's path (the path parameters are significant too), is refused with 422 and nothing runs.",
+            "The whole body is significant: a retry sends the same JSON content (member order, whitespace and number spelling do not matter, and a member sent as `null` is the same as one left out). The same key with a different body, or on another resource's path (the path parameters are significant too), is refused with 422 and nothing runs.",
         ),
         Fingerprint::Fields(fields) => {
             let mut r = Rich::new("The significant fields are ");
@@ -36,7 +36,7 @@ pub(super) fn properties(c: &Contract, info: &OperationInfo) -> Vec<PropertyText
                 }
                 r = r.code(f.as_str());
             }
-            r.text(". The same key with different values in any of them, or on another resource's path (the path parameters are significant too), is refused with 422 and nothing runs; a retry sends the same values.")
+            r.text(". The same key with different values in any of them, or on another resource's path (the path parameters are significant too), is refused with 422 and nothing runs; a retry sends the same values (a field sent as `null` is the same as one left out).")
         }
     };
     let fingerprint = if c.fingerprint_query.is_empty() {

@@ -1,8 +1,10 @@
 //! What the attribute is on: an async handler function, and the types the contract's
 //! checks need from its arguments.
 
+use proc_macro2::{Delimiter, Spacing, TokenStream, TokenTree};
+use quote::ToTokens;
 use syn::spanned::Spanned;
-use syn::{FnArg, GenericArgument, Ident, Item, PathArguments, Type};
+use syn::{FnArg, GenericArgument, Ident, Item, PatType, PathArguments, Type};
 
 use super::Ctxt;
 
@@ -38,6 +40,14 @@ pub fn is_attempt(ty: &Type) -> bool {
             .segments
             .last()
             .is_some_and(|last| last.ident == "Attempt" && last.arguments.is_none())
+}
+
+/// Whether `ty` is written as a request body extractor the attribute knows, `Json<T>` or
+/// `Form<T>` (under any path): the argument axum must read last.
+pub fn is_body(ty: &Type) -> bool {
+    wrapped(ty, "Json")
+        .or_else(|| wrapped(ty, "Form"))
+        .is_some()
 }
 
 /// Extractors that are never the request body, by the names axum and idem give them.
@@ -136,6 +146,7 @@ pub(super) fn handler(cx: &mut Ctxt, item: &Item) -> Option<Handler> {
             ok = false;
         }
     }
+    check_body_last(cx, sig);
     let types = sig.inputs.iter().filter_map(|input| match input {
         FnArg::Typed(pat) => Some(&*pat.ty),
         FnArg::Receiver(_) => None,
@@ -168,9 +179,84 @@ pub(super) fn handler(cx: &mut Ctxt, item: &Item) -> Option<Handler> {
     })
 }
 
+/// The request body extractor comes last: axum reads the body with the last argument and
+/// every other one from the request's head, and says only that the function is not a
+/// `Handler`. One error at each argument after the body (`idem::Attempt` may come
+/// anywhere: the macro passes it in). A second body is left to axum.
+fn check_body_last(cx: &mut Ctxt, sig: &syn::Signature) {
+    let args: Vec<&PatType> = sig
+        .inputs
+        .iter()
+        .filter_map(|input| match input {
+            FnArg::Typed(pat) => Some(pat),
+            FnArg::Receiver(_) => None,
+        })
+        .collect();
+    let Some(at) = args.iter().position(|arg| is_body(&arg.ty)) else {
+        return;
+    };
+    let body = written(&args[at].pat);
+    for arg in &args[at + 1..] {
+        if is_attempt(&arg.ty) || is_body(&arg.ty) {
+            continue;
+        }
+        cx.error_spanned(
+            arg,
+            format!(
+                "the request body extractor must be the last argument: move `{}` before `{body}`",
+                written(arg)
+            ),
+        );
+    }
+}
+
+/// `tokens` as a person writes them, `tx: idem::PgTx` and `Json(body)`, rather than with
+/// a space between every two tokens as `TokenStream`'s `Display` puts them.
+fn written(tokens: &impl ToTokens) -> String {
+    let mut out = String::new();
+    write_tokens(&mut out, tokens.to_token_stream());
+    out.trim_end().to_owned()
+}
+
+/// Appends `tokens` to `out`: a space between two words and after `,` or a lone `:`,
+/// around `=` and `+`, and none elsewhere.
+fn write_tokens(out: &mut String, tokens: TokenStream) {
+    let mut after_word = false;
+    for token in tokens {
+        let word = matches!(token, TokenTree::Ident(_) | TokenTree::Literal(_));
+        match token {
+            TokenTree::Ident(_) | TokenTree::Literal(_) => {
+                if after_word {
+                    out.push(' ');
+                }
+                out.push_str(&token.to_string());
+            }
+            TokenTree::Group(group) => {
+                let (open, close) = match group.delimiter() {
+                    Delimiter::Parenthesis => ("(", ")"),
+                    Delimiter::Bracket => ("[", "]"),
+                    Delimiter::Brace => ("{ ", " }"),
+                    Delimiter::None => ("", ""),
+                };
+                out.push_str(open);
+                write_tokens(out, group.stream());
+                out.truncate(out.trim_end().len());
+                out.push_str(close);
+            }
+            TokenTree::Punct(punct) => match punct.as_char() {
+                ',' | ';' => out.extend([punct.as_char(), ' ']),
+                ':' if punct.spacing() == Spacing::Joint || out.ends_with(':') => out.push(':'),
+                ':' => out.push_str(": "),
+                c @ ('=' | '+') => out.extend([' ', c, ' ']),
+                c => out.push(c),
+            },
+        }
+        after_word = word;
+    }
+}
+
 /// The tokens to blame and a name for an item that is not a function.
 fn describe(item: &Item) -> (proc_macro2::TokenStream, &'static str) {
-    use quote::ToTokens;
     match item {
         Item::Struct(i) => (i.struct_token.into_token_stream(), "a struct"),
         Item::Enum(i) => (i.enum_token.into_token_stream(), "an enum"),

@@ -29,7 +29,7 @@ use quote::ToTokens;
 use syn::parse::{ParseStream, Parser};
 use syn::{Ident, Token};
 
-pub use item::{Handler, is_attempt};
+pub use item::{Handler, is_attempt, is_body};
 use slot::Slots;
 use value::Value;
 

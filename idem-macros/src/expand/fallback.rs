@@ -25,8 +25,14 @@ pub(super) fn expand(
             if !matches!(func.sig.inputs.first(), Some(syn::FnArg::Receiver(_))) =>
         {
             let ident = &func.sig.ident;
-            let module =
-                handler::companion(paths, func, quote!(#m::Contract::PLACEHOLDER), None, None);
+            let module = handler::companion(
+                paths,
+                func,
+                quote!(#m::Contract::PLACEHOLDER),
+                None,
+                None,
+                None,
+            );
             let checks = checks::expand(paths, parsed);
             let handler = handler::stand_in(paths, func);
             let companion = quote! {

@@ -7,9 +7,9 @@ use syn::spanned::Spanned;
 use syn::{FnArg, ItemFn};
 
 use idem_contract::Contract;
-use idem_contract::parse::{Handler, Parsed, is_attempt};
+use idem_contract::parse::{Handler, Parsed, is_attempt, is_body};
 
-use super::{Paths, checks, model};
+use super::{Paths, checks, mode, model};
 
 /// The whole expansion of a valid contract on `func`.
 pub(super) fn expand(
@@ -25,6 +25,7 @@ pub(super) fn expand(
         model::contract(paths, contract),
         checks::body_type(paths, parsed).as_ref(),
         handler.query.as_ref(),
+        Some(mode::mode(paths, &func)),
     );
     let recover = recover_impl(paths, parsed.recovery.as_ref(), handler, &func);
     let handler_fn = rewrite(paths, contract, func);
@@ -32,14 +33,16 @@ pub(super) fn expand(
 }
 
 /// `mod create_order { pub const CONTRACT; pub struct Operation; }` and the `Contracted`
-/// impl: the contract is reachable from the handler's own path, with no import
-/// (functions and modules live in different namespaces).
+/// impl (with `mode`, the `MODE` item, when given): the contract is reachable from the
+/// handler's own path, with no import (functions and modules live in different
+/// namespaces).
 pub(super) fn companion(
     paths: &Paths,
     func: &ItemFn,
     contract: TokenStream,
     body: Option<&syn::Type>,
     query: Option<&syn::Type>,
+    mode: Option<TokenStream>,
 ) -> TokenStream {
     let p = &paths.private;
     let m = &paths.model;
@@ -83,6 +86,7 @@ pub(super) fn companion(
             const CONTRACT: &'static #m::Contract = &#ident::CONTRACT;
             #body_fields
             #query_fields
+            #mode
         }
     }
 }
@@ -224,10 +228,11 @@ fn rewrite(paths: &Paths, contract: &Contract, func: ItemFn) -> TokenStream {
 }
 
 /// The handler of a contract with errors: the same name, visibility and extractors, less
-/// the `idem::Attempt` that the macro would pass in, so that `post(handler)` still
-/// type-checks and the compile shows only the contract's own errors (an `Attempt` is not
-/// an axum extractor). The function as written is kept inside, uncalled, so that its own
-/// errors are still reported. Its body is never run: the compile fails.
+/// the `idem::Attempt` that the macro would pass in, and with the body extractor last, so
+/// that `post(handler)` still type-checks and the compile shows only the contract's own
+/// errors (an `Attempt` is not an axum extractor; a body before other extractors is the
+/// parser's error, not also axum's). The function as written is kept inside, uncalled, so
+/// that its own errors are still reported. Its body is never run: the compile fails.
 pub(super) fn stand_in(paths: &Paths, func: &ItemFn) -> TokenStream {
     let p = &paths.private;
     let ItemFn {
@@ -239,7 +244,7 @@ pub(super) fn stand_in(paths: &Paths, func: &ItemFn) -> TokenStream {
     inner.sig.ident = inner_ident;
     inner.vis = syn::Visibility::Inherited;
     inner.attrs.retain(|a| a.path().is_ident("allow"));
-    let inputs = sig
+    let (bodies, others): (Vec<&syn::PatType>, Vec<&syn::PatType>) = sig
         .inputs
         .iter()
         .filter_map(|input| match input {
@@ -247,6 +252,10 @@ pub(super) fn stand_in(paths: &Paths, func: &ItemFn) -> TokenStream {
             FnArg::Receiver(_) => None,
         })
         .filter(|arg| !is_attempt(&arg.ty))
+        .partition(|arg| is_body(&arg.ty));
+    let inputs = others
+        .into_iter()
+        .chain(bodies)
         .enumerate()
         .map(|(i, arg)| {
             let name = format_ident!("__idem_arg{}", i, span = Span::mixed_site());

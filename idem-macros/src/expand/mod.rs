@@ -3,6 +3,7 @@
 mod checks;
 mod fallback;
 mod handler;
+mod mode;
 mod model;
 
 use proc_macro2::{Span, TokenStream};

@@ -69,6 +69,6 @@ pub(crate) fn admit<C: Contracted>(parts: &Parts) -> Result<Admitted, Rejection>
 pub(crate) fn handle(parts: &Parts) -> Result<Idem, Rejection> {
     match parts.extensions.get::<Idem>() {
         Some(idem) => Ok(idem.clone()),
-        None => Err(answer::not_configured().into()),
+        None => Err(answer::not_configured(parts).into()),
     }
 }

@@ -10,15 +10,16 @@ use super::Rejection;
 use super::key;
 use super::read::Read;
 use crate::answer;
-use crate::fingerprint::{self, jcs::Value};
+use crate::fingerprint::{self, Fingerprints, jcs::Value};
 use crate::serde_names::SerdeNames;
 
 /// The request as idem tells it apart.
 pub(crate) struct Significant {
     /// The idempotency key, as checked.
     pub(crate) key: String,
-    /// The fingerprint of the significant content (`sha256:<hex>`).
-    pub(crate) fingerprint: String,
+    /// The fingerprint of the significant content (`sha256:<hex>`), and the one of the
+    /// rule before `null` members were left out when it differs.
+    pub(crate) fingerprint: Fingerprints,
 }
 
 /// The key (the header's `header_key`, else the body's) and the fingerprint.
@@ -52,10 +53,12 @@ pub(crate) fn significant(
         .collect();
     let body = match &document {
         Some(document) => fingerprint::of_parsed(&names.fingerprint, &read.bytes, &document.value),
-        None => fingerprint::compute(&names.fingerprint, &read.bytes),
+        None => fingerprint::compute_with_legacy(&names.fingerprint, &read.bytes),
     };
     let fingerprint = body
-        .and_then(|body| fingerprint::with_request_parts(body, &params, query))
+        .and_then(|body| {
+            body.try_map(|fp| fingerprint::with_request_parts(fp, &params, query.clone()))
+        })
         .map_err(answer::body_malformed)?;
     Ok(Significant { key, fingerprint })
 }

@@ -129,6 +129,11 @@ impl Value {
         Ok(())
     }
 
+    /// Whether this is `null`.
+    pub fn is_null(&self) -> bool {
+        matches!(self, Value::Null)
+    }
+
     /// The member at `path` (names of nested objects, outermost first), if every step is
     /// an object holding that member.
     pub fn pointer<'a, I>(&self, path: I) -> Option<&Value>

@@ -8,8 +8,8 @@
 //!
 //! | contract | what is hashed |
 //! |---|---|
-//! | `fingerprint = [a, b.c]` | the canonical form of the object `{"a": …, "b.c": …}` holding the declared members found in the body (absent members are left out); the body must be a JSON object |
-//! | `fingerprint = body` | the canonical form of the body if it is JSON, else the bytes as received |
+//! | `fingerprint = [a, b.c]` | the canonical form of the object `{"a": …, "b.c": …}` holding the declared members found in the body (absent and `null` members are left out); the body must be a JSON object |
+//! | `fingerprint = body` | the canonical form of the body if it is JSON (without its `null` members), else the bytes as received |
 //!
 //! A body sent as `application/x-www-form-urlencoded` is read as a form ([`form`]): its
 //! names are the members, each with the array of its values, so that `[amount]` names
@@ -17,6 +17,23 @@
 //!
 //! Member order, whitespace and number spelling (`1`, `1.0`, `1e0`) do not change a
 //! fingerprint; array order does.
+//!
+//! # Null members
+//!
+//! A member whose value is `null` is the same content as an absent member, as serde reads
+//! both into `None`: it is left out of the significant content at any depth. With
+//! `[a, b.c]`, a listed field that is `null` is left out as an absent one is, and so is a
+//! `null` member inside a listed field's value (`{"a": {"x": 1, "y": null}}` is
+//! `{"a": {"x": 1}}`); with `body`, every `null` member of the body. What is not
+//! normalised: `null` elements of an array (`[1, null]` is not `[1]`), a body that is
+//! `null` itself, an empty object or array (`{"a": {}}` is not `{}`), and a body that is
+//! not JSON. Form bodies and query parameters have no `null`.
+//!
+//! Content without a `null` member has the fingerprint it always had. Content with one
+//! had another before this rule (the `null` was hashed), so [`Fingerprints`] carries
+//! that earlier fingerprint too, as `legacy`: a record written by an earlier release
+//! still matches a retry of the same bytes, and the retry goes on under the record's
+//! fingerprint.
 //!
 //! ```
 //! use idem_contract::{FieldPath, Fingerprint};
@@ -32,6 +49,8 @@
 
 pub mod form;
 pub mod jcs;
+
+use std::borrow::Cow;
 
 use idem_contract::Fingerprint;
 use sha2::{Digest, Sha256};
@@ -53,6 +72,37 @@ pub enum FingerprintError {
     NotAnObject,
 }
 
+/// A request's fingerprint, and the one earlier releases gave the same request when the
+/// two differ (see [Null members](self#null-members)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fingerprints {
+    /// The fingerprint: new records are written with it.
+    pub current: String,
+    /// The fingerprint of the rule before `null` members were left out, when the
+    /// significant content holds one (otherwise it is `current`, and this is `None`): a
+    /// record written with it is the same request.
+    pub legacy: Option<String>,
+}
+
+impl Fingerprints {
+    /// Both fingerprints passed through `f` (the path and query parameters added).
+    ///
+    /// # Errors
+    ///
+    /// `f`'s error.
+    pub fn try_map<E>(self, f: impl Fn(String) -> Result<String, E>) -> Result<Fingerprints, E> {
+        Ok(Fingerprints {
+            current: f(self.current)?,
+            legacy: self.legacy.map(f).transpose()?,
+        })
+    }
+
+    /// Whether a record's fingerprint `stored` is this request's: under either rule.
+    pub fn matches(&self, stored: &str) -> bool {
+        self.current == stored || self.legacy.as_deref() == Some(stored)
+    }
+}
+
 /// The fingerprint of `body` under the contract's `spec`.
 ///
 /// # Errors
@@ -61,6 +111,19 @@ pub enum FingerprintError {
 /// and [`FingerprintError::NotAnObject`] when it is not an object. With
 /// `Fingerprint::Body` this never fails.
 pub fn compute(spec: &Fingerprint, body: &[u8]) -> Result<String, FingerprintError> {
+    compute_with_legacy(spec, body).map(|both| both.current)
+}
+
+/// [`compute`], with the fingerprint that earlier releases gave the same body when it
+/// differs ([`Fingerprints::legacy`]).
+///
+/// # Errors
+///
+/// As [`compute`].
+pub fn compute_with_legacy(
+    spec: &Fingerprint,
+    body: &[u8],
+) -> Result<Fingerprints, FingerprintError> {
     match spec {
         Fingerprint::Body => Ok(of_body(body, None)),
         Fingerprint::Fields(_) => {
@@ -70,12 +133,12 @@ pub fn compute(spec: &Fingerprint, body: &[u8]) -> Result<String, FingerprintErr
     }
 }
 
-/// The fingerprint of `body` whose JSON has already been parsed into `doc`.
+/// The fingerprints of `body` whose JSON has already been parsed into `doc`.
 pub(crate) fn of_parsed(
     spec: &Fingerprint,
     body: &[u8],
     doc: &Value,
-) -> Result<String, FingerprintError> {
+) -> Result<Fingerprints, FingerprintError> {
     match spec {
         Fingerprint::Body => Ok(of_body(body, Some(doc))),
         Fingerprint::Fields(fields) => {
@@ -88,11 +151,62 @@ pub(crate) fn of_parsed(
                 .collect();
             selected.sort_by(|(a, _), (b, _)| jcs::utf16_cmp(a, b));
             selected.dedup_by(|(a, _), (b, _)| a == b);
-            let mut canonical = Vec::new();
-            jcs::write_object(&mut canonical, selected.into_iter())
-                .map_err(FingerprintError::NotJson)?;
-            Ok(hash(&canonical))
+            let legacy = selected
+                .iter()
+                .any(|(_, v)| v.is_null() || has_null_member(v))
+                .then(|| of_members(selected.iter().map(|(k, v)| (*k, *v))))
+                .transpose()?;
+            let present: Vec<(&str, Cow<'_, Value>)> = selected
+                .iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (*k, without_null_members(v)))
+                .collect();
+            let current = of_members(present.iter().map(|(k, v)| (*k, &**v)))?;
+            Ok(Fingerprints { current, legacy })
         }
+    }
+}
+
+/// The hash of the object of `members`, sorted by name.
+fn of_members<'a>(
+    members: impl Iterator<Item = (&'a str, &'a Value)>,
+) -> Result<String, FingerprintError> {
+    let mut canonical = Vec::new();
+    jcs::write_object(&mut canonical, members).map_err(FingerprintError::NotJson)?;
+    Ok(hash(&canonical))
+}
+
+/// Whether an object of `value`, at any depth (inside arrays too), has a `null` member.
+fn has_null_member(value: &Value) -> bool {
+    match value {
+        Value::Object(members) => members
+            .iter()
+            .any(|(_, v)| v.is_null() || has_null_member(v)),
+        Value::Array(items) => items.iter().any(has_null_member),
+        _ => false,
+    }
+}
+
+/// `value` without the `null` members of its objects, at any depth; the `null` elements
+/// of arrays are kept. Borrowed when there is none.
+fn without_null_members(value: &Value) -> Cow<'_, Value> {
+    if !has_null_member(value) {
+        return Cow::Borrowed(value);
+    }
+    Cow::Owned(stripped(value))
+}
+
+fn stripped(value: &Value) -> Value {
+    match value {
+        Value::Object(members) => Value::Object(
+            members
+                .iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), stripped(v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(stripped).collect()),
+        other => other.clone(),
     }
 }
 
@@ -154,8 +268,9 @@ pub fn with_request_parts(
     Ok(hash(&canonical))
 }
 
-/// `fingerprint = body`: the canonical JSON if the body is JSON, else the raw bytes.
-fn of_body(body: &[u8], doc: Option<&Value>) -> String {
+/// `fingerprint = body`: the canonical JSON without its `null` members if the body is
+/// JSON, else the raw bytes.
+fn of_body(body: &[u8], doc: Option<&Value>) -> Fingerprints {
     let parsed;
     let doc = match doc {
         Some(doc) => Some(doc),
@@ -164,9 +279,19 @@ fn of_body(body: &[u8], doc: Option<&Value>) -> String {
             parsed.as_ref()
         }
     };
-    match doc.map(Value::to_canonical) {
-        Some(Ok(canonical)) => hash(&canonical),
-        _ => hash(body),
+    let of = |value: &Value| match value.to_canonical() {
+        Ok(canonical) => hash(&canonical),
+        Err(_) => hash(body),
+    };
+    match doc {
+        Some(doc) => Fingerprints {
+            current: of(&without_null_members(doc)),
+            legacy: has_null_member(doc).then(|| of(doc)),
+        },
+        None => Fingerprints {
+            current: hash(body),
+            legacy: None,
+        },
     }
 }
 
@@ -280,12 +405,67 @@ mod tests {
     }
 
     #[test]
-    fn absent_fields_are_left_out_not_null() {
+    fn a_null_field_is_an_absent_one() {
         let spec = fields(&["a", "b"]);
-        let absent = compute(&spec, br#"{"a":1}"#).unwrap();
-        let null = compute(&spec, br#"{"a":1,"b":null}"#).unwrap();
-        assert_ne!(absent, null);
-        assert_eq!(absent, compute(&fields(&["a"]), br#"{"a":1}"#).unwrap());
+        let absent = compute_with_legacy(&spec, br#"{"a":1}"#).unwrap();
+        let null = compute_with_legacy(&spec, br#"{"a":1,"b":null}"#).unwrap();
+        assert_eq!(absent.current, null.current);
+        assert_eq!(absent.legacy, None, "no null: one rule");
+        assert_eq!(
+            absent.current,
+            compute(&fields(&["a"]), br#"{"a":1}"#).unwrap()
+        );
+        // The rule before: the null was hashed. Stable: the canonical forms, hashed.
+        assert_eq!(null.legacy, Some(hash(br#"{"a":1,"b":null}"#)));
+        assert_eq!(null.current, hash(br#"{"a":1}"#));
+        assert!(null.matches(&hash(br#"{"a":1,"b":null}"#)));
+        assert!(null.matches(&absent.current));
+        assert!(!absent.matches(&hash(br#"{"a":1,"b":null}"#)));
+    }
+
+    #[test]
+    fn nested_null_members_are_absent_ones_but_null_elements_are_kept() {
+        let spec = fields(&["customer", "customer.id", "items"]);
+        let one = compute(
+            &spec,
+            br#"{"customer":{"id":"c1","name":null},"items":[{"sku":"a","note":null}]}"#,
+        )
+        .unwrap();
+        let two = compute(&spec, br#"{"customer":{"id":"c1"},"items":[{"sku":"a"}]}"#).unwrap();
+        assert_eq!(one, two);
+        // A path through a null is absent, as through a missing member.
+        let through = fields(&["customer.id"]);
+        assert_eq!(
+            compute(&through, br#"{"customer":null}"#).unwrap(),
+            compute(&through, br#"{}"#).unwrap()
+        );
+        // Not normalised: array elements, empty objects.
+        let items = fields(&["items"]);
+        assert_ne!(
+            compute(&items, br#"{"items":[1,null]}"#).unwrap(),
+            compute(&items, br#"{"items":[1]}"#).unwrap()
+        );
+        let customer = fields(&["customer"]);
+        assert_ne!(
+            compute(&customer, br#"{"customer":{}}"#).unwrap(),
+            compute(&customer, br#"{}"#).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_whole_body_leaves_its_null_members_out() {
+        let body = Fingerprint::Body;
+        let null = compute_with_legacy(&body, br#"{"a":1,"b":{"c":null},"d":[null]}"#).unwrap();
+        let absent = compute_with_legacy(&body, br#"{"a":1,"b":{},"d":[null]}"#).unwrap();
+        assert_eq!(null.current, absent.current);
+        assert_eq!(null.current, hash(br#"{"a":1,"b":{},"d":[null]}"#));
+        assert_eq!(
+            null.legacy,
+            Some(hash(br#"{"a":1,"b":{"c":null},"d":[null]}"#))
+        );
+        assert_eq!(absent.legacy, None);
+        // A body that is null itself is kept as it is.
+        assert_eq!(compute(&body, b"null").unwrap(), hash(b"null"));
     }
 
     #[test]

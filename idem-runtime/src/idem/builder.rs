@@ -42,6 +42,7 @@ impl IdemBuilder {
             inner: Inner {
                 store,
                 transactional,
+                transactional_database: None,
                 identity,
                 replayed_headers: Idem::DEFAULT_REPLAYED_HEADERS.into(),
                 max_stored_body: Idem::DEFAULT_MAX_STORED_BODY,

@@ -1,6 +1,7 @@
 //! The `Idem` handle: the store, the client identity and the runtime's settings.
 
 mod builder;
+mod check;
 pub(crate) mod names;
 pub(crate) mod running;
 
@@ -15,6 +16,7 @@ use http::header::{
 };
 
 pub use self::builder::IdemBuilder;
+pub use self::check::{NotConfigured, Operations};
 use self::names::Names;
 use self::running::Running;
 use crate::identity::ClientIdentity;
@@ -64,6 +66,8 @@ struct Inner {
         allow(dead_code, reason = "read only by the transactional mode")
     )]
     transactional: Option<Arc<dyn Any + Send + Sync>>,
+    /// The name of that store's database (sqlx's: `PostgreSQL`, `SQLite`).
+    transactional_database: Option<&'static str>,
     identity: Arc<dyn ClientIdentity>,
     replayed_headers: Arc<[HeaderName]>,
     max_stored_body: usize,
@@ -148,7 +152,9 @@ impl Idem {
         let typed: Arc<dyn crate::store::TransactionalStore<Database = S::Database>> =
             store.clone();
         let typed: Arc<dyn Any + Send + Sync> = Arc::new(typed);
-        IdemBuilder::new(store, Some(typed), Arc::new(identity))
+        let mut builder = IdemBuilder::new(store, Some(typed), Arc::new(identity));
+        builder.inner.transactional_database = Some(<S::Database as sqlx::Database>::NAME);
+        builder
     }
 
     /// Whether this handle honours the test-fault protocol.
@@ -182,6 +188,12 @@ impl Idem {
             .as_ref()?
             .downcast_ref::<Arc<dyn crate::store::TransactionalStore<Database = DB>>>()
             .cloned()
+    }
+
+    /// The name of the database whose transactions this handle shares with handlers
+    /// (sqlx's: `PostgreSQL`, `SQLite`), when it was made with `Idem::transactional`.
+    pub(crate) fn transactional_database(&self) -> Option<&'static str> {
+        self.inner.transactional_database
     }
 
     /// How clients are told apart.

@@ -22,7 +22,7 @@ impl<F: FnOnce() -> Recoverer> Registration<'_, F> {
     ///
     /// | the record | the answer |
     /// |---|---|
-    /// | another fingerprint | 422 `fingerprint-mismatch`; nothing runs |
+    /// | another fingerprint (under either rule: see `crate::fingerprint`) | 422 `fingerprint-mismatch`; nothing runs |
     /// | completed | its stored result, replayed |
     /// | unknown (parked) | 409 `operation-outcome-unknown` |
     /// | released | look again: the claim reclaims it |
@@ -35,7 +35,13 @@ impl<F: FnOnce() -> Recoverer> Registration<'_, F> {
     ) -> Result<Next, Rejection> {
         let id = record.operation_id;
         if record.fingerprint != self.fingerprint {
-            return Err(answer::fingerprint_mismatch(record).into());
+            // A record of an earlier release, whose rule hashed `null` members: the same
+            // request, which goes on under the record's fingerprint (so that a released
+            // record is claimed again).
+            match self.legacy {
+                Some(legacy) if record.fingerprint == legacy => self.fingerprint = legacy,
+                _ => return Err(answer::fingerprint_mismatch(record).into()),
+            }
         }
         match &record.state {
             RecordState::Completed { response } => {

@@ -15,6 +15,7 @@ use self::claim::Claimed;
 use self::existing::Next;
 use super::Rejection;
 use crate::attempt::Held;
+use crate::fingerprint::Fingerprints;
 use crate::reconcile::Recoverer;
 use crate::store::RecordKey;
 use crate::{Idem, OperationId, answer};
@@ -28,7 +29,11 @@ pub(crate) struct Registration<'a, F> {
     idem: &'a Idem,
     contract: &'static Contract,
     key: &'a Arc<RecordKey>,
+    /// The request's fingerprint; the legacy one instead once a record written with it
+    /// was found (the request goes on under the record's fingerprint).
     fingerprint: &'a str,
+    /// The fingerprint of the rule before `null` members were left out, when it differs.
+    legacy: Option<&'a str>,
     /// Whether the attempt runs in the transactional mode (recorded with the key).
     transactional: bool,
     /// Makes the contract's recoverer; taken by the round that wins a takeover.
@@ -39,13 +44,13 @@ pub(crate) struct Registration<'a, F> {
     last_id: Option<OperationId>,
 }
 
-/// Claims `key` for a request whose fingerprint is `fingerprint`: the attempt that holds
-/// it, or the answer to give instead (see the module docs).
+/// Claims `key` for a request whose fingerprints are `fingerprint`: the attempt that
+/// holds it, or the answer to give instead (see the module docs).
 pub(crate) async fn register<F>(
     idem: &Idem,
     contract: &'static Contract,
     key: &Arc<RecordKey>,
-    fingerprint: &str,
+    fingerprint: &Fingerprints,
     transactional: bool,
     make_recoverer: F,
 ) -> Result<Held, Rejection>
@@ -56,7 +61,8 @@ where
         idem,
         contract,
         key,
-        fingerprint,
+        fingerprint: &fingerprint.current,
+        legacy: fingerprint.legacy.as_deref(),
         transactional,
         make_recoverer: Some(make_recoverer),
         wait_until: None,
