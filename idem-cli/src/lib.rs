@@ -424,6 +424,7 @@ pub fn main() -> ExitCode {
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
+    warnings_to_stderr();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
@@ -434,6 +435,23 @@ pub fn main() -> ExitCode {
         }
     }
 }
+
+/// The warnings of idem's runtime (a store skipping a value that is not a record, a
+/// reconciler's failure) go to standard error as they happen, one line each, without
+/// timestamps: the operator sees what a command passed over.
+#[cfg(any(feature = "ops", feature = "monday"))]
+fn warnings_to_stderr() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .without_time()
+        .with_target(false)
+        .try_init();
+}
+
+/// Without the store drivers and `monday`, nothing of the runtime logs.
+#[cfg(not(any(feature = "ops", feature = "monday")))]
+fn warnings_to_stderr() {}
 
 /// Runs a parsed command line.
 ///

@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use idem_runtime::store::conformance::{self, new_record};
 use idem_runtime::store::{
-    PostgresStore, RecordKey, RecordState, RedisStore, SqliteStore, Store, StoredResponse, unix_now,
+    PostgresStore, RecordKey, RecordState, RecordStore, RedisStore, SqliteStore, Store,
+    StoredResponse, unix_now,
 };
 
 fn idem<S: AsRef<OsStr>>(args: &[S]) -> Output {
@@ -395,6 +396,44 @@ async fn operates_on_redis() {
         Arc::new(store),
     )
     .await;
+}
+
+/// A value under the store's Redis prefix that idem did not write (another program's,
+/// a manual `SET`) is skipped by `idem ops list` and `show` with a warning that names it;
+/// the rest is listed and the command succeeds.
+#[tokio::test]
+async fn a_foreign_value_in_redis_is_skipped_and_named() {
+    let Some(url) = conformance::redis::url_or_skip("foreign values and idem ops").await else {
+        return;
+    };
+    let prefix = conformance::redis::scratch_prefix();
+    let store = RedisStore::connect(&url)
+        .await
+        .unwrap()
+        .with_prefix(prefix.clone());
+    let now = unix_now();
+    store
+        .begin(&k("good"), &new_record("sha256:a", now), now)
+        .await
+        .unwrap();
+    let mut conn = store.connection().clone();
+    // Another program's string under a name of idem's scheme (a manual `SET`).
+    let foreign = store.hash_name(&k("manual-set"));
+    let _: () = redis::cmd("SET")
+        .arg(&foreign)
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let out = idem(&["ops", "list", "--store", &url, "--redis-prefix", &prefix]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("good"), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("skipped a value in the store that is not a record")
+            && stderr(&out).contains(&foreign),
+        "the warning names the value: {}",
+        stderr(&out)
+    );
 }
 
 /// Stores that cannot be opened: each a precise message and exit 1, within seconds,

@@ -397,3 +397,16 @@ pub fn refused(current: Option<&Record>, expected_attempt: u32) -> StoreError {
         },
     }
 }
+
+/// Notes a value where a record should be that is not one (another program's key under
+/// the store's prefix, a manual `SET`, an SQL row that does not parse): the operator's
+/// calls skip it with this warning, which names it, and go on with the rest, so that one
+/// foreign value never stops `idem ops` or the reconciler. `what` names the value as the
+/// store knows it (a Redis name, an SQL row's key).
+pub fn skip_foreign(what: &str, error: &StoreError) {
+    tracing::warn!(
+        value = what,
+        error = %error,
+        "idem: skipped a value in the store that is not a record"
+    );
+}

@@ -554,6 +554,23 @@ fn probing(limit: Duration) -> redis::io::tcp::TcpSettings {
     settings
 }
 
+/// `result`, unless it is [`StoreError::Corrupt`] (a value under the name that is not
+/// a record, or a record that does not parse): then the value is skipped with a warning
+/// that names it ([`ops::skip_foreign`]), and `None`.
+fn skip_foreign<T>(name: &[u8], result: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(error @ StoreError::Corrupt(_)) => {
+            ops::skip_foreign(
+                &format!("the Redis name `{}`", String::from_utf8_lossy(name)),
+                &error,
+            );
+            Ok(None)
+        }
+        Err(error) => Err(error),
+    }
+}
+
 /// A hash's fields, from `HGETALL` (a flat array of names and values, or a map).
 fn fields(value: Value) -> Result<HashMap<String, Vec<u8>>, StoreError> {
     let corrupt = || StoreError::Corrupt("the record is not a list of fields".into());
@@ -869,15 +886,19 @@ impl OperatorStore for RedisStore {
                 let Some(key) = self.key_of(&name) else {
                     continue;
                 };
-                let answer: Value = self
+                let answer: Result<Value, StoreError> = self
                     .bounded(redis::cmd("HGETALL").arg(&name).query_async(&mut conn))
-                    .await?;
-                let fields = fields(answer)?;
+                    .await;
+                // A value that is not a record (another program's, a manual `SET`) is
+                // skipped and named, never fatal to the listing.
+                let Some(fields) = skip_foreign(&name, answer.and_then(fields))? else {
+                    continue;
+                };
                 // Names of a longer prefix (`a:b` under `a`) are another store's.
                 if fields.get("prefix").map(Vec::as_slice) != Some(self.prefix.as_bytes()) {
                     continue;
                 }
-                if let Some(record) = decode(&fields)?
+                if let Some(Some(record)) = skip_foreign(&name, decode(&fields))?
                     && query.matches(&key, &record, now)
                 {
                     found.push(Listed { key, record });
@@ -899,15 +920,16 @@ impl OperatorStore for RedisStore {
         now: UnixMillis,
     ) -> Result<Option<Inspection>, StoreError> {
         let mut conn = self.conn.clone();
-        let answer: Value = self
-            .bounded(
-                redis::cmd("HGETALL")
-                    .arg(self.hash_name(key))
-                    .query_async(&mut conn),
-            )
-            .await?;
-        let fields = fields(answer)?;
-        let Some(record) = decode(&fields)?.filter(|r| !r.is_expired(now)) else {
+        let name = self.hash_name(key);
+        let answer: Result<Value, StoreError> = self
+            .bounded(redis::cmd("HGETALL").arg(&name).query_async(&mut conn))
+            .await;
+        // A value under the record's name that is not a record is no record to show.
+        let Some(fields) = skip_foreign(name.as_bytes(), answer.and_then(fields))? else {
+            return Ok(None);
+        };
+        let decoded = skip_foreign(name.as_bytes(), decode(&fields))?;
+        let Some(record) = decoded.flatten().filter(|r| !r.is_expired(now)) else {
             return Ok(None);
         };
         let history = fields

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 
 use super::SqlStore;
 use super::dialect::Dialect;
-use super::rows::{decode_inspected, decode_listed, resolution_columns};
+use super::rows::{decode_inspected, decode_listed, resolution_columns, row_name};
 use super::statement::Statement;
 use crate::store::ops::{self, Event};
 use crate::store::{
@@ -34,7 +34,15 @@ impl<DB: Dialect> OperatorStore for SqlStore<DB> {
             .int(i64::from(query.page()));
         let mut conn = self.conn().await?;
         let rows = self.run(statement.fetch_all(&mut conn)).await?;
-        rows.iter().map(decode_listed).collect()
+        // A row that does not parse is skipped (and named), not fatal to the listing.
+        let listed = rows.iter().filter_map(|row| match decode_listed(row) {
+            Err(error @ StoreError::Corrupt(_)) => {
+                ops::skip_foreign(&row_name(row), &error);
+                None
+            }
+            other => Some(other),
+        });
+        listed.collect()
     }
 
     async fn inspect(
@@ -45,9 +53,18 @@ impl<DB: Dialect> OperatorStore for SqlStore<DB> {
         let mut conn = self.conn().await?;
         let statement = Statement::<DB>::keyed(INSPECT, key).ms(now);
         let row = self.run(statement.fetch_optional(&mut conn)).await?;
-        row.as_ref()
-            .map(|row| decode_inspected(key, row))
-            .transpose()
+        match row.as_ref().map(|row| decode_inspected(key, row)) {
+            // A row that does not parse is no record to show: skipped, and named.
+            Some(Err(error @ StoreError::Corrupt(_))) => {
+                let name = format!(
+                    "idem_records row (operation `{}`, key `{}`)",
+                    key.operation, key.key
+                );
+                ops::skip_foreign(&name, &error);
+                Ok(None)
+            }
+            other => other.transpose(),
+        }
     }
 
     async fn resolve(

@@ -96,6 +96,18 @@ pub(super) fn decode_listed(row: &impl Columns) -> Result<Listed, StoreError> {
     })
 }
 
+/// How a warning names a row of `idem_records` that does not parse: its operation and
+/// key (the client, an identity idem never logs, by its length).
+pub(super) fn row_name(row: &impl Columns) -> String {
+    let column = |name| row.text(name).unwrap_or_else(|_| "?".into());
+    let client = row.text("client").map_or(0, |c| c.len());
+    format!(
+        "idem_records row (operation `{}`, key `{}`, client of {client} bytes)",
+        column("operation"),
+        column("key")
+    )
+}
+
 /// The record of `key` with its history, from a row of the record's columns and
 /// `history`.
 pub(super) fn decode_inspected(
