@@ -669,10 +669,11 @@ async fn answers_before_the_handler() {
     assert_eq!(f.runs.get(), 1);
 }
 
-/// A result larger than the stored-body limit reaches the client whole, and the
-/// operation is parked as unknown because it cannot be replayed.
+/// A result larger than the stored-body limit reaches the client whole, and its
+/// outcome is recorded: the retry gets the same status, replayed, with a problem body
+/// that gives the original body's length and SHA-256. Nothing is parked or run again.
 #[tokio::test]
-async fn oversized_results_are_sent_but_parked() {
+async fn oversized_results_are_sent_and_recorded_without_their_body() {
     let idem = Idem::builder(MemoryStore::new(), identity::header("x-client-id"))
         .max_stored_body(16)
         .build();
@@ -683,14 +684,18 @@ async fn oversized_results_are_sent_but_parked() {
     assert_eq!(first.json()["order"], 1);
     let key = RecordKey::new("create_order", "client-a", "k-big");
     let record = f.idem.store().get(&key, unix_now()).await.unwrap().unwrap();
-    match record.state {
-        RecordState::Unknown { reason } => assert!(reason.contains("16 bytes"), "{reason}"),
-        other => panic!("expected unknown, got {other:?}"),
-    }
+    assert!(
+        matches!(record.state, RecordState::Completed { .. }),
+        "{:?}",
+        record.state
+    );
     let retry = f.order("k-big", order_body(1)).await;
-    let problem = retry.problem(409, "operation-outcome-unknown");
-    assert_eq!(problem["state"], "unknown");
-    assert_eq!(retry.header("retry-after"), None);
+    let problem = retry.body_not_kept(201, &first.body);
+    assert!(
+        problem["detail"].as_str().unwrap().contains("16 bytes"),
+        "{problem}"
+    );
+    assert_eq!(retry.operation_id(), first.operation_id());
     assert_eq!(f.runs.get(), 1);
 }
 

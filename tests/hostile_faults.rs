@@ -442,10 +442,10 @@ async fn a_hanging_response_body_is_stopped_at_the_lease() {
 }
 
 /// A streamed result (no size known in advance) past the stored-body limit: the client
-/// gets all of it, the operation is parked as unknown because it cannot be replayed, and
-/// it never runs again.
+/// gets all of it, its outcome is recorded (the retry gets the status and a problem body
+/// with the original's length and SHA-256), and it never runs again.
 #[tokio::test]
-async fn a_streamed_result_past_the_stored_limit_is_sent_and_parked() {
+async fn a_streamed_result_past_the_stored_limit_is_sent_and_recorded() {
     let idem = Idem::builder(idem::MemoryStore::new(), identity::header("x-client-id"))
         .max_stored_body(1024)
         .build();
@@ -453,13 +453,12 @@ async fn a_streamed_result_past_the_stored_limit_is_sent_and_parked() {
     let first = f.post("/orders", "k-big", "big-stream").await;
     assert_eq!(first.status, 201);
     assert_eq!(first.body.len(), 16 * 256, "the whole body");
-    match f.state("reconciled", "k-big").await {
-        RecordState::Unknown { reason } => assert!(reason.contains("1024"), "{reason}"),
-        other => panic!("expected unknown, got {other:?}"),
-    }
-    f.post("/orders", "k-big", "big-stream")
-        .await
-        .problem(409, "operation-outcome-unknown");
+    assert!(matches!(
+        f.state("reconciled", "k-big").await,
+        RecordState::Completed { .. }
+    ));
+    let retry = f.post("/orders", "k-big", "big-stream").await;
+    retry.body_not_kept(201, &first.body);
     assert_eq!(f.app.runs.get(), 1);
 }
 

@@ -952,10 +952,10 @@ async fn create_large_order(Json(order): Json<CreateOrder>) -> impl IntoResponse
     (StatusCode::CREATED, "x".repeat(order.amount as usize))
 }
 
-/// A result too large to store goes out as it is, and parks the operation: `parked`,
-/// `error.type` `result-too-large`, the one final outcome.
+/// A result too large to keep goes out as it is and is recorded: `executed`, no
+/// `error.type`, the one final outcome `completed`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_result_too_large_to_store_parks_the_operation() {
+async fn a_result_too_large_to_keep_is_recorded() {
     let telemetry = installed();
     let idem = Idem::builder(MemoryStore::new(), identity)
         .max_stored_body(16)
@@ -972,17 +972,14 @@ async fn a_result_too_large_to_store_parks_the_operation() {
     let attempts = telemetry.attempts("create_large_order");
     assert_eq!(attempts.len(), 1, "{attempts:#?}");
     let span = &attempts[0].1;
-    assert_eq!(field(span, telemetry::FIELD_OUTCOME), Some("parked"));
-    assert_eq!(
-        field(span, telemetry::FIELD_ERROR_TYPE),
-        Some("result-too-large")
-    );
+    assert_eq!(field(span, telemetry::FIELD_OUTCOME), Some("executed"));
+    assert_eq!(field(span, telemetry::FIELD_ERROR_TYPE), None);
     assert_eq!(field(span, telemetry::FIELD_STATUS_CODE), Some("201"));
     let finals = telemetry.events(telemetry::EVENT_OPERATION_END, "create_large_order");
     assert_eq!(finals.len(), 1, "{finals:#?}");
     assert_eq!(
         finals[0].fields[telemetry::FIELD_OPERATION_OUTCOME],
-        "parked"
+        "completed"
     );
     telemetry.assert_clean(key);
 }

@@ -119,7 +119,9 @@ macro_rules! suite {
                         tokio::time::sleep(Duration::from_secs(3)).await;
                         created.into_response()
                     }
-                    "big" => (StatusCode::CREATED, "x".repeat(4096)).into_response(),
+                    "big" => (StatusCode::CREATED, [("location", "/orders/big")], "x".repeat(4096)).into_response(),
+                    // Past the store's own limit (1 MiB, headers counted).
+                    "huge" => (StatusCode::CREATED, "x".repeat(1 << 20)).into_response(),
                     "wait-for-takeover" => {
                         app.hooks.written.notify_one();
                         app.hooks.resume.notified().await;
@@ -315,16 +317,35 @@ macro_rules! suite {
                 assert_eq!(f.orders().await, 0, "the business write rolled back with it");
             }
 
-            /// A result larger than the stored limit cannot be replayed: rolled back,
-            /// released, 500 `result-too-large`.
+            /// A result whose body is larger than idem keeps commits with its record:
+            /// the first answer is whole; a retry gets its status, its `Location`, and a
+            /// problem body with the original's length and SHA-256. Nothing is parked.
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn a_result_too_large_to_store_rolls_back() {
+            async fn a_result_too_large_to_keep_is_a_known_outcome() {
                 let Some(f) = Fixture::new(1024).await else { return };
                 let first = post(&f.server, "k-big", "big").await;
-                let problem = first.problem(500, "result-too-large");
-                assert_eq!(problem["state"], "released");
-                assert_eq!(f.orders().await, 0);
-                assert_eq!(f.state("k-big").await, RecordState::Released);
+                assert_eq!((first.status, first.body.len()), (201, 4096), "{first:?}");
+                assert!(!first.replayed());
+                assert_eq!(f.orders().await, 1, "the effect committed with its record");
+                assert!(matches!(f.state("k-big").await, RecordState::Completed { .. }));
+                let retry = post(&f.server, "k-big", "big").await;
+                retry.body_not_kept(201, "x".repeat(4096).as_bytes());
+                assert_eq!(retry.header("location"), Some("/orders/big"));
+                assert_eq!(retry.operation_id(), first.operation_id());
+                assert_eq!(f.orders().await, 1, "the retry ran nothing");
+            }
+
+            /// The same when the body fits the handle's limit but not the store's: what
+            /// is kept of it is written in the same transaction, which commits.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_result_past_the_stores_limit_is_a_known_outcome() {
+                let Some(f) = Fixture::new(4 << 20).await else { return };
+                let first = post(&f.server, "k-huge", "huge").await;
+                assert_eq!((first.status, first.body.len()), (201, 1 << 20), "{:?}", first.status);
+                assert_eq!(f.orders().await, 1, "the effect committed with its record");
+                let retry = post(&f.server, "k-huge", "huge").await;
+                retry.body_not_kept(201, &first.body);
+                assert_eq!(f.orders().await, 1, "the retry ran nothing");
             }
 
             /// An attempt that runs for longer than its heartbeat lease (600 ms) but within

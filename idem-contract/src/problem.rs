@@ -28,13 +28,25 @@
 //! | `store-unavailable` | 503 | – | false | yes |
 //! | `operation-not-found` | 404 | – | true | – |
 //! | `not-configured` | 500 | – | true | – |
-//! | `result-too-large` | 500 | `released` | true | – |
+//!
+//! One more problem body is not an answer of idem's but stands in for the handler's: the
+//! replay of a result whose body was larger than the server keeps
+//! ([`RESULT_BODY_NOT_KEPT`]). It has the status and the replayed headers of the
+//! original answer, `Idempotent-Replayed: true`, and a problem body of type
+//! `tag:idem.rs,2026:problem:result-body-not-kept` that gives the original body's
+//! length (`original_body_length`, bytes) and SHA-256 (`original_body_sha256`, lowercase
+//! hex), so that a client that kept the first answer can tell it is the same.
 
 /// The media type of problem bodies (RFC 9457 §3).
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// The prefix of every `type` URI.
 pub const TYPE_PREFIX: &str = "tag:idem.rs,2026:problem:";
+
+/// The `type` of the body that stands in for a replayed result's body when that body was
+/// larger than the server keeps (see the [module docs](self)). The answer's status is the
+/// original answer's, whatever it was.
+pub const RESULT_BODY_NOT_KEPT: &str = "tag:idem.rs,2026:problem:result-body-not-kept";
 
 macro_rules! problem_types {
     ($(
@@ -182,12 +194,6 @@ problem_types! {
         state: None, new_key_safe: Some(true), retry_after: false,
         meaning: "the server is not set up to enforce this operation's contract, so it refused to run it",
         action: "stop, and report it to the API's provider";
-    /// 500: the result cannot be stored, so the attempt was rolled back (the
-    /// transactional mode).
-    ResultTooLarge => "result-too-large", 500, "Result too large to store",
-        state: Some("released"), new_key_safe: Some(true), retry_after: false,
-        meaning: "the operation's answer is larger than the server stores for replay, so everything the attempt wrote was rolled back: it took no effect",
-        action: "stop, and report it to the API's provider: sending it again gets the same answer";
 }
 
 impl ProblemType {
@@ -223,5 +229,7 @@ mod tests {
             ProblemType::KeyMissing.type_uri(),
             "tag:idem.rs,2026:problem:key-missing"
         );
+        let not_kept = RESULT_BODY_NOT_KEPT.strip_prefix(TYPE_PREFIX).unwrap();
+        assert_eq!(ProblemType::from_slug(not_kept), None, "a slug of its own");
     }
 }

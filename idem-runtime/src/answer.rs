@@ -267,19 +267,6 @@ pub(crate) fn recovery_pending(idem: &Idem, id: OperationId, reason: &str) -> Re
     .into_response()
 }
 
-/// 500 `result-too-large` (the transactional mode): the result could not be stored, so
-/// the attempt was rolled back and the key released.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn result_too_large(id: OperationId, why: &str) -> Response {
-    Problem::new(
-        ProblemType::ResultTooLarge,
-        format!("{why}; everything the attempt wrote was rolled back, so it took no effect"),
-    )
-    .with_operation_id(id)
-    .with_state(OperationState::Released)
-    .into_response()
-}
-
 /// 503 `store-unavailable`: the store failed, so the operation's state could not be
 /// read (the handler did not run: fail closed) or the state an answer depends on could
 /// not be recorded (the answer would claim what is not so).

@@ -1,9 +1,8 @@
 //! Buffering a result to store it, and replaying a stored one.
 
-use axum::body::{Body, HttpBody};
+use axum::body::Body;
 use axum::response::Response;
-use bytes::{Bytes, BytesMut};
-use futures_util::{StreamExt, stream};
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, response::Parts};
 use http_body_util::BodyExt;
 
@@ -15,61 +14,31 @@ use idem_contract::headers::IDEMPOTENT_REPLAYED;
 
 /// A handler's answer, read so that it can be stored.
 pub(crate) enum Captured {
-    /// The whole body, within the limit.
+    /// The whole body.
     Buffered {
         /// Status and headers.
         parts: Parts,
         /// The body.
         body: Bytes,
     },
-    /// The body is larger than the limit: the response, rebuilt to send what was read and
-    /// then the rest.
-    TooLarge(Response),
     /// The body failed while it was read: the handler's answer is lost, nothing of it can
     /// be sent or stored.
     Failed(axum::Error),
 }
 
-/// Reads the body of `response`, up to `limit` bytes.
-pub(crate) async fn capture(response: Response, limit: usize) -> Captured {
-    let (parts, mut body) = response.into_parts();
-    if usize::try_from(HttpBody::size_hint(&body).lower()).unwrap_or(usize::MAX) > limit {
-        return Captured::TooLarge(Response::from_parts(parts, body));
+/// Reads the whole body of `response`. A body larger than idem keeps is read whole too:
+/// its length and SHA-256 are recorded ([`StoredResponse::body_not_kept`]), and the first
+/// answer is sent only once its record is written, so it is held until then either way.
+pub(crate) async fn capture(response: Response) -> Captured {
+    let (parts, body) = response.into_parts();
+    match body.collect().await {
+        // Trailers are not replayed; HTTP/1.1 answers rarely carry them.
+        Ok(collected) => Captured::Buffered {
+            parts,
+            body: collected.to_bytes(),
+        },
+        Err(error) => Captured::Failed(error),
     }
-    let mut chunks: Vec<Bytes> = Vec::new();
-    let mut size = 0usize;
-    loop {
-        match body.frame().await {
-            None => break,
-            Some(Ok(frame)) => {
-                // Trailers are not replayed; HTTP/1.1 answers rarely carry them.
-                let Ok(data) = frame.into_data() else {
-                    continue;
-                };
-                size = size.saturating_add(data.len());
-                chunks.push(data);
-                if size > limit {
-                    let rest =
-                        stream::iter(chunks.into_iter().map(Ok)).chain(body.into_data_stream());
-                    return Captured::TooLarge(Response::from_parts(
-                        parts,
-                        Body::from_stream(rest),
-                    ));
-                }
-            }
-            Some(Err(error)) => return Captured::Failed(error),
-        }
-    }
-    let body = match chunks.len() {
-        0 => Bytes::new(),
-        1 => chunks.pop().unwrap_or_default(),
-        _ => {
-            let mut all = BytesMut::with_capacity(size);
-            chunks.iter().for_each(|c| all.extend_from_slice(c));
-            all.freeze()
-        }
-    };
-    Captured::Buffered { parts, body }
 }
 
 /// The values of the headers `names` in `headers`, in the order of `names`, every value
@@ -106,35 +75,20 @@ pub(crate) fn replay(stored: &StoredResponse, id: OperationId) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::response::IntoResponse;
+    use futures_util::stream;
 
     async fn body_of(response: Response) -> Bytes {
         response.into_body().collect().await.unwrap().to_bytes()
     }
 
     #[tokio::test]
-    async fn captures_within_the_limit() {
+    async fn captures_the_whole_body() {
         let stream =
             stream::iter(["ab", "cd", "e"].map(|s| Ok::<_, std::io::Error>(Bytes::from(s))));
         let response = Response::new(Body::from_stream(stream));
-        match capture(response, 5).await {
+        match capture(response).await {
             Captured::Buffered { body, .. } => assert_eq!(body, "abcde"),
-            _ => panic!("five bytes fit a limit of five"),
-        }
-    }
-
-    #[tokio::test]
-    async fn past_the_limit_the_whole_body_is_still_sent() {
-        let stream =
-            stream::iter(["ab", "cd", "ef"].map(|s| Ok::<_, std::io::Error>(Bytes::from(s))));
-        let response = Response::new(Body::from_stream(stream));
-        match capture(response, 3).await {
-            Captured::TooLarge(response) => assert_eq!(body_of(response).await, "abcdef"),
-            _ => panic!("six bytes do not fit a limit of three"),
-        }
-        match capture("0123456789".into_response(), 3).await {
-            Captured::TooLarge(response) => assert_eq!(body_of(response).await, "0123456789"),
-            _ => panic!("a known size past the limit is refused before reading"),
+            Captured::Failed(error) => panic!("{error}"),
         }
     }
 
@@ -145,7 +99,7 @@ mod tests {
             Err(std::io::Error::other("disk on fire")),
         ]);
         let response = Response::new(Body::from_stream(stream));
-        match capture(response, 100).await {
+        match capture(response).await {
             Captured::Failed(error) => assert!(error.to_string().contains("disk on fire")),
             _ => panic!("a failing body is not stored"),
         }

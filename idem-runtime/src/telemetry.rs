@@ -89,8 +89,8 @@ pub enum Outcome {
     /// runs again.
     Released,
     /// `rolled_back`: the transactional mode rolled the attempt back (a 5xx the
-    /// contract does not declare retryable, a panic, its time ran out, a result too
-    /// large): nothing took effect.
+    /// contract does not declare retryable, a panic, its time ran out): nothing took
+    /// effect.
     RolledBack,
     /// `unknown`: the attempt ended without a recorded outcome (its time ran out, it
     /// panicked or answered a 5xx, its lease was lost, the request was dropped): the
@@ -155,7 +155,7 @@ impl Outcome {
             ProblemType::OperationInProgress => Outcome::Conflict,
             ProblemType::OperationOutcomeUnknown => Outcome::AwaitingOperator,
             ProblemType::AttemptTimedOut | ProblemType::AttemptFailed => Outcome::Unknown,
-            ProblemType::AttemptRolledBack | ProblemType::ResultTooLarge => Outcome::RolledBack,
+            ProblemType::AttemptRolledBack => Outcome::RolledBack,
             ProblemType::RecoveryPending => Outcome::RecoveryPending,
             ProblemType::StoreUnavailable => Outcome::StoreUnavailable,
             _ => Outcome::Rejected,
@@ -476,7 +476,6 @@ impl AttemptTelemetry {
         let seconds = self.started.elapsed().as_secs_f64();
         let error = problem
             .map(ProblemType::slug)
-            .or_else(|| (outcome == Outcome::Parked).then_some("result-too-large"))
             .or_else(|| failed_status(outcome, status));
         if !self.span.is_disabled() {
             if !self.has_id
@@ -621,7 +620,7 @@ mod tests {
                 "operation-in-progress" => Outcome::Conflict,
                 "operation-outcome-unknown" => Outcome::AwaitingOperator,
                 "attempt-timed-out" | "attempt-failed" => Outcome::Unknown,
-                "attempt-rolled-back" | "result-too-large" => Outcome::RolledBack,
+                "attempt-rolled-back" => Outcome::RolledBack,
                 "recovery-pending" => Outcome::RecoveryPending,
                 "store-unavailable" => Outcome::StoreUnavailable,
                 _ => Outcome::Rejected,

@@ -394,11 +394,22 @@ impl<DB: Database> TxControl for Cell<DB> {
             ));
         };
         fault::point("before_commit");
-        if let Err(error) = self
+        let completed = match self
             .store
             .complete_in(&mut open, key, token, response, unix_now())
             .await
         {
+            // Refused before anything was written: what is kept of it fits.
+            Err(StoreError::TooLarge { limit, .. }) => {
+                let kept = response.body_not_kept(limit);
+                let now = unix_now();
+                self.store
+                    .complete_in(&mut open, key, token, &kept, now)
+                    .await
+            }
+            other => other,
+        };
+        if let Err(error) = completed {
             let writer = self.rollback(open).await;
             return Err(CommitError::RolledBack(error, writer));
         }

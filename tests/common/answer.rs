@@ -40,6 +40,19 @@ impl Answer {
         self.header("idempotent-replayed") == Some("true")
     }
 
+    /// Asserts the replay of a result whose body, `original`, was larger than idem keeps:
+    /// `status`, `Idempotent-Replayed: true`, and a problem body of type
+    /// `result-body-not-kept` with the original's length and SHA-256. Returns the body.
+    pub fn body_not_kept(&self, status: u16, original: &[u8]) -> serde_json::Value {
+        use sha2::Digest;
+        assert!(self.replayed(), "{self:?}");
+        let body = self.problem(status, "result-body-not-kept");
+        assert_eq!(body["original_body_length"], original.len());
+        let digest = hex::encode(sha2::Sha256::digest(original));
+        assert_eq!(body["original_body_sha256"], digest);
+        body
+    }
+
     /// Asserts a problem answer of `slug` with `status`, and returns its body.
     pub fn problem(&self, status: u16, slug: &str) -> serde_json::Value {
         assert_eq!(

@@ -10,6 +10,10 @@ pub const MAX_QTY: u32 = 10_000;
 pub const MAX_AMOUNT_MINOR: i64 = 1_000_000_000_000;
 /// The longest customer id and SKU, in bytes.
 pub const MAX_ID_LEN: usize = 64;
+/// The most broken rules a 422 lists; the rest are counted. The answer is stored and
+/// replayed for the key's whole TTL, so its size must not grow with the request's: a 1 MB
+/// order of bad line items gets a 422 of about 2 KB, not one of 1.7 MB.
+pub const MAX_FIELD_ERRORS: usize = 20;
 
 /// The body of `POST /orders`.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -61,47 +65,65 @@ pub struct FieldError {
     pub message: String,
 }
 
+/// The broken rules of an order: the first [`MAX_FIELD_ERRORS`], in the order of the
+/// body, and how many more there were.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FieldErrors {
+    /// The first broken rules, one per field.
+    pub errors: Vec<FieldError>,
+    /// How many more were found and not listed.
+    pub more: usize,
+}
+
+impl FieldErrors {
+    fn push(&mut self, field: impl Into<String>, message: &str) {
+        if self.errors.len() < MAX_FIELD_ERRORS {
+            self.errors.push(FieldError {
+                field: field.into(),
+                message: message.to_owned(),
+            });
+        } else {
+            self.more += 1;
+        }
+    }
+}
+
 impl CreateOrder {
-    /// Checks the business rules, and returns every field that breaks one.
+    /// Checks the business rules, and returns the fields that break one.
     ///
     /// # Errors
     ///
-    /// The list of problems, one per field, when there is at least one.
-    pub fn validate(&self) -> Result<(), Vec<FieldError>> {
-        let mut errors = Vec::new();
-        let mut fail = |field: String, message: &str| {
-            errors.push(FieldError {
-                field,
-                message: message.to_owned(),
-            })
-        };
+    /// The first [`MAX_FIELD_ERRORS`] problems, one per field, and the count of the
+    /// rest, when there is at least one.
+    pub fn validate(&self) -> Result<(), FieldErrors> {
+        let mut errors = FieldErrors::default();
         if let Some(problem) = identifier_problem(&self.customer_id) {
-            fail("customer_id".into(), problem);
+            errors.push("customer_id", problem);
         }
         if iso_currency::Currency::from_code(&self.currency).is_none() {
-            fail(
-                "currency".into(),
+            errors.push(
+                "currency",
                 "must be an ISO 4217 currency code such as `EUR`",
             );
         }
         if !(1..=MAX_AMOUNT_MINOR).contains(&self.amount_minor) {
-            fail(
-                "amount_minor".into(),
+            errors.push(
+                "amount_minor",
                 "must be a whole number of minor units from 1 to 10^12",
             );
         }
         if self.items.is_empty() || self.items.len() > MAX_ITEMS {
-            fail("items".into(), "must hold 1 to 100 line items");
+            errors.push("items", "must hold 1 to 100 line items");
         }
         for (i, item) in self.items.iter().enumerate() {
             if let Some(problem) = identifier_problem(&item.sku) {
-                fail(format!("items[{i}].sku"), problem);
+                errors.push(format!("items[{i}].sku"), problem);
             }
             if !(1..=MAX_QTY).contains(&item.qty) {
-                fail(format!("items[{i}].qty"), "must be from 1 to 10000");
+                errors.push(format!("items[{i}].qty"), "must be from 1 to 10000");
             }
         }
-        if errors.is_empty() {
+        if errors.errors.is_empty() {
             Ok(())
         } else {
             Err(errors)
@@ -159,6 +181,7 @@ mod tests {
         let fields: Vec<String> = bad
             .validate()
             .unwrap_err()
+            .errors
             .into_iter()
             .map(|e| e.field)
             .collect();
@@ -176,7 +199,26 @@ mod tests {
             items: vec![],
             ..order()
         };
-        assert_eq!(empty.validate().unwrap_err()[0].field, "items");
+        assert_eq!(empty.validate().unwrap_err().errors[0].field, "items");
+    }
+
+    #[test]
+    fn a_list_of_broken_rules_is_bounded() {
+        let bad = CreateOrder {
+            items: vec![
+                LineItem {
+                    sku: String::new(),
+                    qty: 0,
+                };
+                5000
+            ],
+            ..order()
+        };
+        let errors = bad.validate().unwrap_err();
+        assert_eq!(errors.errors.len(), MAX_FIELD_ERRORS);
+        assert_eq!(errors.errors[0].field, "items");
+        assert_eq!(errors.errors[1].field, "items[0].sku");
+        assert_eq!(errors.more, 1 + 2 * 5000 - MAX_FIELD_ERRORS);
     }
 
     #[test]
@@ -190,7 +232,7 @@ mod tests {
                 }],
                 ..order()
             };
-            let errors = order.validate().unwrap_err();
+            let errors = order.validate().unwrap_err().errors;
             let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
             assert_eq!(fields, ["customer_id", "items[0].sku"], "{bad:?}");
             assert!(errors[0].message.contains("control characters"), "{bad:?}");

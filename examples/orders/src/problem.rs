@@ -5,7 +5,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::model::FieldError;
+use crate::model::FieldErrors;
 
 /// The base of this service's problem `type` URIs (idem's own problems have theirs).
 pub const PROBLEM_BASE: &str = "https://orders.example.com/problems/";
@@ -13,8 +13,10 @@ pub const PROBLEM_BASE: &str = "https://orders.example.com/problems/";
 /// What can go wrong in the order service itself.
 #[derive(Debug)]
 pub enum ApiError {
-    /// The order breaks business rules: 422, stored and replayed like a success.
-    InvalidOrder(Vec<FieldError>),
+    /// The order breaks business rules: 422, stored and replayed like a success. It
+    /// lists at most [`crate::model::MAX_FIELD_ERRORS`] of them and counts the rest
+    /// (`more_errors`).
+    InvalidOrder(FieldErrors),
     /// No such order for this client: 404.
     NotFound,
     /// The payment provider is down (the `--outage` demo): 503, which the contract
@@ -37,7 +39,7 @@ impl IntoResponse for ApiError {
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid-order",
                 "The order breaks a business rule",
-                json!({ "errors": errors }),
+                json!({ "errors": errors.errors, "more_errors": errors.more }),
             ),
             ApiError::NotFound => (
                 StatusCode::NOT_FOUND,

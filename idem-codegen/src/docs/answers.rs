@@ -31,7 +31,7 @@ pub(super) fn answers(c: &Contract, info: &OperationInfo) -> Vec<Answer> {
             answer: Rich::new("Any answer with `Idempotent-Replayed: true`"),
             problem_type: None,
             meaning: Rich::new(
-                "The stored answer of an earlier attempt with this key, replayed byte for byte: status, headers such as `Location`, and body.",
+                "The stored answer of an earlier attempt with this key, replayed byte for byte: status, headers such as `Location`, and body. When that body was larger than the server keeps, the replay has the same status and a problem body of type `tag:idem.rs,2026:problem:result-body-not-kept` in its place, giving the original body's length and SHA-256.",
             ),
             action: Rich::new(
                 "Treat it as the answer to your operation; it is not a second operation.",

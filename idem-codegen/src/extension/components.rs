@@ -29,7 +29,7 @@ pub fn components() -> Vec<(&'static str, &'static str, Value)> {
             PROBLEM_SCHEMA,
             json!({
                 "type": "object",
-                "description": "A problem detail (RFC 9457) from an operation with an idempotency contract. Answers about a known operation (409, 422, 503 but `store-unavailable`, and 500 `result-too-large`) also carry `operation_id` and `state`; answers of the idempotency layer carry `new_key_safe`. Other members may appear and are to be ignored.",
+                "description": "A problem detail (RFC 9457) from an operation with an idempotency contract. Answers about a known operation (409, 422, and 503 but `store-unavailable`) also carry `operation_id` and `state`; answers of the idempotency layer carry `new_key_safe`. Other members may appear and are to be ignored.",
                 "properties": {
                     "type": {
                         "type": "string",
@@ -109,7 +109,7 @@ pub fn components() -> Vec<(&'static str, &'static str, Value)> {
             "headers",
             REPLAYED_HEADER,
             json!({
-                "description": "`true` when this answer is the stored result of an earlier attempt with the same key, replayed byte for byte; absent on the first answer.",
+                "description": "`true` when this answer is the stored result of an earlier attempt with the same key, replayed byte for byte (a body larger than the server keeps is replaced by a problem of type `tag:idem.rs,2026:problem:result-body-not-kept` that gives its length and SHA-256, with the same status); absent on the first answer.",
                 "schema": { "type": "string", "enum": ["true"] },
                 "example": "true",
                 GENERATED_MARK: true,

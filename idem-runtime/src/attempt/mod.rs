@@ -179,8 +179,19 @@ impl Held {
             .await
     }
 
-    /// Stores `stored` as the result; a lapsed lease is revived once first.
+    /// Stores `stored` as the result; a lapsed lease is revived once first. A result
+    /// larger than the store keeps is stored as [`StoredResponse::body_not_kept`] says.
     async fn store_complete(&self, stored: &StoredResponse) -> Result<(), StoreError> {
+        match self.store_complete_once(stored).await {
+            Err(StoreError::TooLarge { limit, .. }) => {
+                self.log_body_not_kept(stored, limit);
+                self.store_complete_once(&stored.body_not_kept(limit)).await
+            }
+            other => other,
+        }
+    }
+
+    async fn store_complete_once(&self, stored: &StoredResponse) -> Result<(), StoreError> {
         let completed = self
             .idem
             .store()
@@ -226,12 +237,34 @@ impl Held {
     }
 
     /// The result to store: `status`, the headers replay keeps, `body`.
+    /// The record of the handler's answer: its status, the headers replay lets through
+    /// and its body, or, for a body larger than the handle keeps, what
+    /// [`StoredResponse::body_not_kept`] keeps of it.
     fn stored(&self, status: u16, headers: &HeaderMap, body: Bytes) -> StoredResponse {
-        StoredResponse {
+        let stored = StoredResponse {
             status,
             headers: select_headers(headers, self.idem.replayed_headers()),
             body,
+        };
+        let limit = self.idem.max_stored_body();
+        if stored.body.len() <= limit {
+            return stored;
         }
+        self.log_body_not_kept(&stored, limit);
+        stored.body_not_kept(limit)
+    }
+
+    /// Logs that the body of `stored` is larger than `limit` and will not be replayed.
+    fn log_body_not_kept(&self, stored: &StoredResponse, limit: usize) {
+        tracing::warn!(
+            operation = %self.contract.operation,
+            operation_id = %self.operation_id,
+            attempt = self.attempt,
+            status = stored.status,
+            size = stored.body.len(),
+            limit,
+            "idem: the answer's body is larger than idem keeps; a replay has its status and headers, and a problem body that gives the original's length and SHA-256"
+        );
     }
 
     /// The handler's answer, rebuilt from its buffered parts, with the `Operation-Id`.

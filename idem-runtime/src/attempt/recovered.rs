@@ -15,15 +15,8 @@ impl Held {
     /// applied), and answers with its replay.
     pub(crate) async fn complete_applied(&self, response: Response) -> Response {
         let status = response.status().as_u16();
-        let limit = self.idem.max_stored_body();
         let (parts, body) = match self.capture(response).await {
             Ok(Captured::Buffered { parts, body }) => (parts, body),
-            Ok(Captured::TooLarge(response)) => {
-                let reason = format!(
-                    "recovery's result (status {status}) has a body larger than the {limit} bytes idem stores"
-                );
-                return self.too_large(response, &reason).await;
-            }
             Ok(Captured::Failed(_)) | Err(_) => {
                 return self
                     .park("the reconcile function's answer could not be read")
@@ -43,13 +36,6 @@ impl Held {
                     status,
                 );
                 telemetry::tagged(replay(&stored, self.operation_id), Outcome::Recovered)
-            }
-            Err(StoreError::TooLarge { size, limit }) => {
-                let reason = format!(
-                    "recovery's result is {size} bytes and the store keeps at most {limit}"
-                );
-                let response = Response::from_parts(parts, axum::body::Body::from(stored.body));
-                self.too_large(response, &reason).await
             }
             Err(error) => self.write_failed("complete", &error),
         }

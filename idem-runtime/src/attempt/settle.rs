@@ -10,7 +10,7 @@ use crate::fault;
 use crate::mode::Mode;
 use crate::replay::{Captured, capture};
 use crate::store::{StoreError, unix_now};
-use crate::telemetry::{self, Outcome};
+use crate::telemetry::Outcome;
 
 impl Held {
     /// Settles the handler's answer (see the module docs of [`super`]).
@@ -46,16 +46,8 @@ impl Held {
         if (500..600).contains(&status) {
             return self.hand_to_recovery(Ended::ServerError(status)).await;
         }
-        let limit = self.idem.max_stored_body();
         let (parts, body) = match self.capture(response).await {
             Ok(Captured::Buffered { parts, body }) => (parts, body),
-            Ok(Captured::TooLarge(response)) => {
-                let reason = format!(
-                    "the result (status {status}) has a body larger than the {limit} bytes idem stores, \
-                     so it cannot be replayed; raise `IdemBuilder::max_stored_body` or make the answer smaller"
-                );
-                return self.too_large(response, &reason).await;
-            }
             Ok(Captured::Failed(error)) => {
                 tracing::error!(error = %error, "idem: the handler's response body failed");
                 return self.hand_to_recovery(Ended::BodyFailed).await;
@@ -70,12 +62,6 @@ impl Held {
                 fault::point("after_complete");
                 self.log_outcome(Outcome::Executed, status);
                 response
-            }
-            Err(StoreError::TooLarge { size, limit }) => {
-                let reason = format!(
-                    "the result is {size} bytes and the store keeps at most {limit}, so it cannot be replayed"
-                );
-                self.too_large(response, &reason).await
             }
             Err(error) => self.write_failed("complete", &error),
         }
@@ -106,34 +92,8 @@ impl Held {
 
     /// Reads the body of `response` within the handler's time.
     pub(super) async fn capture(&self, response: Response) -> Result<Captured, Ended> {
-        let limit = self.idem.max_stored_body();
-        tokio::time::timeout_at(self.handler_deadline(), capture(response, limit))
+        tokio::time::timeout_at(self.handler_deadline(), capture(response))
             .await
             .map_err(|_elapsed| Ended::TimedOut)
-    }
-
-    /// A result too large to store, without a transaction: the effect happened, so the
-    /// answer goes to this client, and the operation is parked as unknown (a later
-    /// request cannot be answered with it).
-    pub(super) async fn too_large(&self, response: Response, reason: &str) -> Response {
-        tracing::error!(
-            operation = %self.contract.operation,
-            operation_id = %self.operation_id,
-            attempt = self.attempt,
-            outcome = "too_large",
-            "idem: the result is too large to store; the operation is parked as unknown"
-        );
-        let outcome = match self.store_park(reason).await {
-            Ok(()) => {
-                self.parked(response.status().as_u16());
-                Outcome::Parked
-            }
-            Err(error) => {
-                self.log_store_failure("park", &error);
-                Outcome::Unknown
-            }
-        };
-        // (The answer is the result itself, which says neither.)
-        telemetry::tagged(with_operation_id(response, self.operation_id), outcome)
     }
 }

@@ -38,7 +38,6 @@ impl Held {
         }
         let (parts, body) = match self.capture(response).await {
             Ok(Captured::Buffered { parts, body }) => (parts, body),
-            Ok(Captured::TooLarge(_)) => return self.roll_back_too_large(tx, status).await,
             Ok(Captured::Failed(error)) => {
                 tracing::error!(error = %error, "idem: the handler's response body failed");
                 return self.settle_ended(Ended::BodyFailed).await;
@@ -71,24 +70,6 @@ impl Held {
         self.roll_back_and_release(tx, answer).await
     }
 
-    /// The answer's body is larger than idem stores: it cannot be replayed, so the attempt
-    /// rolls back (500 `result-too-large`).
-    async fn roll_back_too_large(&self, tx: &AttemptTx, status: u16) -> Response {
-        let limit = self.idem.max_stored_body();
-        let why = format!(
-            "the answer (status {status}) has a body larger than the {limit} bytes idem stores, so it cannot be replayed"
-        );
-        tracing::error!(
-            operation = %self.contract.operation,
-            operation_id = %self.operation_id,
-            limit,
-            outcome = "too_large",
-            "idem: the result is too large to store; the attempt is rolled back"
-        );
-        let answer = |_| answer::result_too_large(self.operation_id, &why);
-        self.roll_back_and_release(tx, answer).await
-    }
-
     /// The record could not be written in the transaction, so nothing was committed.
     async fn not_committed(
         &self,
@@ -110,13 +91,6 @@ impl Held {
             }
             StoreError::TransactionEnded(why) => {
                 self.transaction_ended(&why, stored, parts, body).await
-            }
-            StoreError::TooLarge { size, limit } => {
-                let why = format!(
-                    "the result is {size} bytes and the store keeps at most {limit}, so it cannot be replayed"
-                );
-                let answer = |_| answer::result_too_large(id, &why);
-                self.release_after_rollback(answer).await
             }
             error => {
                 self.log_store_failure("complete", &error);

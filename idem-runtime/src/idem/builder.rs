@@ -64,11 +64,15 @@ impl IdemBuilder {
         self
     }
 
-    /// The largest result body that is stored, in bytes.
+    /// The largest result body that is stored, in bytes
+    /// ([`Idem::DEFAULT_MAX_STORED_BODY`] unless set).
     ///
-    /// A larger result is still sent to the client that caused it, but it cannot be
-    /// replayed: the operation is parked as `unknown` with a reason that says so, and an
-    /// error is logged.
+    /// A larger result is still sent whole to the client that caused it, and its outcome
+    /// is recorded: a retry gets the same status and replayed headers with
+    /// `Idempotent-Replayed: true`, and in place of the body a problem that gives the
+    /// original body's length and SHA-256
+    /// ([`StoredResponse::body_not_kept`](crate::store::StoredResponse::body_not_kept)).
+    /// A warning is logged. Nothing is parked.
     pub fn max_stored_body(mut self, bytes: usize) -> Self {
         self.inner.max_stored_body = bytes;
         self

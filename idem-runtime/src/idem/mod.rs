@@ -46,7 +46,7 @@ use crate::store::{Store, StoreError, unix_now};
 ///
 /// - replayed headers: `content-type`, `content-encoding`, `content-location`,
 ///   `location`, `etag`, `last-modified`, `link` ([`Idem::DEFAULT_REPLAYED_HEADERS`]);
-/// - largest stored body: 1 MiB ([`Idem::DEFAULT_MAX_STORED_BODY`]);
+/// - largest stored body: 64 KiB ([`Idem::DEFAULT_MAX_STORED_BODY`]);
 /// - the lease an attempt holds, renewed while it runs: 2 s
 ///   ([`Idem::DEFAULT_HEARTBEAT_LEASE`]);
 /// - `Retry-After` when the store is unavailable: 2 s
@@ -100,8 +100,18 @@ impl Idem {
     ];
 
     /// The largest stored result body unless [`IdemBuilder::max_stored_body`] says
-    /// otherwise: 1 MiB.
-    pub const DEFAULT_MAX_STORED_BODY: usize = 1024 * 1024;
+    /// otherwise: 64 KiB.
+    ///
+    /// Why this size: the answers of the commands idem guards are small — a created
+    /// resource's representation, or a 422 that lists a bounded number of broken rules
+    /// (the orders example's largest answer, a 422 of 20 field errors, is under 3 KiB) —
+    /// while every stored answer is kept for its key's whole TTL in a store that all
+    /// clients share: 64 KiB leaves twenty times the room real answers need, and caps what
+    /// one key can take at a sixteenth of the 1 MiB the stores accept
+    /// ([`crate::store::DEFAULT_MAX_RESULT`]). A larger answer is still sent whole the
+    /// first time; its replay has the same status and headers and a problem body that
+    /// gives the original's length and SHA-256 ([`crate::store::StoredResponse::body_not_kept`]).
+    pub const DEFAULT_MAX_STORED_BODY: usize = 64 * 1024;
 
     /// The lease an attempt holds in the store, renewed while it runs, unless
     /// [`IdemBuilder::heartbeat`] says otherwise: 2 seconds. An instance that dies with
@@ -288,7 +298,7 @@ mod tests {
     fn defaults_and_settings() {
         let idem = Idem::new(MemoryStore::new(), identity::header("x-client-id"));
         assert_eq!(idem.replayed_headers(), Idem::DEFAULT_REPLAYED_HEADERS);
-        assert_eq!(idem.max_stored_body(), 1024 * 1024);
+        assert_eq!(idem.max_stored_body(), 64 * 1024);
         assert_eq!(idem.unavailable_retry_after_secs(), 2);
         let changed = Idem::builder(MemoryStore::new(), identity::header("x-client-id"))
             .replayed_headers([ETAG])

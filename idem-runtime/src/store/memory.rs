@@ -75,9 +75,11 @@ impl MemoryStore {
     /// The same store, keeping results of up to `bytes` bytes
     /// ([`StoredResponse::size`]); `complete` refuses a larger one with
     /// [`StoreError::TooLarge`].
+    /// At least [`StoredResponse::MAX_NOT_KEPT_SIZE`] bytes are kept whatever `bytes`
+    /// says, so that what is kept of a result too large always fits.
     #[must_use]
     pub fn with_max_result(mut self, bytes: usize) -> MemoryStore {
-        self.max_result = bytes;
+        self.max_result = bytes.max(StoredResponse::MAX_NOT_KEPT_SIZE);
         self
     }
 

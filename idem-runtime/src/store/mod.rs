@@ -17,7 +17,9 @@
 //!
 //! Every backend keeps results of at most [`DEFAULT_MAX_RESULT`] bytes unless told
 //! otherwise (`with_max_result`): a larger one is refused by `complete` with
-//! [`StoreError::TooLarge`] and the record is left as it was, for the runtime to park.
+//! [`StoreError::TooLarge`] and the record is left as it was; the runtime then stores what
+//! [`StoredResponse::body_not_kept`] keeps of it (the status, the headers, the body's
+//! length and SHA-256), which every store has room for.
 //!
 //! # The record
 //!

@@ -4,7 +4,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue};
+use http::{HeaderName, HeaderValue, header};
+use idem_contract::problem::{PROBLEM_JSON, RESULT_BODY_NOT_KEPT};
+use sha2::{Digest, Sha256};
 
 use super::UnixMillis;
 use crate::OperationId;
@@ -181,6 +183,74 @@ impl StoredResponse {
                 .map(|(n, v)| n.as_str().len() + v.len())
                 .sum::<usize>()
     }
+
+    /// What is kept of this result when its body is larger than `limit` bytes (the
+    /// handle's [`crate::IdemBuilder::max_stored_body`], or a store's `with_max_result`):
+    /// the same status, the replayed headers that do not describe the body, and in place
+    /// of the body a problem (RFC 9457) of type
+    /// [`RESULT_BODY_NOT_KEPT`](idem_contract::problem::RESULT_BODY_NOT_KEPT) that gives
+    /// the original body's length in bytes and its SHA-256. A retry then gets a known
+    /// outcome, with its status, instead of a parked operation.
+    ///
+    /// The headers dropped are the ones about the representation that is no longer sent
+    /// (`content-type`, `content-encoding`, `content-language`, `content-length`,
+    /// `content-range`, `etag`, `last-modified` and the digest fields); `location`,
+    /// `content-location` and `link`, which point at what the operation made, stay. If
+    /// even they would take the result past `limit`, they go too: the result is then at
+    /// most [`StoredResponse::MAX_NOT_KEPT_SIZE`] bytes.
+    pub fn body_not_kept(&self, limit: usize) -> StoredResponse {
+        let detail = format!(
+            "the operation's answer (status {}) had a body of {} bytes, larger than the {limit} bytes the server keeps for a replay: this replay has its status and headers, not its body",
+            self.status,
+            self.body.len()
+        );
+        let problem = serde_json::json!({
+            "type": RESULT_BODY_NOT_KEPT,
+            "title": "Result body not kept",
+            "status": self.status,
+            "detail": detail,
+            "original_body_length": self.body.len(),
+            "original_body_sha256": hex::encode(Sha256::digest(&self.body)),
+        });
+        let content_type = (header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        let mut kept = StoredResponse {
+            status: self.status,
+            headers: std::iter::once(content_type)
+                .chain(
+                    self.headers
+                        .iter()
+                        .filter(|(name, _)| !describes_the_body(name))
+                        .cloned(),
+                )
+                .collect(),
+            body: Bytes::from(problem.to_string()),
+        };
+        if kept.size() > limit.max(StoredResponse::MAX_NOT_KEPT_SIZE) {
+            kept.headers.truncate(1);
+        }
+        kept
+    }
+
+    /// The largest result [`StoredResponse::body_not_kept`] gives when the headers it
+    /// keeps do not fit: 1 KiB. Every store keeps at least this much.
+    pub const MAX_NOT_KEPT_SIZE: usize = 1024;
+}
+
+/// Whether `name` describes a response's body (its representation), so that it would be
+/// false of the body that stands in for one not kept.
+fn describes_the_body(name: &HeaderName) -> bool {
+    const DIGESTS: [&str; 4] = ["content-digest", "repr-digest", "digest", "content-md5"];
+    [
+        header::CONTENT_TYPE,
+        header::CONTENT_ENCODING,
+        header::CONTENT_LANGUAGE,
+        header::CONTENT_LENGTH,
+        header::CONTENT_RANGE,
+        header::ETAG,
+        header::LAST_MODIFIED,
+    ]
+    .contains(name)
+        || DIGESTS.contains(&name.as_str())
 }
 
 /// Where a record stands.
@@ -351,4 +421,66 @@ pub enum Begin {
     Started(Record),
     /// The key is held or finished: the record as it stands, unchanged.
     Exists(Record),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(body: &[u8]) -> StoredResponse {
+        StoredResponse {
+            status: 422,
+            headers: vec![
+                (
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                ),
+                (header::LOCATION, HeaderValue::from_static("/orders/7")),
+                (header::ETAG, HeaderValue::from_static("\"v1\"")),
+            ],
+            body: Bytes::copy_from_slice(body),
+        }
+    }
+
+    #[test]
+    fn a_body_not_kept_keeps_the_status_length_and_digest() {
+        let big = response(&[b'x'; 5000]);
+        let kept = big.body_not_kept(4096);
+        assert_eq!(kept.status, 422);
+        assert_eq!(
+            kept.headers,
+            [
+                (header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON)),
+                (header::LOCATION, HeaderValue::from_static("/orders/7")),
+            ],
+            "the location stays; what described the old body goes"
+        );
+        let problem: serde_json::Value = serde_json::from_slice(&kept.body).unwrap();
+        assert_eq!(problem["type"], RESULT_BODY_NOT_KEPT);
+        assert_eq!(problem["status"], 422);
+        assert_eq!(problem["original_body_length"], 5000);
+        assert_eq!(
+            problem["original_body_sha256"],
+            hex::encode(Sha256::digest([b'x'; 5000]))
+        );
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("5000 bytes") && detail.contains("4096"),
+            "{detail}"
+        );
+    }
+
+    #[test]
+    fn headers_that_do_not_fit_are_dropped_too() {
+        let mut big = response(b"");
+        let link = HeaderValue::from_str(&"l".repeat(4000)).unwrap();
+        big.headers.push((header::LINK, link));
+        let kept = big.body_not_kept(0);
+        assert_eq!(kept.headers.len(), 1, "only the problem's content type");
+        assert!(
+            kept.size() <= StoredResponse::MAX_NOT_KEPT_SIZE,
+            "{}",
+            kept.size()
+        );
+    }
 }

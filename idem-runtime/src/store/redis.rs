@@ -437,9 +437,11 @@ impl RedisStore {
     /// The same store, keeping results of up to `bytes` bytes
     /// ([`StoredResponse::size`]; [`DEFAULT_MAX_RESULT`] unless set): a larger one is
     /// refused with [`StoreError::TooLarge`] before anything is sent.
+    /// At least [`StoredResponse::MAX_NOT_KEPT_SIZE`] bytes are kept whatever `bytes`
+    /// says, so that what is kept of a result too large always fits.
     #[must_use]
     pub fn with_max_result(mut self, bytes: usize) -> RedisStore {
-        self.max_result = bytes;
+        self.max_result = bytes.max(StoredResponse::MAX_NOT_KEPT_SIZE);
         self
     }
 

@@ -48,7 +48,7 @@ use sqlx::pool::PoolConnection;
 use self::dialect::Dialect;
 use self::rows::changed_one;
 use self::statement::Statement;
-use crate::store::{DEFAULT_MAX_RESULT, Record, StoreError};
+use crate::store::{DEFAULT_MAX_RESULT, Record, StoreError, StoredResponse};
 
 /// A [`Store`](crate::store::Store) in a SQL database, through sqlx: `SqliteStore`
 /// (`SqlStore<sqlx::Sqlite>`, feature `sqlite`) and `PostgresStore`
@@ -88,12 +88,14 @@ impl<DB: Dialect> SqlStore<DB> {
     }
 
     /// The same store, keeping results of up to `bytes` bytes
-    /// ([`StoredResponse::size`](crate::store::StoredResponse::size);
+    /// ([`StoredResponse::size`];
     /// [`DEFAULT_MAX_RESULT`] unless set): a larger one is refused with
     /// [`StoreError::TooLarge`] before anything is written.
+    /// At least [`StoredResponse::MAX_NOT_KEPT_SIZE`] bytes are kept whatever `bytes`
+    /// says, so that what is kept of a result too large always fits.
     #[must_use]
     pub fn with_max_result(mut self, bytes: usize) -> SqlStore<DB> {
-        self.max_result = bytes;
+        self.max_result = bytes.max(StoredResponse::MAX_NOT_KEPT_SIZE);
         self
     }
 
