@@ -172,7 +172,7 @@ pub use idem_runtime::store::RedisStore;
 #[cfg(feature = "server")]
 pub use idem_runtime::{
     Attempt, Idem, IdemBuilder, IdemLayer, IdemService, Lookup, NotConfigured, OperationId,
-    OperationReport, OperationStatus, Operations,
+    OperationReport, OperationStatus, Operations, Serve, serve,
 };
 #[cfg(feature = "server")]
 pub use idem_runtime::{enforce, identity, problem, recovery, store};

@@ -406,6 +406,55 @@ async fn a_body_shorter_than_its_length_registers_nothing() {
     f.assert_untouched("a truncated body");
 }
 
+/// A body trickled in a byte every 100 ms, on a contract whose attempt has 1 s: 408
+/// `request-timeout` once that second is up, the connection closed, and nothing reached
+/// the store. Without the bound the connection stayed open for as long as the sender
+/// liked.
+#[tokio::test]
+async fn a_body_that_trickles_in_gets_408_within_the_attempts_time() {
+    let f = Fixture::new().await;
+    let head = b"POST /short HTTP/1.1\r\nHost: idem.test\r\nX-Client-Id: client-a\r\n\
+        Idempotency-Key: k-slow\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n";
+    let stream = tokio::net::TcpStream::connect(f.server.addr).await.unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    let started = std::time::Instant::now();
+    tokio::io::AsyncWriteExt::write_all(&mut writer, head)
+        .await
+        .unwrap();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..100 {
+            if tokio::io::AsyncWriteExt::write_all(&mut writer, b" ")
+                .await
+                .is_err()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut answer),
+    )
+    .await
+    .expect("answered and closed within 5 s, not after the 10 s the trickle takes")
+    .expect("read the answer");
+    let elapsed = started.elapsed();
+    trickle.abort();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(
+        text.contains("tag:idem.rs,2026:problem:request-timeout"),
+        "{text}"
+    );
+    assert!(
+        elapsed >= Duration::from_millis(900),
+        "not before the attempt's time: {elapsed:?}"
+    );
+    f.assert_untouched("a body that trickles in");
+}
+
 /// A key in the body that is not a non-empty string of visible ASCII: 400 before any
 /// store call (`key-missing` for absent and `null`, `key-malformed` otherwise).
 #[tokio::test]

@@ -305,8 +305,9 @@ impl<T: Transport> Client<T> {
     ///   deadline, and at most `max_attempts` are sent, the first included;
     /// - 2xx and 3xx complete it (a replay is flagged); a 4xx the contract does not
     ///   declare retryable fails it for good (400, 401, 403, 404, 422, ...);
-    /// - a declared retryable status or transport failure, and idem's 409
-    ///   `operation-in-progress` (or 202 of `concurrency = accepted`), are retried after
+    /// - a declared retryable status or transport failure, idem's 409
+    ///   `operation-in-progress` (or 202 of `concurrency = accepted`) and idem's 408
+    ///   `request-timeout` (nothing was registered), are retried after
     ///   the backoff, never sooner than the server's `Retry-After`; a `Retry-After`
     ///   longer than what is left of the deadline stops at once;
     /// - a retry needs the client's retry budget; a spent budget stops the retries;
@@ -584,6 +585,13 @@ impl<T: Transport> Client<T> {
         if kind == Some(ProblemType::OperationInProgress) {
             return Verdict::Retry {
                 failure: false,
+                problem,
+            };
+        }
+        if kind == Some(ProblemType::RequestTimeout) {
+            // The body came too slowly and nothing was registered: the same key is safe.
+            return Verdict::Retry {
+                failure: true,
                 problem,
             };
         }

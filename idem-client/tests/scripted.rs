@@ -156,6 +156,30 @@ async fn a_still_processing_409_is_retried_after_its_retry_after() {
     assert!(script.posts()[1].0 - t0 >= Duration::from_secs(3));
 }
 
+/// idem's 408 `request-timeout` registered nothing: the same key is sent again. A bare
+/// 408 of another server is a 4xx like any other, and final.
+#[tokio::test(start_paused = true)]
+async fn idems_request_timeout_is_retried_with_the_same_key() {
+    let script = Script::new([problem(408, "request-timeout", "0"), status(201)]);
+    let outcome = client(&script)
+        .execute(Intent::new(policy()), &call())
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, Outcome::Completed(ref c) if c.attempts == 2),
+        "{outcome:?}"
+    );
+    let posts = script.posts();
+    let key = |i: usize| posts[i].1.headers()["idempotency-key"].clone();
+    assert_eq!(key(0), key(1), "one key");
+    let script = Script::new([status(408), status(201)]);
+    let outcome = client(&script)
+        .execute(Intent::new(policy()), &call())
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Outcome::Failed(_)), "{outcome:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_outcome_the_server_does_not_know_stops_and_says_so() {
     let script = Script::new([problem(409, "operation-outcome-unknown", "1"), status(201)]);

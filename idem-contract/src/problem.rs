@@ -17,6 +17,7 @@
 //! | `key-malformed` | 400 | – | true | – |
 //! | `body-malformed` | 400 | – | true | – |
 //! | `body-too-large` | 413 | – | true | – |
+//! | `request-timeout` | 408 | – | true | – |
 //! | `client-identity-missing` | 401 | – | true | – |
 //! | `fingerprint-mismatch` | 422 | the record's | true only when the record is `released` | – |
 //! | `operation-in-progress` | 409 | `processing` | false | yes |
@@ -138,6 +139,11 @@ problem_types! {
         state: None, new_key_safe: Some(true), retry_after: false,
         meaning: "the body is larger than the server accepts for this operation; nothing was done",
         action: "make the body smaller; sending it again unchanged gets the same answer";
+    /// 408: the body did not arrive within the attempt's time.
+    RequestTimeout => "request-timeout", 408, "Request body timed out",
+        state: None, new_key_safe: Some(true), retry_after: false,
+        meaning: "the request's body did not arrive within the operation's time for one attempt, so the server stopped reading it and closed the connection; nothing was done",
+        action: "send the request again with the same key, over a connection that carries it in time";
     /// 401: no client identity.
     ClientIdentityMissing => "client-identity-missing", 401, "Client identity missing",
         state: None, new_key_safe: Some(true), retry_after: false,

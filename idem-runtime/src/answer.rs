@@ -154,6 +154,18 @@ pub(crate) fn body_unreadable(rejection: &axum::extract::rejection::BytesRejecti
     ))
 }
 
+/// 408 `request-timeout`: the body did not arrive within `limit`, the attempt's time.
+pub(crate) fn body_timed_out(limit: std::time::Duration) -> Problem {
+    Problem::new(
+        ProblemType::RequestTimeout,
+        format!(
+            "the request body did not arrive within {} ms, this operation's time for one attempt; nothing was done, and the connection is closed",
+            limit.as_millis()
+        ),
+    )
+    .with_operation_id(OperationId::new())
+}
+
 /// 422 `fingerprint-mismatch`: the record is left as it is.
 pub(crate) fn fingerprint_mismatch(record: &Record) -> Problem {
     let state = record.state.kind();

@@ -125,6 +125,7 @@ mod reconciler;
 pub mod recovery;
 mod replay;
 mod serde_names;
+mod serve;
 pub mod store;
 pub mod telemetry;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -155,6 +156,7 @@ pub use crate::lookup::{Lookup, OperationReport, OperationStatus};
 pub use crate::operation_id::OperationId;
 #[doc(no_inline)]
 pub use crate::recovery::{Decision, UnknownOperation};
+pub use crate::serve::{Serve, serve};
 #[doc(no_inline)]
 pub use crate::store::MemoryStore;
 #[cfg(feature = "postgres")]

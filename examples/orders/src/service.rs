@@ -214,7 +214,8 @@ impl Service {
     ) -> std::io::Result<()> {
         let purger = self.idem.spawn_purger(PURGE_EVERY);
         let reconciler = self.idem.spawn_reconciler(RECONCILE_EVERY);
-        let result = axum::serve(listener, self.router)
+        // `idem::serve` closes a connection whose request head has not come within 10 s.
+        let result = idem::serve(listener, self.router)
             .with_graceful_shutdown(shutdown)
             .await;
         purger.abort();

@@ -92,7 +92,8 @@ async fn main() -> ExitCode {
             _ = terminate.recv() => {}
         }
     };
-    let served = axum::serve(listener, service.router)
+    // `idem::serve` closes a connection whose request head has not come within 10 s.
+    let served = idem::serve(listener, service.router)
         .with_graceful_shutdown(shutdown)
         .await;
     purger.abort();

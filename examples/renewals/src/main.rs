@@ -27,6 +27,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|| "127.0.0.1:3003".into());
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, renewals::router(&idem, app)).await?;
+    // `idem::serve` closes a connection whose request head has not come within 10 s.
+    idem::serve(listener, renewals::router(&idem, app)).await?;
     Ok(())
 }

@@ -36,7 +36,7 @@ fn main() -> ExitCode {
     let served = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(&addr).await?;
         tracing::info!("listening on http://{}", listener.local_addr()?);
-        axum::serve(listener, telemetry_example::app())
+        idem::serve(listener, telemetry_example::app())
             .with_graceful_shutdown(async {
                 let _ = tokio::signal::ctrl_c().await;
             })

@@ -68,5 +68,6 @@ async fn main() -> std::io::Result<()> {
         .unwrap_or_else(|| "127.0.0.1:3002".into());
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app).await
+    // `idem::serve` closes a connection whose request head has not come within 10 s.
+    idem::serve(listener, app).await
 }

@@ -30,7 +30,7 @@
 //! |---|---|---|---|
 //! | 1 | admit: the idem handle, the operation's claim on its name, its serde names, the client's identity | `admit.rs` | 500 `not-configured`; the identity's refusal (401) |
 //! | 2 | the key from its header, before the body is read | `key.rs` | 400 `key-missing`, `key-malformed` |
-//! | 3 | read: the path parameters and the body, once (axum's `DefaultBodyLimit` applies) | `read.rs` | 413 `body-too-large`, 400 `body-malformed` |
+//! | 3 | read: the path parameters and the body, once (axum's `DefaultBodyLimit` applies), the body within the attempt's time | `read.rs` | 413 `body-too-large`, 400 `body-malformed`, 408 `request-timeout` |
 //! | 4 | what counts as the same request: the body parsed once, a key in the body, the fingerprint of the body fields, path and query parameters | `significant.rs` | 400 `body-malformed`, `key-missing`, `key-malformed` |
 //! | 5 | the handler's own extractor `E`, on the same bytes (what it refuses did nothing, so nothing is registered) | `inner.rs` | `E`'s own rejection |
 //! | 6 | the transactional mode's right to begin, taken before registration | `begin.rs` | 503 `store-unavailable` |
@@ -46,7 +46,7 @@
 //! | `key_scope` | `key.rs` and `significant.rs` (where the key is read, its rules); `admit.rs` (the client's identity, the key's namespace with the operation's name) |
 //! | `fingerprint` | `significant.rs` (computed once from the bytes received); `register/existing.rs` (another fingerprint under the key: 422) |
 //! | `ttl` | `register/claim.rs` (the record's expiry); the store's purge ([`Idem::spawn_purger`](crate::Idem::spawn_purger)) |
-//! | `deadline` | its per-attempt part (or the whole deadline without one): the attempt's time, `crate::attempt` (`run.rs`, less a margin kept to settle); its total across attempts: the client ([`idem_client`'s policy](https://docs.rs/idem-client)) |
+//! | `deadline` | its per-attempt part (or the whole deadline without one): the time the body may take to arrive (`read.rs`), then the attempt's time, `crate::attempt` (`run.rs`, less a margin kept to settle); its total across attempts: the client ([`idem_client`'s policy](https://docs.rs/idem-client)) |
 //! | `max_attempts` | the client, which stops after it; the server counts every attempt that runs the handler ([`Attempt::attempt`], the record's attempt, shown by the status lookup and `idem ops`) but does not refuse the next one: a retry past the budget is a client's bug, and refusing it could not undo what earlier attempts did |
 //! | `retryable` | `crate::attempt` (`settle.rs`: a retryable status releases the key; in the transactional mode its writes roll back first) |
 //! | `concurrency` | `register/concurrency.rs` |
@@ -163,7 +163,7 @@ where
     let names = admitted.serde_names(&contract.operation)?;
     let client = admitted.identify(&parts)?;
     let header_key = key::from_header(&parts.headers, contract)?;
-    let read = read::read(&mut parts, body, state).await?;
+    let read = read::read(&mut parts, body, state, contract).await?;
     let same = significant::significant(&parts, &read, names, header_key, contract)?;
     let mode = Mode::of(&parts.extensions);
     let fault = fault::requested(admitted.idem.test_faults(), &parts.headers)

@@ -1,10 +1,13 @@
 //! Stage 2, read: the path parameters and the body, each read once, before anything is
-//! registered.
+//! registered. The body must arrive within the attempt's time (the contract's
+//! `per_attempt`, else its total deadline): a connection that trickles it in holds
+//! nothing of idem's, and is answered 408 and closed when that time is up.
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::RawPathParamsRejection;
 use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
 use http::request::Parts;
+use idem_contract::Contract;
 
 use super::Rejection;
 use crate::answer;
@@ -24,11 +27,13 @@ pub(crate) struct Read {
 ///
 /// axum's rejection of the path parameters (a value that is not valid UTF-8);
 /// 413 `body-too-large` past axum's `DefaultBodyLimit`; 400 `body-malformed` for a body
-/// cut short.
+/// cut short; 408 `request-timeout` for a body that has not arrived within the
+/// contract's time for one attempt.
 pub(crate) async fn read<S: Send + Sync>(
     parts: &mut Parts,
     body: Body,
     state: &S,
+    contract: &Contract,
 ) -> Result<Read, Rejection> {
     let path_params = match RawPathParams::from_request_parts(parts, state).await {
         Ok(params) => params
@@ -42,8 +47,10 @@ pub(crate) async fn read<S: Send + Sync>(
     // carries the extensions that hold it.
     let mut shadow = Request::new(body);
     *shadow.extensions_mut() = parts.extensions.clone();
-    let bytes = Bytes::from_request(shadow, state)
+    let limit = contract.deadline.attempt_timeout().to_std();
+    let bytes = tokio::time::timeout(limit, Bytes::from_request(shadow, state))
         .await
+        .map_err(|_elapsed| answer::body_timed_out(limit))?
         .map_err(|rejection| answer::body_unreadable(&rejection))?;
     Ok(Read { path_params, bytes })
 }
