@@ -485,7 +485,13 @@ async fn a_client_budget_429_is_retried_after_its_retry_after_whatever_the_list(
         "{outcome:?}"
     );
     assert!(script.posts()[1].0 - t0 >= Duration::from_secs(4));
-    let key = |i: usize| script.posts()[i].1.headers().get("idempotency-key").cloned();
+    let key = |i: usize| {
+        script.posts()[i]
+            .1
+            .headers()
+            .get("idempotency-key")
+            .cloned()
+    };
     assert_eq!(key(0), key(1), "the same key");
     assert!(key(0).is_some());
 }
