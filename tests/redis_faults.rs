@@ -559,6 +559,7 @@ async fn a_killed_connection_is_re_established_under_load() {
                         assert!(matches!(record.state, RecordState::Processing { .. }));
                         ok += 1;
                     }
+                    Ok(Begin::OverBudget(over)) => panic!("no budget was asked for: {over:?}"),
                     Err(StoreError::Unavailable(_)) => failed += 1,
                     Err(other) => panic!("only Unavailable while the connection breaks: {other}"),
                 }

@@ -541,6 +541,7 @@ async fn a_record_of_the_earlier_rule_matches_a_retry_of_the_same_bytes() {
         expires_at: now + 3_600_000,
         transactional: false,
         holds_until: now + 10_000,
+        budget: None,
     };
     let done = RecordKey::new("renew", common::server::CLIENT, "k-earlier-done");
     let record = new(idem::OperationId::new());

@@ -176,6 +176,7 @@ fn new_record(now: u64) -> NewRecord {
         expires_at: now + 86_400_000,
         transactional: false,
         holds_until: now + 10_000,
+        budget: None,
     }
 }
 

@@ -582,7 +582,12 @@ impl<T: Transport> Client<T> {
     ) -> Verdict {
         let status = answer.status;
         let kind = problem.as_ref().and_then(Problem::idem_type);
-        if kind == Some(ProblemType::OperationInProgress) {
+        // Nothing ran and nothing was registered: the same request with the same key is
+        // safe after `Retry-After`, whatever the contract's retry list says.
+        if matches!(
+            kind,
+            Some(ProblemType::OperationInProgress | ProblemType::ClientBudgetExhausted)
+        ) {
             return Verdict::Retry {
                 failure: false,
                 problem,

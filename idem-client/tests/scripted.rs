@@ -483,3 +483,58 @@ async fn a_replay_is_flagged_and_the_key_can_go_in_the_body() {
             .is_none()
     );
 }
+
+/// A contract whose retry list lacks 429.
+fn policy_without_429() -> RetryPolicy {
+    RetryPolicy::builder("create_order")
+        .max_attempts(4)
+        .deadline(Duration::from_secs(30))
+        .per_attempt(Duration::from_secs(5))
+        .retryable([Retryable::Status(idem_contract::StatusCode(503))])
+        .status_lookup("/orders/operations/{key}")
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_budget_429_is_retried_after_its_retry_after_whatever_the_list() {
+    let script = Script::new([problem(429, "client-budget-exhausted", "4"), status(201)]);
+    let t0 = Instant::now();
+    let outcome = client(&script)
+        .execute(Intent::new(policy_without_429()), &call())
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, Outcome::Completed(ref c) if c.attempts == 2),
+        "{outcome:?}"
+    );
+    assert!(script.posts()[1].0 - t0 >= Duration::from_secs(4));
+    let key = |i: usize| {
+        script.posts()[i]
+            .1
+            .headers()
+            .get("idempotency-key")
+            .cloned()
+    };
+    assert_eq!(key(0), key(1), "the same key");
+    assert!(key(0).is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_budget_429_beyond_the_deadline_stops_at_once() {
+    let script = Script::new([problem(429, "client-budget-exhausted", "3600"), status(201)]);
+    let Outcome::Unknown(unknown) = client(&script)
+        .execute(Intent::new(policy_without_429()), &call())
+        .await
+        .unwrap()
+    else {
+        panic!("unknown");
+    };
+    assert_eq!(
+        unknown.reason,
+        StopReason::RetryAfterBeyondDeadline {
+            retry_after: Duration::from_secs(3600)
+        }
+    );
+    assert_eq!(script.posts().len(), 1);
+}

@@ -27,6 +27,8 @@
 //! | `attempt-rolled-back` | 503 | the record's | true only when the record is `released` | yes |
 //! | `recovery-pending` | 503 | `processing` | false | yes |
 //! | `store-unavailable` | 503 | – | false | yes |
+//! | `store-full` | 503 | – | false | yes |
+//! | `client-budget-exhausted` | 429 | – | true | yes |
 //! | `operation-not-found` | 404 | – | true | – |
 //! | `not-configured` | 500 | – | true | – |
 //!
@@ -190,6 +192,17 @@ problem_types! {
         state: None, new_key_safe: Some(false), retry_after: true,
         meaning: "the server cannot reach the store that remembers keys, so it did not run this request (an earlier attempt may have run)",
         action: "wait for `Retry-After`, then retry with the same key";
+    /// 503: the store is full; nothing ran.
+    StoreFull => "store-full", 503, "Idempotency store full",
+        state: None, new_key_safe: Some(false), retry_after: true,
+        meaning: "the store that remembers keys answered, but it is full and refused to record this request, so the server did not run it (an earlier attempt may have run)",
+        action: "wait for `Retry-After`, then retry with the same key; the API's provider must make room in the store";
+    /// 429: the client holds as many keys, or stored bytes, as the server keeps for one
+    /// client.
+    ClientBudgetExhausted => "client-budget-exhausted", 429, "Client budget exhausted",
+        state: None, new_key_safe: Some(true), retry_after: true,
+        meaning: "you hold as many live keys, or as many bytes of stored answers, as the server keeps for one client, so this new key was refused before anything ran; retries of keys you already hold are still answered",
+        action: "wait for `Retry-After` (when your oldest key expires), then send the same request with the same key; send fewer new keys (do not make a new key for a retry), or ask the API's provider for a larger budget";
     /// 404: the status lookup does not know the key.
     OperationNotFound => "operation-not-found", 404, "Operation not found",
         state: None, new_key_safe: Some(true), retry_after: false,

@@ -9,7 +9,7 @@ use http::{HeaderValue, StatusCode, header};
 use idem_contract::{Contract, KeyError};
 
 use crate::problem::{Problem, ProblemType};
-use crate::store::{OperationState, Record, RecordKey, StoreError};
+use crate::store::{OperationState, OverBudget, Record, RecordKey, StoreError, UnixMillis};
 use crate::telemetry::{self, Outcome};
 use crate::{Idem, OperationId};
 use idem_contract::headers::OPERATION_ID;
@@ -289,6 +289,9 @@ pub(crate) fn store_unavailable(
     error: &StoreError,
 ) -> Problem {
     let id = id.unwrap_or_default();
+    if error.is_full() {
+        return store_full(idem, contract, id, error);
+    }
     tracing::error!(
         operation = %contract.operation,
         operation_id = %id,
@@ -302,6 +305,47 @@ pub(crate) fn store_unavailable(
     )
     .with_operation_id(id)
     .with_retry_after_secs(idem.unavailable_retry_after_secs())
+}
+
+/// 503 `store-full`: the store answered that it is full ([`StoreError::is_full`]).
+fn store_full(idem: &Idem, contract: &Contract, id: OperationId, error: &StoreError) -> Problem {
+    tracing::error!(
+        operation = %contract.operation,
+        operation_id = %id,
+        error = %error,
+        outcome = "store_full",
+        "idem: the store is full; answering 503 store-full (make room in the store, or lower the client budgets)"
+    );
+    Problem::new(
+        ProblemType::StoreFull,
+        "the idempotency store is full and refused to record this operation, so it did not run; retry with the same key later",
+    )
+    .with_operation_id(id)
+    .with_retry_after_secs(idem.unavailable_retry_after_secs())
+}
+
+/// 429 `client-budget-exhausted`: the client is at its budget in the store
+/// ([`crate::store::budget`]) and the key is new to it; nothing was registered.
+pub(crate) fn budget_exhausted(contract: &Contract, over: &OverBudget, now: UnixMillis) -> Problem {
+    let retry_after = over.retry_after_secs(now);
+    tracing::warn!(
+        operation = %contract.operation,
+        records = over.usage.records,
+        bytes = over.usage.bytes,
+        retry_after_secs = retry_after,
+        outcome = "client_budget_exhausted",
+        "idem: a client at its budget sent a new key; answering 429 client-budget-exhausted"
+    );
+    Problem::new(
+        ProblemType::ClientBudgetExhausted,
+        format!(
+            "you hold {} live keys and {} bytes of stored answers, as many as this server keeps for one client, so this new key was not registered and nothing ran; retry with the same key after {retry_after} s, when your oldest key expires, and do not make new keys for retries",
+            over.usage.records, over.usage.bytes
+        ),
+    )
+    .with_operation_id(OperationId::new())
+    .with_new_key_safe(true)
+    .with_retry_after_secs(retry_after)
 }
 
 /// The status lookup path of `key`, percent-encoded, if the contract declares one.

@@ -216,6 +216,7 @@ mod tests {
             expires_at: now + 86_400_000,
             transactional: false,
             holds_until: now - 1,
+            budget: None,
         };
         store
             .begin(&RecordKey::new(operation(), "acme", key), &new, now - 1_000)
@@ -257,6 +258,7 @@ mod tests {
             expires_at: now + 86_400_000,
             transactional: false,
             holds_until: now,
+            budget: None,
         };
         let running = RecordKey::new(operation(), "acme", "alive");
         store.begin(&running, &live, now).await.unwrap();

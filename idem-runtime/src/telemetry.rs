@@ -104,6 +104,11 @@ pub enum Outcome {
     RecoveryPending,
     /// `store_unavailable`: 503 `store-unavailable` (fail closed).
     StoreUnavailable,
+    /// `store_full`: 503 `store-full`, the store answered that it is full (fail closed).
+    StoreFull,
+    /// `over_budget`: 429 `client-budget-exhausted`, a new key from a client at its
+    /// budget in the store (`store::budget`): nothing was registered.
+    OverBudget,
     /// `rejected`: refused before the key was registered (400, 401, 413, an
     /// extractor's rejection, 500 `not-configured`): nothing was recorded.
     Rejected,
@@ -111,7 +116,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in the order of the enum.
-    pub const ALL: [Outcome; 14] = [
+    pub const ALL: [Outcome; 16] = [
         Outcome::Executed,
         Outcome::Replayed,
         Outcome::Recovered,
@@ -125,6 +130,8 @@ impl Outcome {
         Outcome::AwaitingOperator,
         Outcome::RecoveryPending,
         Outcome::StoreUnavailable,
+        Outcome::StoreFull,
+        Outcome::OverBudget,
         Outcome::Rejected,
     ];
 
@@ -144,6 +151,8 @@ impl Outcome {
             Outcome::AwaitingOperator => "awaiting_operator",
             Outcome::RecoveryPending => "recovery_pending",
             Outcome::StoreUnavailable => "store_unavailable",
+            Outcome::StoreFull => "store_full",
+            Outcome::OverBudget => "over_budget",
             Outcome::Rejected => "rejected",
         }
     }
@@ -158,6 +167,8 @@ impl Outcome {
             ProblemType::AttemptRolledBack => Outcome::RolledBack,
             ProblemType::RecoveryPending => Outcome::RecoveryPending,
             ProblemType::StoreUnavailable => Outcome::StoreUnavailable,
+            ProblemType::StoreFull => Outcome::StoreFull,
+            ProblemType::ClientBudgetExhausted => Outcome::OverBudget,
             _ => Outcome::Rejected,
         }
     }
@@ -623,6 +634,8 @@ mod tests {
                 "attempt-rolled-back" => Outcome::RolledBack,
                 "recovery-pending" => Outcome::RecoveryPending,
                 "store-unavailable" => Outcome::StoreUnavailable,
+                "store-full" => Outcome::StoreFull,
+                "client-budget-exhausted" => Outcome::OverBudget,
                 _ => Outcome::Rejected,
             };
             assert_eq!(Outcome::of_problem(*kind), expected, "{}", kind.slug());

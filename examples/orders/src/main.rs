@@ -55,6 +55,22 @@ struct Args {
     /// Demo: the next N POST /orders answer 503, as if the payment provider were down.
     #[arg(long, value_name = "N", default_value_t = 0)]
     outage: u32,
+    /// Each client's budget of live idempotency records (default 10000): a new key from
+    /// a client that holds this many is answered 429 `client-budget-exhausted`.
+    #[arg(long, value_name = "N", env = "ORDERS_CLIENT_BUDGET_RECORDS")]
+    client_budget_records: Option<u64>,
+    /// Each client's budget of stored answer bytes (default 16 MiB).
+    #[arg(long, value_name = "BYTES", env = "ORDERS_CLIENT_BUDGET_BYTES")]
+    client_budget_bytes: Option<u64>,
+}
+
+/// The client budget the flags ask for, or idem's default.
+fn client_budget(args: &Args) -> idem::store::ClientBudget {
+    let default = idem::store::ClientBudget::DEFAULT;
+    idem::store::ClientBudget::new(
+        args.client_budget_records.unwrap_or(default.records),
+        args.client_budget_bytes.unwrap_or(default.bytes),
+    )
 }
 
 /// What to do instead of serving.
@@ -232,7 +248,8 @@ async fn main() -> ExitCode {
         delay: args.delay,
         outage: args.outage,
     };
-    let service = match Service::open(&config).await {
+    let budget = client_budget(&args);
+    let service = match Service::open_with(&config, |idem| idem.client_budget(budget)).await {
         Ok(service) => service,
         Err(error) => {
             eprintln!(

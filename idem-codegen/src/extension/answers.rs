@@ -136,9 +136,9 @@ pub fn responses(contract: &Contract, identity: Option<&ClientIdentity>) -> Vec<
             ),
             413 => "The request body is larger than the server accepts (`body-too-large`); nothing ran and nothing was registered under the key. Make the body smaller; sending it again unchanged gets the same answer.".to_owned(),
             422 => "The idempotency key was already used with different significant content (`fingerprint-mismatch`); this request was not run. Do not retry: a retry sends exactly the first request's content, and a new business intent needs a new key.".to_owned(),
-            429 => format!("Too many requests. {}", retry_sentence(contract, 429)),
+            429 => format!("The client holds as many live keys, or bytes of stored answers, as the server keeps for one client (`client-budget-exhausted`): this new key was not registered and nothing ran, so waiting for `Retry-After` (when the client's oldest key expires) and sending the same request with the same key is always safe; keys the client already holds are still answered. Any other 429 means too many requests. {}", retry_sentence(contract, 429)),
             _ => format!(
-                "This attempt did not complete: the idempotency store is unavailable and nothing ran (`store-unavailable`), or the attempt ran out of time on the server (`attempt-timed-out`) or failed before it answered (`attempt-failed`) and its outcome is not known yet. {}",
+                "This attempt did not complete: the idempotency store is unavailable or full and nothing ran (`store-unavailable`, `store-full`), or the attempt ran out of time on the server (`attempt-timed-out`) or failed before it answered (`attempt-failed`) and its outcome is not known yet. {}",
                 own_answer(contract, 503)
             ),
         };

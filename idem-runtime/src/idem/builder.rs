@@ -9,7 +9,7 @@ use http::HeaderName;
 
 use super::{Idem, Inner};
 use crate::identity::ClientIdentity;
-use crate::store::Store;
+use crate::store::{ClientBudget, Store};
 
 /// The settings of an [`Idem`] handle, set one by one, then [`IdemBuilder::build`]: made
 /// by [`Idem::builder`] or [`Idem::transactional_builder`], with the settings listed under
@@ -48,6 +48,7 @@ impl IdemBuilder {
                 max_stored_body: Idem::DEFAULT_MAX_STORED_BODY,
                 unavailable_retry_after: Idem::DEFAULT_UNAVAILABLE_RETRY_AFTER,
                 heartbeat_lease: Idem::DEFAULT_HEARTBEAT_LEASE,
+                client_budget: Some(ClientBudget::DEFAULT),
                 running: Arc::default(),
                 names: Arc::default(),
                 recoverers: Vec::new(),
@@ -93,6 +94,27 @@ impl IdemBuilder {
     /// is taken as that: renewals come every 10 ms at the most.
     pub fn heartbeat(mut self, lease: Duration) -> Self {
         self.inner.heartbeat_lease = lease.max(Idem::MIN_HEARTBEAT_LEASE);
+        self
+    }
+
+    /// Each client's budget in the store: at most `budget.records` live records and
+    /// `budget.bytes` bytes of stored results per client identity
+    /// ([`ClientBudget::DEFAULT`] unless set: 10,000 records, 16 MiB; its docs give the
+    /// reasoning). A new key from a client at its budget is refused before the handler
+    /// runs, with 429 `client-budget-exhausted` and a `Retry-After` at the expiry of the
+    /// client's oldest record; retries and replays of keys it holds are answered as
+    /// always. What is counted, and how far a count may overshoot, is
+    /// [`crate::store::budget`].
+    pub fn client_budget(mut self, budget: ClientBudget) -> Self {
+        self.inner.client_budget = Some(budget);
+        self
+    }
+
+    /// No client budget: every new key is registered while the store has room (one
+    /// client may then fill the store for everyone). For a store with one client, or one
+    /// whose size is bounded otherwise.
+    pub fn without_client_budget(mut self) -> Self {
+        self.inner.client_budget = None;
         self
     }
 

@@ -20,7 +20,7 @@ pub use self::check::{NotConfigured, Operations};
 use self::names::Names;
 use self::running::Running;
 use crate::identity::ClientIdentity;
-use crate::store::{Store, StoreError, unix_now};
+use crate::store::{ClientBudget, Store, StoreError, unix_now};
 
 /// The runtime of idem: the store that keeps keys and results, how to tell clients apart,
 /// and the settings of enforcement. Cheap to clone (one `Arc`), and immutable once built:
@@ -51,6 +51,8 @@ use crate::store::{Store, StoreError, unix_now};
 ///   ([`Idem::DEFAULT_HEARTBEAT_LEASE`]);
 /// - `Retry-After` when the store is unavailable: 2 s
 ///   ([`Idem::DEFAULT_UNAVAILABLE_RETRY_AFTER`]);
+/// - each client's budget in the store: 10,000 live records and 16 MiB of results
+///   ([`ClientBudget::DEFAULT`]; [`IdemBuilder::client_budget`]);
 /// - no operation registered with the reconciler, and no test faults.
 #[derive(Clone)]
 pub struct Idem {
@@ -73,6 +75,8 @@ struct Inner {
     max_stored_body: usize,
     unavailable_retry_after: Duration,
     heartbeat_lease: Duration,
+    /// Each client's budget in the store; `None`: none.
+    client_budget: Option<ClientBudget>,
     /// The attempts alive in this process (shared by every clone).
     running: Arc<Running>,
     /// The operation names claimed so far (shared by every clone).
@@ -229,6 +233,12 @@ impl Idem {
     /// The recoverers registered for the reconciler.
     pub(crate) fn recoverers(&self) -> &[crate::reconciler::Registered] {
         &self.inner.recoverers
+    }
+
+    /// Each client's budget in the store ([`IdemBuilder::client_budget`]), or `None`
+    /// when there is none.
+    pub fn client_budget(&self) -> Option<ClientBudget> {
+        self.inner.client_budget
     }
 
     /// The largest stored result body, in bytes.

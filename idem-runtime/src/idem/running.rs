@@ -326,6 +326,7 @@ mod tests {
             expires_at: now + 60_000,
             transactional: false,
             holds_until: now + 90,
+            budget: None,
         };
         assert!(matches!(
             store.begin(&key, &new, now).await.unwrap(),

@@ -18,6 +18,7 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use http::{HeaderName, HeaderValue};
 
+use super::budget::{OverBudget, Tallies};
 use super::ops::{self, Event};
 use super::{
     Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OperatorStore,
@@ -48,6 +49,8 @@ pub struct MemoryStore {
     /// [`compact_key`]; locked only while the record's shard is (tables first), and only
     /// by reclaims, takeovers, resolutions and purges, never for a new key.
     history: DashMap<HistoryKey, Vec<Event>>,
+    /// Each client's usage, for its budget ([`super::budget`]); locked after the tables.
+    tallies: Tallies,
 }
 
 /// A record's operation and [`compact_key`]: where its history is kept.
@@ -62,6 +65,7 @@ impl Default for MemoryStore {
             tables: RwLock::default(),
             max_result: DEFAULT_MAX_RESULT,
             history: DashMap::new(),
+            tallies: Tallies::default(),
         }
     }
 }
@@ -134,6 +138,22 @@ impl MemoryStore {
             None => Err(StoreError::LeaseLost),
         }
     }
+
+    /// Counts `record`, a new operation of `key`'s client, if its budget
+    /// ([`NewRecord::budget`]) admits it; with no budget, counts nothing.
+    fn admit(
+        &self,
+        key: &RecordKey,
+        new: &NewRecord,
+        record: &Record,
+        now: UnixMillis,
+    ) -> Result<(), OverBudget> {
+        let Some(budget) = &new.budget else {
+            return Ok(());
+        };
+        self.tallies
+            .admit(&key.client, &member(key), record.expires_at, budget, now)
+    }
 }
 
 #[async_trait]
@@ -148,6 +168,9 @@ impl RecordStore for MemoryStore {
         Ok(match table.entry(compact_key(key)) {
             Entry::Vacant(vacant) => {
                 let record = Record::started(new, now);
+                if let Err(over) = self.admit(key, new, &record, now) {
+                    return Ok(Begin::OverBudget(over));
+                }
                 vacant.insert(Slot::from_record(&record));
                 Begin::Started(record)
             }
@@ -155,6 +178,11 @@ impl RecordStore for MemoryStore {
                 let current = occupied.get().to_record()?;
                 match current.begin_over(new, now) {
                     Some(record) => {
+                        if current.is_expired(now)
+                            && let Err(over) = self.admit(key, new, &record, now)
+                        {
+                            return Ok(Begin::OverBudget(over));
+                        }
                         self.note_begin(key, &current, &record, now);
                         occupied.insert(Slot::from_record(&record));
                         Begin::Started(record)
@@ -189,6 +217,8 @@ impl RecordStore for MemoryStore {
                 return Err(StoreError::LeaseLost);
             }
             slot.state = SlotState::Completed(encoded);
+            let size = u64::try_from(response.size()).unwrap_or(u64::MAX);
+            self.tallies.stored(&key.client, &member(key), size);
             Ok(())
         })
     }
@@ -285,6 +315,7 @@ impl OperatorStore for MemoryStore {
                 self.history.remove(&(operation.clone(), name));
             }
         }
+        self.tallies.purge(now);
         Ok(purged)
     }
 
@@ -425,6 +456,16 @@ fn compact_key(key: &RecordKey) -> Box<[u8]> {
     out.extend_from_slice(client);
     out.extend_from_slice(key.key.as_bytes());
     out.into_boxed_slice()
+}
+
+/// The name of `key`'s record among its client's records ([`Tallies`]): the operation,
+/// then the key.
+fn member(key: &RecordKey) -> Vec<u8> {
+    let mut out = Vec::with_capacity(key.operation.len() + 1 + key.key.len());
+    out.extend_from_slice(key.operation.as_bytes());
+    out.push(0xff);
+    out.extend_from_slice(key.key.as_bytes());
+    out
 }
 
 /// A [`Record`] as the table keeps it.
@@ -763,6 +804,7 @@ mod tests {
             expires_at: 10_000,
             transactional: false,
             holds_until: 2_000,
+            budget: None,
         };
         for operation in ["a", "b"] {
             let key = RecordKey::new(operation, "c", "k");

@@ -64,6 +64,7 @@
 //! clock, so that tests control time and all instances of a service judge leases by the
 //! same rules.
 
+pub mod budget;
 mod forward;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 mod headers;
@@ -82,6 +83,7 @@ mod transactional;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 
+pub use budget::{ClientBudget, OverBudget, Usage};
 pub use memory::MemoryStore;
 pub use open::{MAX_URL_LEN, OpenError, OpenOptions, open, redact_url};
 pub use ops::{
@@ -188,6 +190,20 @@ impl StoreError {
         StoreError::Unavailable(Box::new(OutcomeUnknown(err.into())))
     }
 
+    /// A [`StoreError::Unavailable`] for a backend that answered that it is full (Redis
+    /// over its `maxmemory`, PostgreSQL out of disk, SQLite's `SQLITE_FULL`): it can be
+    /// reached, and refused the write; nothing changed. [`StoreError::is_full`] tells it
+    /// apart, and the request path answers 503 `store-full` instead of
+    /// `store-unavailable`.
+    pub fn full(err: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> StoreError {
+        StoreError::Unavailable(Box::new(StoreFull(err.into())))
+    }
+
+    /// Whether the backend answered that it is full ([`StoreError::full`]).
+    pub fn is_full(&self) -> bool {
+        matches!(self, StoreError::Unavailable(source) if source.is::<StoreFull>())
+    }
+
     /// Whether the call was sent and its answer never came
     /// ([`StoreError::outcome_unknown`]): a write may or may not have taken effect, and
     /// only reading the record again tells (a request held up in the network may still
@@ -209,6 +225,23 @@ impl StoreError {
             },
             other => other,
         }
+    }
+}
+
+/// The source of a [`StoreError::Unavailable`] whose backend answered that it is full
+/// ([`StoreError::full`]).
+#[derive(Debug)]
+struct StoreFull(Box<dyn std::error::Error + Send + Sync>);
+
+impl std::fmt::Display for StoreFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the store is full: {}", self.0)
+    }
+}
+
+impl std::error::Error for StoreFull {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
     }
 }
 
@@ -245,6 +278,19 @@ mod tests {
         assert!(!StoreError::unavailable("refused").is_outcome_unknown());
         assert!(!StoreError::LeaseLost.is_outcome_unknown());
         assert!(!StoreError::Changed("moved on".into()).is_outcome_unknown());
+    }
+
+    #[test]
+    fn a_full_store_is_unavailable_and_says_it_is_full() {
+        let full = StoreError::full("OOM command not allowed");
+        assert!(matches!(full, StoreError::Unavailable(_)));
+        assert!(full.is_full());
+        assert!(!full.is_outcome_unknown());
+        assert_eq!(
+            full.to_string(),
+            "the store is unavailable: the store is full: OOM command not allowed"
+        );
+        assert!(!StoreError::unavailable("refused").is_full());
     }
 
     #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]

@@ -9,6 +9,7 @@ use idem_contract::problem::{PROBLEM_JSON, RESULT_BODY_NOT_KEPT};
 use sha2::{Digest, Sha256};
 
 use super::UnixMillis;
+use super::budget::{ClientBudget, OverBudget};
 use crate::OperationId;
 
 /// The namespace and name of one key: two clients with one key, or
@@ -411,6 +412,9 @@ pub struct NewRecord {
     /// shorter and renewed while the attempt runs; this floor keeps the record when the
     /// renewals pause (a transaction that holds SQLite's write lock).
     pub holds_until: UnixMillis,
+    /// The client's budget, checked when the key is new to the client (or its TTL has
+    /// passed); `None`: no budget, nothing counted ([`super::budget`]).
+    pub budget: Option<ClientBudget>,
 }
 
 /// The outcome of [`RecordStore::begin`](super::RecordStore::begin).
@@ -421,6 +425,9 @@ pub enum Begin {
     Started(Record),
     /// The key is held or finished: the record as it stands, unchanged.
     Exists(Record),
+    /// The key is new to the client, and the client is at its budget
+    /// ([`NewRecord::budget`]): nothing was written.
+    OverBudget(OverBudget),
 }
 
 #[cfg(test)]

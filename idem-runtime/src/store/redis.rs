@@ -105,8 +105,8 @@ use super::open::Bounds;
 use super::ops::{self, Event};
 use super::{
     Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OperationState,
-    OperatorStore, OwnerToken, Record, RecordKey, RecordState, RecordStore, Resolution,
-    ResolutionOutcome, StoreError, StoredResponse, UnixMillis, check_size,
+    OperatorStore, OverBudget, OwnerToken, Record, RecordKey, RecordState, RecordStore, Resolution,
+    ResolutionOutcome, StoreError, StoredResponse, UnixMillis, Usage, check_size,
 };
 use crate::OperationId;
 
@@ -136,15 +136,63 @@ local function expire(key, at, margin)
 end
 ";
 
+/// The client budget's accounting ([`super::budget`]), for `begin` and `complete`: KEYS[2]
+/// the client's records (a sorted set of their hash names, scored by the expiry each was
+/// registered with), KEYS[3] their results' sizes (a hash: a size per name, the total
+/// under `*`). Both expire with the client's last record.
+const BUDGET: &str = r"
+local function budget_expire(margin)
+  local top = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  if top[2] then
+    expire(KEYS[2], top[2], margin)
+    expire(KEYS[3], top[2], margin)
+  end
+end
+-- The client's usage at `now` without writing (a full server refuses writes that grow
+-- memory before the record's own): its live records, their bytes, the expired names.
+local function budget_usage(now)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+  local live = redis.call('ZCARD', KEYS[2]) - #gone
+  local bytes = tonumber(redis.call('HGET', KEYS[3], '*') or '0')
+  for _, name in ipairs(gone) do
+    bytes = bytes - tonumber(redis.call('HGET', KEYS[3], name) or '0')
+  end
+  return live, bytes, gone
+end
+-- Counts the record KEYS[1], expiring at `exp`, after forgetting the expired ones.
+local function budget_count(now, exp, gone, margin)
+  local freed = 0
+  for _, name in ipairs(gone) do
+    freed = freed + tonumber(redis.call('HGET', KEYS[3], name) or '0')
+    redis.call('HDEL', KEYS[3], name)
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  if freed ~= 0 then redis.call('HINCRBY', KEYS[3], '*', -freed) end
+  redis.call('ZADD', KEYS[2], exp, KEYS[1])
+  budget_expire(margin)
+end
+";
+
 /// `begin`. ARGV: now, operation id, fingerprint, token, lease end, TTL end, holds until,
-/// transactional, margin, prefix. Returns `{2}` when a new record was written (exactly
-/// `Record::started`, which the caller builds itself), `{1, fields}` when a released
-/// record was reclaimed, `{0, fields}` when it exists and may not be taken
-/// (`Record::begin_over`).
+/// transactional, margin, prefix, the budget's records and bytes (empty: no budget).
+/// Returns `{2}` when a new record was written (exactly `Record::started`, which the
+/// caller builds itself), `{1, fields}` when a released record was reclaimed, `{0,
+/// fields}` when it exists and may not be taken (`Record::begin_over`), `{3, records,
+/// bytes, oldest expiry}` when a new operation is over the client's budget.
 const BEGIN: &str = r"
 local now = ARGV[1]
 local cur = redis.call('HMGET', KEYS[1], 'expires_at', 'state', 'fingerprint')
 if (not cur[1]) or tonumber(cur[1]) <= tonumber(now) then
+  local budgeted = ARGV[11] ~= ''
+  local gone = {}
+  if budgeted then
+    local live, bytes
+    live, bytes, gone = budget_usage(now)
+    if live >= tonumber(ARGV[11]) or bytes >= tonumber(ARGV[12]) then
+      local oldest = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      return {3, live, bytes, tonumber(oldest[2] or now)}
+    end
+  end
   -- HSET first, not DEL: a full server (noeviction) refuses a script's first write that
   -- may grow memory, and lets every write after any first write through.
   local exp = later(later(ARGV[6], ARGV[5]), ARGV[7])
@@ -155,6 +203,7 @@ if (not cur[1]) or tonumber(cur[1]) <= tonumber(now) then
     redis.call('HDEL', KEYS[1], 'status', 'headers', 'body', 'reason', 'history')
   end
   expire(KEYS[1], exp, ARGV[9])
+  if budgeted then budget_count(now, exp, gone, ARGV[9]) end
   return {2}
 end
 if cur[2] == 'released' and cur[3] == ARGV[3] then
@@ -213,12 +262,19 @@ if cur[1] ~= 'processing' or cur[2] ~= ARGV[2] or tonumber(ARGV[1]) >= tonumber(
 end
 ";
 
-/// `complete`. ARGV: now, token, status, headers, body. Returns 1, or 0 when the lease is
-/// lost.
+/// `complete`. ARGV: now, token, status, headers, body, the result's size, margin.
+/// Returns 1, or 0 when the lease is lost. The size is counted for the client's budget
+/// when the record is counted (KEYS[2], KEYS[3]: [`BUDGET`]).
 const COMPLETE: &str = r"
 redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[3], 'headers', ARGV[4],
   'body', ARGV[5])
 redis.call('HDEL', KEYS[1], 'token', 'lease_until')
+if redis.call('ZSCORE', KEYS[2], KEYS[1]) then
+  local old = tonumber(redis.call('HGET', KEYS[3], KEYS[1]) or '0')
+  redis.call('HSET', KEYS[3], KEYS[1], ARGV[6])
+  redis.call('HINCRBY', KEYS[3], '*', tonumber(ARGV[6]) - old)
+  budget_expire(ARGV[7])
+end
 return 1
 ";
 
@@ -306,8 +362,8 @@ impl Scripts {
     fn new() -> Scripts {
         let with = |parts: &[&str]| Script::new(&parts.concat());
         Scripts {
-            begin: with(&[PRELUDE, HISTORY, BEGIN]),
-            complete: with(&[LIVE_OWNER, COMPLETE]),
+            begin: with(&[PRELUDE, HISTORY, BUDGET, BEGIN]),
+            complete: with(&[PRELUDE, BUDGET, LIVE_OWNER, COMPLETE]),
             release: with(&[LIVE_OWNER, RELEASE]),
             renew: with(&[PRELUDE, CURRENT_OWNER, RENEW]),
             park: with(&[CURRENT_OWNER, PARK]),
@@ -474,6 +530,18 @@ impl RedisStore {
         )
     }
 
+    /// The names of `client`'s budget accounting ([`super::budget`]): its records, by
+    /// expiry, and their results' sizes. `<prefix>/budget/<client length>:<client>` and
+    /// `<prefix>/budget-bytes/…`: outside the prefix's records (`<prefix>:…`), so that
+    /// listing and purging never meet them.
+    fn budget_names(&self, client: &str) -> (String, String) {
+        let prefix = segment(&self.prefix);
+        (
+            format!("{prefix}/budget/{}:{client}", client.len()),
+            format!("{prefix}/budget-bytes/{}:{client}", client.len()),
+        )
+    }
+
     async fn warn_if_evicting(&self) {
         let mut conn = self.conn.clone();
         let answer: Result<Result<Vec<String>, RedisError>, _> = tokio::time::timeout(
@@ -526,7 +594,8 @@ impl RedisStore {
 }
 
 /// A Redis error as a store error: a value of the wrong type under one of idem's names is
-/// a record that cannot be read; everything else (I/O, timeouts, a full server, a read-only
+/// a record that cannot be read; a server over its `maxmemory` is full
+/// ([`StoreError::full`]); everything else (I/O, timeouts, a full server, a read-only
 /// replica, a script error) is the store failing. An I/O error (a connection that broke,
 /// closed or timed out) may have come after the command was sent, unless it is a refused
 /// connection: the outcome of such a call is unknown ([`StoreError::outcome_unknown`]).
@@ -536,6 +605,9 @@ fn store_error(error: RedisError) -> StoreError {
         StoreError::Corrupt(format!(
             "a value under idem's prefix is not a record: {error}"
         ))
+    } else if error.code() == Some("OOM") {
+        // `-OOM command not allowed when used memory > 'maxmemory'`: reached, and full.
+        StoreError::full(error)
     } else if error.is_timeout() {
         StoreError::outcome_unknown(format!("the Redis server did not answer in time ({error})"))
     } else if error.is_io_error() && !error.is_connection_refusal() {
@@ -676,6 +748,28 @@ fn flagged(value: Value) -> Result<(i64, Option<Record>), StoreError> {
     }
 }
 
+/// The refusal in a registration script's answer `{3, records, bytes, oldest expiry}`,
+/// if it is one.
+fn over_budget(answer: &Value) -> Option<OverBudget> {
+    let Value::Array(items) = answer else {
+        return None;
+    };
+    let number = |i: usize| match items.get(i) {
+        Some(Value::Int(n)) => Some(u64::try_from(*n).unwrap_or(0)),
+        _ => None,
+    };
+    if items.len() != 4 || number(0) != Some(3) {
+        return None;
+    }
+    Some(OverBudget {
+        usage: Usage {
+            records: number(1)?,
+            bytes: number(2)?,
+        },
+        retry_at: number(3)?,
+    })
+}
+
 /// A part of a hash name that must not contain `:`: `%` and `:` percent-encoded.
 fn segment(text: &str) -> std::borrow::Cow<'_, str> {
     if text.contains([':', '%']) {
@@ -706,7 +800,9 @@ impl RecordStore for RedisStore {
         now: UnixMillis,
     ) -> Result<Begin, StoreError> {
         let mut conn = self.conn.clone();
+        let (records, bytes) = self.budget_names(&key.client);
         let mut invocation = self.scripts.begin.key(self.hash_name(key));
+        invocation.key(records).key(bytes);
         invocation
             .arg(now)
             .arg(new.operation_id.to_string())
@@ -717,8 +813,17 @@ impl RecordStore for RedisStore {
             .arg(new.holds_until)
             .arg(if new.transactional { "1" } else { "0" })
             .arg(EXPIRY_MARGIN_MS)
-            .arg(&self.prefix);
+            .arg(&self.prefix)
+            .arg(
+                new.budget
+                    .map(|b| b.records.to_string())
+                    .unwrap_or_default(),
+            )
+            .arg(new.budget.map(|b| b.bytes.to_string()).unwrap_or_default());
         let answer: Value = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        if let Some(over) = over_budget(&answer) {
+            return Ok(Begin::OverBudget(over));
+        }
         match flagged(answer)? {
             (2, None) => Ok(Begin::Started(Record::started(new, now))),
             (1, Some(record)) => Ok(Begin::Started(record)),
@@ -749,13 +854,18 @@ impl RecordStore for RedisStore {
         now: UnixMillis,
     ) -> Result<(), StoreError> {
         check_size(response, self.max_result)?;
+        let (records, bytes) = self.budget_names(&key.client);
         let mut invocation = self.scripts.complete.key(self.hash_name(key));
         invocation
+            .key(records)
+            .key(bytes)
             .arg(now)
             .arg(token.to_string())
             .arg(response.status)
             .arg(encode_headers(&response.headers))
-            .arg(response.body.as_ref());
+            .arg(response.body.as_ref())
+            .arg(response.size())
+            .arg(EXPIRY_MARGIN_MS);
         self.fenced(invocation).await
     }
 

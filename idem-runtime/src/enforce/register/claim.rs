@@ -27,7 +27,8 @@ impl<F> Registration<'_, F> {
     ///
     /// # Errors
     ///
-    /// 503 `store-unavailable` when the store fails.
+    /// 503 `store-unavailable` when the store fails (`store-full` when it is full); 429
+    /// `client-budget-exhausted` when the key is new and the client is at its budget.
     pub(super) async fn claim(&mut self) -> Result<Claimed, Rejection> {
         let now = unix_now();
         let started = Instant::now();
@@ -43,6 +44,9 @@ impl<F> Registration<'_, F> {
             Ok(Begin::Exists(record)) => {
                 crate::telemetry::found_record(record.attempt);
                 return Ok(Claimed::Exists(record, now));
+            }
+            Ok(Begin::OverBudget(over)) => {
+                return Err(answer::budget_exhausted(self.contract, &over, now).into());
             }
             Err(error) => return Err(self.unavailable(self.last_id, &error)),
         };
@@ -109,6 +113,7 @@ fn new_record(
         expires_at: now.saturating_add(contract.ttl.as_millis()),
         transactional,
         holds_until: now.saturating_add(contract.lease().as_millis()),
+        budget: idem.client_budget(),
     }
 }
 

@@ -35,7 +35,13 @@ use super::{
 };
 use crate::OperationId;
 
+mod budget;
 pub mod ops;
+
+pub use budget::{
+    the_budget_counts_stored_bytes, the_budget_never_refuses_a_key_the_client_holds,
+    the_budget_refuses_a_new_key_at_its_record_limit,
+};
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
@@ -126,6 +132,15 @@ pub const CHECKS: &[Check] = &[
     ("keys_are_compared_whole", |s| {
         Box::pin(keys_are_compared_whole(s))
     }),
+    ("the_budget_refuses_a_new_key_at_its_record_limit", |s| {
+        Box::pin(the_budget_refuses_a_new_key_at_its_record_limit(s))
+    }),
+    ("the_budget_never_refuses_a_key_the_client_holds", |s| {
+        Box::pin(the_budget_never_refuses_a_key_the_client_holds(s))
+    }),
+    ("the_budget_counts_stored_bytes", |s| {
+        Box::pin(the_budget_counts_stored_bytes(s))
+    }),
     ("list_filters_orders_and_pages", |s| {
         Box::pin(ops::list_filters_orders_and_pages(s))
     }),
@@ -187,6 +202,7 @@ pub fn new_record(fingerprint: &str, now: UnixMillis) -> NewRecord {
         expires_at: now + TTL,
         transactional: false,
         holds_until: now,
+        budget: None,
     }
 }
 
@@ -307,6 +323,7 @@ pub async fn begin_is_atomic_under_concurrency(store: Arc<dyn Store>) {
         match outcome.expect("begin must succeed") {
             Begin::Started(_) => winners.push(token),
             Begin::Exists(record) => seen_tokens.push(record.lease().expect("processing").token),
+            Begin::OverBudget(over) => panic!("begin without a budget was refused: {over:?}"),
         }
     }
     assert_eq!(winners.len(), 1, "exactly one begin must start the key");
@@ -502,6 +519,7 @@ pub async fn the_record_outlives_its_attempt(store: Arc<dyn Store>) {
     let new = NewRecord {
         expires_at: T0 + 5,
         holds_until: T0 + 10 * LEASE,
+        budget: None,
         ..new_record("sha256:a", T0)
     };
     assert_eq!(
@@ -515,6 +533,7 @@ pub async fn the_record_outlives_its_attempt(store: Arc<dyn Store>) {
     store.release(&r, first.lease.token, T0).await.unwrap();
     let retry = NewRecord {
         holds_until: late + 10 * LEASE,
+        budget: None,
         ..new_record("sha256:a", late)
     };
     let record = started(&*store, &r, &retry, late).await;

@@ -65,10 +65,11 @@ pub trait Dialect: Run {
 
     /// The [`StoreError`] of a driver error on one of `store`'s connections, after noting
     /// any fault it shows (so that broken connections are replaced, not handed out
-    /// again): [`StoreError::Unavailable`], and nothing noted, unless said otherwise.
+    /// again): [`StoreError::Unavailable`] (marked [`StoreError::full`] when the database
+    /// is full), and nothing noted, unless said otherwise.
     fn fault(store: &SqlStore<Self>, error: sqlx::Error) -> StoreError {
         let _ = store;
-        StoreError::unavailable(error)
+        super::unavailable(error)
     }
 
     /// [`RecordStore::begin`](crate::store::RecordStore::begin) on `conn`, atomically.

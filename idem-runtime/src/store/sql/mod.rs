@@ -170,6 +170,28 @@ impl<DB: Dialect> SqlStore<DB> {
     }
 }
 
+/// A driver error as a [`StoreError::Unavailable`], marked [`StoreError::full`] when the
+/// database answered that it is full: PostgreSQL's `disk_full` (SQLSTATE 53100) or
+/// SQLite's `SQLITE_FULL` (13, or an extended code of it).
+pub(crate) fn unavailable(error: sqlx::Error) -> StoreError {
+    if is_full(&error) {
+        StoreError::full(error)
+    } else {
+        StoreError::unavailable(error)
+    }
+}
+
+fn is_full(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = error else {
+        return false;
+    };
+    match db.code().as_deref() {
+        Some("53100") => true,
+        Some(code) => code.parse::<i32>().is_ok_and(|code| code & 0xff == 13),
+        None => false,
+    }
+}
+
 /// Whether a driver error on a statement that was sent means its answer was lost: the
 /// connection broke, closed or spoke nonsense before the answer was read. An error the
 /// database answered with (`Database`), or one raised before anything was sent (a

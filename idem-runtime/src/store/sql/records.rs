@@ -7,11 +7,11 @@ use async_trait::async_trait;
 use super::SqlStore;
 use super::dialect::Dialect;
 use super::rows::changed_one;
-use super::statement::{Run, Statement};
+use super::statement::{Columns, Run, Statement};
 use crate::store::headers::encode_headers;
 use crate::store::{
-    Begin, Lease, NewRecord, OwnerToken, Record, RecordKey, RecordStore, StoreError,
-    StoredResponse, UnixMillis, check_size,
+    Begin, Lease, NewRecord, OverBudget, OwnerToken, Record, RecordKey, RecordStore, StoreError,
+    StoredResponse, UnixMillis, Usage, check_size,
 };
 
 /// The record as it stands, expired or not (registration decides): `$1`..`$3` the key.
@@ -25,7 +25,7 @@ const GET: &str = "SELECT operation_id, fingerprint, state, attempt, token, leas
     FROM idem_records WHERE operation = $1 AND client = $2 AND key = $3 AND expires_at > $4";
 
 /// The SQL of a completion, with the values of [`SqlStore::completion`]: the record
-/// completed with the result (`$6`..`$8`) if it is processing under the token `$4` and
+/// completed with the result (`$6`..`$8`, and its size `$9`) if it is processing under the token `$4` and
 /// `$condition` (more SQL, `AND …`) holds. Each database's completion inside a
 /// transaction adds its own condition.
 macro_rules! completion_sql {
@@ -33,7 +33,7 @@ macro_rules! completion_sql {
         concat!(
             "UPDATE idem_records
     SET state = 'completed', token = NULL, lease_until = NULL,
-        status = $6, headers = $7, body = $8, reason = NULL
+        status = $6, headers = $7, body = $8, reason = NULL, stored_bytes = $9
     WHERE operation = $1 AND client = $2 AND key = $3
       AND state = 'processing' AND token = $4",
             $condition
@@ -78,6 +78,36 @@ const PARK: &str = "UPDATE idem_records
     WHERE operation = $1 AND client = $2 AND key = $3
       AND state = 'processing' AND token = $4";
 
+/// The client budget's count ([`crate::store::budget`]): `$1` the client, `$2` now, `$3`
+/// the budget's records (counting stops there). Reads the index on the client's live
+/// records in the order they expire; no row is locked.
+pub const USAGE: &str = "SELECT count(*) AS used_records,
+        CAST(COALESCE(sum(stored_bytes), 0) AS BIGINT) AS used_bytes,
+        COALESCE(min(expires_at), 0) AS oldest
+    FROM (SELECT stored_bytes, expires_at FROM idem_records
+          WHERE client = $1 AND expires_at > $2 ORDER BY expires_at LIMIT $3) AS live";
+
+/// What the budget's count found: the client's usage and its oldest live record's expiry.
+#[derive(Clone, Copy, Debug)]
+pub struct Counted {
+    usage: Usage,
+    oldest: UnixMillis,
+}
+
+impl Counted {
+    /// The count from a row with the columns of [`USAGE`].
+    pub fn read(row: &impl Columns) -> Result<Counted, StoreError> {
+        let non_negative = |n: i64| u64::try_from(n).unwrap_or(0);
+        Ok(Counted {
+            usage: Usage {
+                records: non_negative(row.int("used_records")?),
+                bytes: non_negative(row.int("used_bytes")?),
+            },
+            oldest: non_negative(row.int("oldest")?),
+        })
+    }
+}
+
 /// A registration on its way to the database: the key, the record it would write, and
 /// the time, as [`RecordStore::begin`] hands them to [`Dialect::register`].
 pub struct Registration<'a> {
@@ -107,6 +137,34 @@ impl Registration<'_> {
             .ms(new.holds_until)
     }
 
+    /// The budget's count of the client, `$1`..`$3` of [`USAGE`]: `None` without a
+    /// budget.
+    pub fn usage<DB: Run>(&self) -> Option<Statement<DB>> {
+        let budget = self.new.budget?;
+        Some(
+            Statement::new(USAGE)
+                .text(&self.key.client)
+                .ms(self.now)
+                .int(i64::try_from(budget.records).unwrap_or(i64::MAX)),
+        )
+    }
+
+    /// The refusal a client with `counted` gets under the registration's budget, if it
+    /// is at its budget; `None` when it has room or there is no budget.
+    pub fn over(&self, counted: &Counted) -> Option<OverBudget> {
+        let budget = self.new.budget?;
+        (!budget.admits(&counted.usage)).then_some(OverBudget {
+            usage: counted.usage,
+            retry_at: counted.oldest,
+        })
+    }
+
+    /// Whether taking `existing` starts a new operation (its TTL has passed), which the
+    /// budget counts; a reclaim of a released key does not.
+    pub fn is_new_over(&self, existing: &Record) -> bool {
+        existing.is_expired(self.now)
+    }
+
     /// Whether the registration may take `existing` ([`Record::begin_over`]): its TTL
     /// has passed, or it is released with the same fingerprint. Otherwise `begin`
     /// answers with `existing`, unchanged.
@@ -125,9 +183,24 @@ impl<DB: Dialect> SqlStore<DB> {
         self.record(conn, Statement::keyed(SELECT, key)).await
     }
 
+    /// The refusal of `registration` under its budget, counted on `conn`: `None` when
+    /// the client has room or there is no budget.
+    pub(super) async fn over_budget(
+        &self,
+        conn: &mut DB::Connection,
+        registration: &Registration<'_>,
+    ) -> Result<Option<OverBudget>, StoreError> {
+        let Some(statement) = registration.usage::<DB>() else {
+            return Ok(None);
+        };
+        let row = self.run(statement.fetch_optional(conn)).await?;
+        let counted = row.as_ref().map(Counted::read).transpose()?;
+        Ok(counted.and_then(|counted| registration.over(&counted)))
+    }
+
     /// `sql` with the values of a completion, once `response` is known to fit: `$1`..`$3`
     /// the key, `$4` the token, `$5` now, `$6`..`$8` the result's status, headers and
-    /// body.
+    /// body, `$9` its size ([`StoredResponse::size`], counted by the client budget).
     ///
     /// # Errors
     ///
@@ -146,7 +219,8 @@ impl<DB: Dialect> SqlStore<DB> {
             .ms(now)
             .int(i64::from(response.status))
             .text(&encode_headers(&response.headers))
-            .maybe_bytes(Some(response.body.as_ref())))
+            .maybe_bytes(Some(response.body.as_ref()))
+            .int(i64::try_from(response.size()).unwrap_or(i64::MAX)))
     }
 }
 

@@ -8,8 +8,10 @@ use sqlx::postgres::PgConnection;
 
 use crate::store::sql::SqlStore;
 use crate::store::sql::dialect::Dialect;
-use crate::store::sql::records::Registration;
-use crate::store::{Begin, StoreError};
+use crate::store::sql::records::{Counted, Registration};
+use crate::store::sql::rows;
+use crate::store::sql::statement::Columns;
+use crate::store::{Begin, OverBudget, Record, StoreError};
 
 /// Registration, step one, with the values of `Registration::statement`: the insert that
 /// wins a free key. `ON CONFLICT DO NOTHING` neither waits for nor locks an existing row.
@@ -20,6 +22,32 @@ const INSERT: &str = "INSERT INTO idem_records
     ON CONFLICT (operation, client, key) DO NOTHING
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
               created_at, expires_at, status, headers, body, reason, transactional";
+
+/// Registration, step one under a client budget ([`crate::store::budget`]): [`INSERT`],
+/// only if the client's count admits it, `$12` the budget's records and `$13` its bytes,
+/// in the same statement (one round trip, no row locked for the count). Returns one row:
+/// the record's columns (NULL when nothing was inserted) and the count's
+/// (`records::USAGE`).
+const INSERT_WITHIN_BUDGET: &str = "WITH live AS (
+        SELECT stored_bytes, expires_at FROM idem_records
+        WHERE client = $2 AND expires_at > $8 ORDER BY expires_at LIMIT $12
+    ), usage AS (
+        SELECT count(*) AS used_records,
+               CAST(COALESCE(sum(stored_bytes), 0) AS BIGINT) AS used_bytes,
+               COALESCE(min(expires_at), 0) AS oldest
+        FROM live
+    ), inserted AS (
+        INSERT INTO idem_records
+            (operation, client, key, operation_id, fingerprint, state, attempt, token,
+             lease_until, created_at, expires_at, transactional)
+        SELECT $1, $2, $3, $4, $5, 'processing', 1, $6, $7, $8, GREATEST($9, $7, $11), $10
+        FROM usage WHERE used_records < $12 AND used_bytes < $13
+        ON CONFLICT (operation, client, key) DO NOTHING
+        RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
+                  created_at, expires_at, status, headers, body, reason, transactional
+    )
+    SELECT inserted.*, usage.used_records, usage.used_bytes, usage.oldest
+    FROM usage LEFT JOIN inserted ON TRUE";
 
 /// Registration, step two, with the values of `Registration::statement`, when the key
 /// exists and may be taken (`Record::begin_over`): a new operation when the TTL has passed,
@@ -37,7 +65,7 @@ const RECLAIM: &str = "UPDATE idem_records SET
         token        = $6,
         lease_until  = $7,
         transactional = $10,
-        status = NULL, headers = NULL, body = NULL, reason = NULL,
+        status = NULL, headers = NULL, body = NULL, reason = NULL, stored_bytes = 0,
         history      = CASE WHEN expires_at <= $8 THEN NULL ELSE
             CASE WHEN jsonb_array_length(COALESCE(history, '[]'::jsonb)) >= 32
                  THEN history - 0 ELSE COALESCE(history, '[]'::jsonb) END
@@ -93,7 +121,7 @@ impl Dialect for Postgres {
 
     const PURGE_BATCH: Option<u64> = Some(5000);
 
-    /// [`INSERT`]; only a key that exists and may be taken again (its TTL passed, or
+    /// [`INSERT`] (or [`INSERT_WITHIN_BUDGET`]); only a key that exists and may be taken again (its TTL passed, or
     /// released with the same fingerprint) gets a second statement, [`RECLAIM`].
     async fn register(
         store: &SqlStore<Postgres>,
@@ -104,14 +132,21 @@ impl Dialect for Postgres {
         // A record purged between the insert and the read makes the key free again; two
         // rounds cover that, a third would mean the database is being emptied meanwhile.
         for _ in 0..3 {
-            if let Some(record) = store.record(conn, registration.statement(INSERT)).await? {
+            let (inserted, over) = insert(store, conn, &registration).await?;
+            if let Some(record) = inserted {
                 return Ok(Begin::Started(record));
             }
             let Some(existing) = store.select(conn, key).await? else {
-                continue;
+                match over {
+                    Some(over) => return Ok(Begin::OverBudget(over)),
+                    None => continue,
+                }
             };
             if !registration.may_take(&existing) {
                 return Ok(Begin::Exists(existing));
+            }
+            if let Some(over) = over.filter(|_| registration.is_new_over(&existing)) {
+                return Ok(Begin::OverBudget(over));
             }
             if let Some(record) = store.record(conn, registration.statement(RECLAIM)).await? {
                 return Ok(Begin::Started(record));
@@ -125,4 +160,34 @@ impl Dialect for Postgres {
             "the record kept vanishing while it was registered (a purge running against live keys?)",
         ))
     }
+}
+
+/// Registration's first step: [`INSERT`], or [`INSERT_WITHIN_BUDGET`] when the
+/// registration has a budget. The record if it was inserted, and the refusal if the
+/// client is at its budget.
+async fn insert(
+    store: &SqlStore<Postgres>,
+    conn: &mut PgConnection,
+    registration: &Registration<'_>,
+) -> Result<(Option<Record>, Option<OverBudget>), StoreError> {
+    let Some(budget) = registration.new.budget else {
+        let record = store.record(conn, registration.statement(INSERT)).await?;
+        return Ok((record, None));
+    };
+    let statement = registration
+        .statement::<Postgres>(INSERT_WITHIN_BUDGET)
+        .int(i64::try_from(budget.records).unwrap_or(i64::MAX))
+        .int(i64::try_from(budget.bytes).unwrap_or(i64::MAX));
+    let row: Option<sqlx::postgres::PgRow> = store.run(statement.fetch_optional(conn)).await?;
+    let Some(row) = row else {
+        return Err(StoreError::Corrupt(
+            "the registration answered without its count".into(),
+        ));
+    };
+    let over = registration.over(&Counted::read(&row)?);
+    let record = match row.maybe_text("operation_id")? {
+        Some(_) => Some(rows::decode(&row)?),
+        None => None,
+    };
+    Ok((record, over))
 }

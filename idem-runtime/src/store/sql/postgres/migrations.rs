@@ -31,6 +31,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "idem_history",
         sql: include_str!("../../../../migrations/postgres/0002_idem_history.sql"),
     },
+    Migration {
+        version: 3,
+        name: "idem_client_budget",
+        sql: include_str!("../../../../migrations/postgres/0003_idem_client_budget.sql"),
+    },
 ];
 
 /// The advisory lock key that serialises idem's migrations across instances (the bytes

@@ -11,9 +11,9 @@ use crate::store::{OpenTransaction, Reservation, StoreError};
 impl TxDialect for Postgres {
     /// The completion inside the attempt's transaction, with the values of
     /// `SqlStore::completion`: the owner of a live lease (`$5` now), on the condition that
-    /// it is still the transaction that began (`$9`, its id).
+    /// it is still the transaction that began (`$10`, its id).
     const COMPLETE_IN_TX: &'static str =
-        completion_sql!(" AND lease_until > $5 AND txid_current_if_assigned() = $9");
+        completion_sql!(" AND lease_until > $5 AND txid_current_if_assigned() = $10");
 
     /// One round trip: the completion's compare-and-set, on the condition that this is
     /// still the transaction that began (its id, bound last); only a refusal is looked
@@ -36,7 +36,7 @@ impl TxDialect for Postgres {
             Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("25P02") => {
                 return Err(aborted());
             }
-            Err(error) => return Err(StoreError::unavailable(error)),
+            Err(error) => return Err(crate::store::sql::unavailable(error)),
         }
         let current: Option<i64> = sqlx::query_scalar("SELECT txid_current_if_assigned()")
             .fetch_one(&mut *tx.tx)

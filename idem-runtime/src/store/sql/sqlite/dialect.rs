@@ -57,7 +57,7 @@ const BEGIN: &str = "INSERT INTO idem_records
         token        = excluded.token,
         lease_until  = excluded.lease_until,
         transactional = excluded.transactional,
-        status = NULL, headers = NULL, body = NULL, reason = NULL,
+        status = NULL, headers = NULL, body = NULL, reason = NULL, stored_bytes = 0,
         history      = CASE WHEN idem_records.expires_at <= $8 THEN NULL ELSE
             CASE WHEN json_array_length(COALESCE(idem_records.history, '[]')) >= 32
                  THEN json_insert(json_remove(idem_records.history, '$[0]'), '$[#]',
@@ -141,42 +141,65 @@ impl Dialect for Sqlite {
             tracing::warn!(error = %error, "idem: an SQLite connection failed; the pool replaces its connections");
             store.state.health.recycle();
         }
-        StoreError::unavailable(error)
+        crate::store::sql::unavailable(error)
     }
 
     /// Reads the record first and answers from it when it is held or finished (no write
     /// lock is taken, so a duplicate is answered at once even while another attempt's
-    /// transaction holds the lock); otherwise [`BEGIN`] inside a `BEGIN IMMEDIATE`
-    /// transaction.
+    /// transaction holds the lock); otherwise, inside a `BEGIN IMMEDIATE` transaction,
+    /// the client budget's count when the key starts a new operation, then [`BEGIN`].
+    /// The one writer makes the count exact: no other registration runs meanwhile.
     async fn register(
         store: &SqlStore<Sqlite>,
         conn: &mut SqliteConnection,
         registration: Registration<'_>,
     ) -> Result<Begin, StoreError> {
-        if let Some(record) = store.select(conn, registration.key).await?
-            && !registration.may_take(&record)
-        {
-            return Ok(Begin::Exists(record));
+        let existing = store.select(conn, registration.key).await?;
+        if let Some(record) = existing {
+            if !registration.may_take(&record) {
+                return Ok(Begin::Exists(record));
+            }
+            if !registration.is_new_over(&record) {
+                return begin_immediate(store, conn, &registration, false).await;
+            }
         }
-        let mut tx = conn
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| Sqlite::fault(store, e))?;
-        let written = store.record(&mut tx, registration.statement(BEGIN)).await?;
-        let outcome = match written {
-            Some(record) => Begin::Started(record),
-            None => match store.select(&mut tx, registration.key).await? {
-                Some(record) => Begin::Exists(record),
-                None => {
-                    return Err(StoreError::Corrupt(
-                        "the record vanished inside its own transaction".into(),
-                    ));
-                }
-            },
-        };
-        tx.commit().await.map_err(|e| Sqlite::fault(store, e))?;
-        Ok(outcome)
+        begin_immediate(store, conn, &registration, true).await
     }
+}
+
+/// [`BEGIN`] inside a `BEGIN IMMEDIATE` transaction, after the client budget's count when
+/// `counted` (a new operation); refused, the transaction writes nothing.
+async fn begin_immediate(
+    store: &SqlStore<Sqlite>,
+    conn: &mut SqliteConnection,
+    registration: &Registration<'_>,
+    counted: bool,
+) -> Result<Begin, StoreError> {
+    let mut tx = conn
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(|e| Sqlite::fault(store, e))?;
+    if counted && let Some(over) = store.over_budget(&mut tx, registration).await? {
+        // Under the write lock: the key may have been registered since the first read.
+        return Ok(match store.select(&mut tx, registration.key).await? {
+            Some(record) if !registration.may_take(&record) => Begin::Exists(record),
+            _ => Begin::OverBudget(over),
+        });
+    }
+    let written = store.record(&mut tx, registration.statement(BEGIN)).await?;
+    let outcome = match written {
+        Some(record) => Begin::Started(record),
+        None => match store.select(&mut tx, registration.key).await? {
+            Some(record) => Begin::Exists(record),
+            None => {
+                return Err(StoreError::Corrupt(
+                    "the record vanished inside its own transaction".into(),
+                ));
+            }
+        },
+    };
+    tx.commit().await.map_err(|e| Sqlite::fault(store, e))?;
+    Ok(outcome)
 }
 
 /// Whether `error` leaves the connection unfit for further writes ([`FATAL_CODES`], or

@@ -93,13 +93,14 @@ const SCHEMA: &[&str] = &[
         reason       TEXT,
         transactional INTEGER NOT NULL DEFAULT 0,
         history      TEXT,
+        stored_bytes INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (operation, client, key)
     )",
     "CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at)",
 ];
 
 /// The columns that tables made by older versions lack, and the statement that adds each.
-const ADDED_COLUMNS: [(&str, &str); 2] = [
+const ADDED_COLUMNS: [(&str, &str); 3] = [
     // Files made by idem 0.1.0 before the transactional mode.
     (
         "transactional",
@@ -110,7 +111,18 @@ const ADDED_COLUMNS: [(&str, &str); 2] = [
         "history",
         "ALTER TABLE idem_records ADD COLUMN history TEXT",
     ),
+    // Files made before the client budget (`store::budget`): their results are not
+    // counted until they expire.
+    (
+        "stored_bytes",
+        "ALTER TABLE idem_records ADD COLUMN stored_bytes INTEGER NOT NULL DEFAULT 0",
+    ),
 ];
+
+/// The indexes, made once every column is there: a client's live records, in the order
+/// they expire, with their results' sizes (the client budget's count reads only this).
+const INDEXES: &[&str] = &["CREATE INDEX IF NOT EXISTS idem_records_client_budget
+    ON idem_records (client, expires_at, stored_bytes)"];
 
 impl SqlStore<Sqlite> {
     /// Opens (creating if missing) the database file at `path` and its schema.
@@ -252,8 +264,8 @@ impl SqlStore<Sqlite> {
     }
 }
 
-/// Creates the schema if missing ([`SCHEMA`]), and adds the [`ADDED_COLUMNS`] a table
-/// made by an older version lacks.
+/// Creates the schema if missing ([`SCHEMA`]), adds the [`ADDED_COLUMNS`] a table made
+/// by an older version lacks, then the [`INDEXES`].
 async fn create_schema(pool: &SqlitePool) -> Result<(), StoreError> {
     for statement in SCHEMA {
         sqlx::query(*statement)
@@ -275,6 +287,12 @@ async fn create_schema(pool: &SqlitePool) -> Result<(), StoreError> {
                 .await
                 .map_err(StoreError::unavailable)?;
         }
+    }
+    for statement in INDEXES {
+        sqlx::query(*statement)
+            .execute(pool)
+            .await
+            .map_err(StoreError::unavailable)?;
     }
     Ok(())
 }

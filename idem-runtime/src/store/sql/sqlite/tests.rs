@@ -256,7 +256,10 @@ async fn an_older_table_gets_the_columns_it_lacks() {
             .fetch_all(store.pool())
             .await
             .unwrap();
-    assert_eq!(columns[columns.len() - 2..], ["transactional", "history"]);
+    assert_eq!(
+        columns[columns.len() - 3..],
+        ["transactional", "history", "stored_bytes"]
+    );
     let record = store.get(&old, T0).await.unwrap().unwrap();
     assert_eq!(record.state, RecordState::Released);
     assert!(!record.transactional);
