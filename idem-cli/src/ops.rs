@@ -17,9 +17,11 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use clap::{Args, Subcommand, ValueEnum};
 use http::{HeaderName, HeaderValue};
+use idem_runtime::Idem;
 use idem_runtime::store::{
-    AttemptEnd, Inspection, ListQuery, Listed, OperationState, Record, RecordKey, RecordState,
-    Resolution, ResolutionOutcome, StoreError, StoredResponse, UnixMillis, unix_now,
+    AttemptEnd, DEFAULT_MAX_RESULT, Inspection, ListQuery, Listed, OperationState, Record,
+    RecordKey, RecordState, Resolution, ResolutionOutcome, StoreError, StoredResponse, UnixMillis,
+    unix_now,
 };
 use serde_json::{Value, json};
 
@@ -37,8 +39,11 @@ const MAX_CLIENT: usize = 1024;
 /// The longest reason and operator name accepted, in characters.
 const MAX_REASON: usize = 2000;
 const MAX_BY: usize = 200;
-/// The largest response file read, in bytes.
-const MAX_RESPONSE_FILE: u64 = 8 * 1024 * 1024;
+/// The largest response file read, in bytes: room for the largest result a store keeps
+/// by default ([`DEFAULT_MAX_RESULT`]) written as JSON text, escapes and all, plus the
+/// members around it. A larger file, or one that never ends (`/dev/zero`), is refused
+/// after reading this much.
+const MAX_RESPONSE_FILE: u64 = 2 * DEFAULT_MAX_RESULT as u64 + 64 * 1024;
 
 /// `idem ops`.
 #[derive(Debug, Args)]
@@ -69,7 +74,12 @@ pub enum OpsCommand {
     /// The response file is JSON: `{"status": 201, "headers": {"content-type":
     /// "application/json"}, "body": {"id": 42}}`; `body` is any JSON value (sent as
     /// compact JSON), or `body_text` a string sent as it is; a header's value may be a
-    /// list of values.
+    /// list of values. The headers are the ones a replay sends (idem's defaults:
+    /// content-type, content-encoding, content-location, location, etag, last-modified,
+    /// link; more with --replayed-header); framing and session headers (content-length,
+    /// transfer-encoding, connection, keep-alive, upgrade, te, trailer, set-cookie) are
+    /// refused. The status is from 200 to 499; the file is a regular file of at most
+    /// 2.06 MiB.
     #[command(
         after_help = concat!("Examples:\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --expect-attempt 2 --as completed --response order-42.json --reason \"order 42 is in the ledger\"\n  idem ops resolve --store orders.db --operation create_order --client acme --key 7f3c --as not-applied --reason \"no order in the ledger\"\n\n", "Exit codes: 0 resolved; 1 refused or failed, the resolution not applied (a bad argument, no such record, not parked at the attempt expected, a store that cannot be reached or refused it); 2 usage error; 3 the resolution was sent and no answer came within --timeout (or the connection broke): it may or may not have been applied. Run `idem ops show` to see; resolving again with --expect-attempt is safe, as a resolution applies only to the attempt it names.")
     )]
@@ -172,6 +182,10 @@ pub struct ResolveArgs {
     /// With `--as completed`: the JSON file of the result (status, headers, body).
     #[arg(long, value_name = "FILE", required_if_eq("outcome", "completed"))]
     pub response: Option<PathBuf>,
+    /// A header the service replays besides idem's defaults (its
+    /// `IdemBuilder::replayed_headers`), allowed in the response file; repeatable.
+    #[arg(long = "replayed-header", value_name = "NAME")]
+    pub replayed_headers: Vec<String>,
     /// Why, in your words (recorded and shown by `idem ops show`).
     #[arg(long, value_name = "TEXT")]
     pub reason: String,
@@ -355,8 +369,11 @@ async fn resolve(args: ResolveArgs) -> Result<(), Failure> {
     if args.expect_attempt == Some(0) {
         return Err(Error::new("--expect-attempt counts from 1").into());
     }
+    let replayed = replayed_headers(&args.replayed_headers)?;
     let outcome = match (args.outcome, &args.response) {
-        (ResolveArg::Completed, Some(file)) => ResolutionOutcome::Completed(read_response(file)?),
+        (ResolveArg::Completed, Some(file)) => {
+            ResolutionOutcome::Completed(read_response(file, &replayed)?)
+        }
         (ResolveArg::Completed, None) => {
             return Err(Error::new(
                 "--as completed needs --response FILE: the result clients get from now on",
@@ -549,17 +566,53 @@ fn operator(args: &ResolveArgs) -> Result<String, Error> {
     Ok(by)
 }
 
-/// The result in a response file (see `idem ops resolve --help`).
-fn read_response(file: &Path) -> Result<StoredResponse, Error> {
+/// The headers a response file may set: idem's default replayed headers and the ones
+/// `--replayed-header` names, never one of [`StoredResponse::NEVER_REPLAYED`].
+fn replayed_headers(extra: &[String]) -> Result<Vec<HeaderName>, Error> {
+    let mut names = Idem::DEFAULT_REPLAYED_HEADERS.to_vec();
+    for name in extra {
+        let header = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| Error::new(format!("--replayed-header `{name}` is not a header name")))?;
+        if StoredResponse::is_never_replayed(&header) {
+            return Err(Error::new(format!(
+                "--replayed-header `{header}` is a framing or session header, which a stored result never carries"
+            )));
+        }
+        names.push(header);
+    }
+    Ok(names)
+}
+
+/// The bytes of a response file: a regular file of at most [`MAX_RESPONSE_FILE`] bytes,
+/// read with that cap whatever its size claims.
+fn read_capped(file: &Path) -> Result<Vec<u8>, Error> {
+    use std::io::Read as _;
     let err = |message: String| Error::in_file(file, message);
     let meta = std::fs::metadata(file).map_err(|e| err(format!("cannot read it: {e}")))?;
-    if meta.len() > MAX_RESPONSE_FILE {
+    if !meta.is_file() {
+        return Err(err(
+            "it is not a regular file (a directory, a device or a pipe): write the response to a file".into(),
+        ));
+    }
+    let opened = std::fs::File::open(file).map_err(|e| err(format!("cannot read it: {e}")))?;
+    let mut bytes = Vec::new();
+    opened
+        .take(MAX_RESPONSE_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| err(format!("cannot read it: {e}")))?;
+    if bytes.len() as u64 > MAX_RESPONSE_FILE {
         return Err(err(format!(
-            "it is {} bytes; a response file is at most {MAX_RESPONSE_FILE} bytes",
-            meta.len()
+            "it is larger than {MAX_RESPONSE_FILE} bytes, the most a response file may be"
         )));
     }
-    let bytes = std::fs::read(file).map_err(|e| err(format!("cannot read it: {e}")))?;
+    Ok(bytes)
+}
+
+/// The result in a response file (see `idem ops resolve --help`), whose headers are
+/// among `replayed`.
+fn read_response(file: &Path, replayed: &[HeaderName]) -> Result<StoredResponse, Error> {
+    let err = |message: String| Error::in_file(file, message);
+    let bytes = read_capped(file)?;
     let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
         err(format!(
             "not JSON ({e}): write {{\"status\": 201, \"headers\": {{\"content-type\": \"application/json\"}}, \"body\": {{…}}}}"
@@ -591,7 +644,7 @@ fn read_response(file: &Path) -> Result<StoredResponse, Error> {
         })?;
     Ok(StoredResponse {
         status,
-        headers: response_headers(file, fields.get("headers"))?,
+        headers: response_headers(file, fields.get("headers"), replayed)?,
         body: response_body(file, &fields)?.into(),
     })
 }
@@ -600,12 +653,14 @@ fn read_response(file: &Path) -> Result<StoredResponse, Error> {
 fn response_headers(
     file: &Path,
     headers: Option<&Value>,
+    replayed: &[HeaderName],
 ) -> Result<Vec<(HeaderName, HeaderValue)>, Error> {
     let err = |message: String| Error::in_file(file, message);
     let mut out = Vec::new();
     match headers {
         None | Some(Value::Null) => {}
         Some(Value::Object(map)) => {
+            refuse_unreplayed(file, map, replayed)?;
             for (name, value) in map {
                 let header = HeaderName::from_bytes(name.as_bytes())
                     .map_err(|_| err(format!("`{name}` is not a header name")))?;
@@ -641,6 +696,57 @@ fn response_headers(
         }
     }
     Ok(out)
+}
+
+/// Refuses the headers of `map` that a replay would not send, naming all of them: the
+/// framing and session headers ([`StoredResponse::NEVER_REPLAYED`]), then any other
+/// that is not among `replayed`.
+fn refuse_unreplayed(
+    file: &Path,
+    map: &serde_json::Map<String, Value>,
+    replayed: &[HeaderName],
+) -> Result<(), Error> {
+    let parsed = || {
+        map.keys()
+            .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+    };
+    let framing: Vec<String> = parsed()
+        .filter(StoredResponse::is_never_replayed)
+        .map(|n| format!("`{n}`"))
+        .collect();
+    if !framing.is_empty() {
+        return Err(Error::in_file(
+            file,
+            format!(
+                "{} never stored with a result: framing and session headers would break the replay's connection or hand a session to whoever sends the key; remove them",
+                list_is_are(&framing)
+            ),
+        ));
+    }
+    let other: Vec<String> = parsed()
+        .filter(|n| !replayed.contains(n))
+        .map(|n| format!("`{n}`"))
+        .collect();
+    if other.is_empty() {
+        return Ok(());
+    }
+    let allowed: Vec<&str> = replayed.iter().map(HeaderName::as_str).collect();
+    Err(Error::in_file(
+        file,
+        format!(
+            "{} not replayed by the service (it replays {}); remove them, or name each with --replayed-header if the service's `IdemBuilder::replayed_headers` has it",
+            list_is_are(&other),
+            allowed.join(", ")
+        ),
+    ))
+}
+
+/// `a is` or `a, b are`.
+fn list_is_are(names: &[String]) -> String {
+    match names {
+        [one] => format!("{one} is"),
+        many => format!("{} are", many.join(", ")),
+    }
 }
 
 /// The body of a response file: `body` as compact JSON, or `body_text` as it is.

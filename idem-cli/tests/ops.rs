@@ -7,6 +7,7 @@
 use std::ffi::OsStr;
 use std::process::{Command, Output};
 use std::sync::Arc;
+use std::time::Duration;
 
 use idem_runtime::store::conformance::{self, new_record};
 use idem_runtime::store::{
@@ -370,6 +371,145 @@ async fn operates_on_an_sqlite_file() {
     let store = SqliteStore::open(&path).await.unwrap();
     let path = path.to_str().unwrap().to_owned();
     operate(&["--store", &path], Arc::new(store)).await;
+}
+
+/// A response file is checked like a handler's answer before anything is written:
+/// framing and session headers, headers the service does not replay, invalid names and
+/// values, non-final statuses, a file that is not a regular file, and one that never
+/// ends are each refused with a message that names them, within a second, and the
+/// parked record is left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_response_files_are_refused_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("orders.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    seed(&store).await;
+    let db = path.to_str().unwrap().to_owned();
+    let resolve = |file: &str, extra: &[&str]| -> String {
+        let mut args = vec![
+            "ops",
+            "resolve",
+            "--store",
+            &db,
+            "--operation",
+            "create_order",
+            "--client",
+            "acme",
+            "--key",
+            "parked",
+            "--as",
+            "completed",
+            "--reason",
+            "r",
+            "--response",
+            file,
+        ];
+        args.extend_from_slice(extra);
+        let started = std::time::Instant::now();
+        let err = fails(&args, 1);
+        assert!(started.elapsed() < Duration::from_secs(1), "{file}: {err}");
+        err
+    };
+    let file = |name: &str, text: &str| -> String {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let framing = file(
+        "framing.json",
+        r#"{"status": 201, "headers": {"content-length": "5", "transfer-encoding": "chunked", "connection": "close", "set-cookie": "sid=1", "location": "/o/1"}, "body": {}}"#,
+    );
+    let err = resolve(&framing, &[]);
+    for name in [
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "set-cookie",
+    ] {
+        assert!(err.contains(&format!("`{name}`")), "{name}: {err}");
+    }
+    assert!(
+        err.contains("framing.json") && !err.contains("`location`"),
+        "{err}"
+    );
+    let err = resolve(&framing, &["--replayed-header", "set-cookie"]);
+    assert!(err.contains("--replayed-header `set-cookie`"), "{err}");
+
+    let other = file(
+        "other.json",
+        r#"{"status": 201, "headers": {"x-order-id": "42", "keep-alive": "timeout=5"}, "body": {}}"#,
+    );
+    let err = resolve(&other, &[]);
+    assert!(err.contains("`keep-alive` is never stored"), "{err}");
+    let other = file(
+        "other-2.json",
+        r#"{"status": 201, "headers": {"x-order-id": "42"}, "body": {}}"#,
+    );
+    let err = resolve(&other, &[]);
+    assert!(
+        err.contains("`x-order-id` is not replayed") && err.contains("--replayed-header"),
+        "{err}"
+    );
+    let bad_value = file(
+        "value.json",
+        r#"{"status": 201, "headers": {"location": "/a\nb"}, "body": {}}"#,
+    );
+    let err = resolve(&bad_value, &[]);
+    assert!(
+        err.contains("header `location` is not a valid header value"),
+        "{err}"
+    );
+    for status in ["100", "199", "600", "0"] {
+        let text = format!(r#"{{"status": {status}, "body": {{}}}}"#);
+        let err = resolve(&file("status.json", &text), &[]);
+        assert!(err.contains(&format!("`status` is {status}")), "{err}");
+    }
+    let err = resolve("/dev/zero", &[]);
+    assert!(err.contains("not a regular file"), "{err}");
+    let err = resolve(dir.path().to_str().unwrap(), &[]);
+    assert!(err.contains("not a regular file"), "{err}");
+    let big = format!(
+        r#"{{"status": 201, "body_text": "{}"}}"#,
+        "x".repeat(3 << 20)
+    );
+    let err = resolve(&file("big.json", &big), &[]);
+    assert!(err.contains("larger than"), "{err}");
+
+    assert!(
+        matches!(state(&store, "parked").await, RecordState::Unknown { .. }),
+        "nothing was written"
+    );
+    let allowed = file(
+        "allowed.json",
+        r#"{"status": 201, "headers": {"location": "/o/1", "x-order-id": "42"}, "body": {}}"#,
+    );
+    succeeds(&[
+        "ops",
+        "resolve",
+        "--store",
+        &db,
+        "--operation",
+        "create_order",
+        "--client",
+        "acme",
+        "--key",
+        "parked",
+        "--as",
+        "completed",
+        "--reason",
+        "r",
+        "--response",
+        &allowed,
+        "--replayed-header",
+        "x-order-id",
+        "--by",
+        "test-operator",
+    ]);
+    let RecordState::Completed { response } = state(&store, "parked").await else {
+        panic!("resolved");
+    };
+    let names: Vec<&str> = response.headers.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["location", "x-order-id"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

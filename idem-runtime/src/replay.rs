@@ -65,8 +65,11 @@ pub(crate) fn replay(stored: &StoredResponse, id: OperationId) -> Response {
     *response.status_mut() =
         StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let headers = response.headers_mut();
+    // A record written before these headers were refused may still hold one.
     for (name, value) in &stored.headers {
-        headers.append(name.clone(), value.clone());
+        if !StoredResponse::is_never_replayed(name) {
+            headers.append(name.clone(), value.clone());
+        }
     }
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     with_operation_id(response, id)
@@ -103,6 +106,29 @@ mod tests {
             Captured::Failed(error) => assert!(error.to_string().contains("disk on fire")),
             _ => panic!("a failing body is not stored"),
         }
+    }
+
+    /// A record that holds a framing or session header (written before they were
+    /// refused) is replayed without it.
+    #[test]
+    fn a_replay_never_sends_framing_or_session_headers() {
+        let stored = StoredResponse {
+            status: 201,
+            headers: StoredResponse::NEVER_REPLAYED
+                .iter()
+                .map(|name| (name.clone(), HeaderValue::from_static("5")))
+                .chain([(
+                    HeaderName::from_static("location"),
+                    HeaderValue::from_static("/orders/1"),
+                )])
+                .collect(),
+            body: Bytes::from_static(b"{}"),
+        };
+        let response = replay(&stored, OperationId::new());
+        for name in StoredResponse::NEVER_REPLAYED {
+            assert!(!response.headers().contains_key(&name), "{name}");
+        }
+        assert_eq!(response.headers()["location"], "/orders/1");
     }
 
     #[tokio::test]

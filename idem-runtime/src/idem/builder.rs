@@ -59,9 +59,15 @@ impl IdemBuilder {
 
     /// The headers of a result that are stored and replayed with it (names are matched
     /// case-insensitively; every value of a repeated header is kept, in order). Status and
-    /// body are always replayed.
+    /// body are always replayed. The framing and session headers of
+    /// [`StoredResponse::NEVER_REPLAYED`](crate::store::StoredResponse::NEVER_REPLAYED)
+    /// (`content-length`, `transfer-encoding`, `set-cookie`, …) are left out even when
+    /// named: a stored copy would break the replay's framing or hand a session on.
     pub fn replayed_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
-        self.inner.replayed_headers = names.into_iter().collect();
+        self.inner.replayed_headers = names
+            .into_iter()
+            .filter(|name| !crate::store::StoredResponse::is_never_replayed(name))
+            .collect();
         self
     }
 

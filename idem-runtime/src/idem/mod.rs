@@ -316,6 +316,14 @@ mod tests {
             .unavailable_retry_after(Duration::from_millis(1500))
             .build();
         assert_eq!(changed.replayed_headers(), [ETAG]);
+        let framing = Idem::builder(MemoryStore::new(), identity::header("x-client-id"))
+            .replayed_headers([ETAG, http::header::SET_COOKIE, http::header::CONTENT_LENGTH])
+            .build();
+        assert_eq!(
+            framing.replayed_headers(),
+            [ETAG],
+            "never a session or framing header"
+        );
         assert_eq!(changed.max_stored_body(), 10);
         assert_eq!(changed.unavailable_retry_after_secs(), 2, "rounded up");
         let zero = Idem::builder(MemoryStore::new(), identity::header("x-client-id"))

@@ -235,6 +235,30 @@ impl StoredResponse {
     /// The largest result [`StoredResponse::body_not_kept`] gives when the headers it
     /// keeps do not fit: 1 KiB. Every store keeps at least this much.
     pub const MAX_NOT_KEPT_SIZE: usize = 1024;
+
+    /// The headers a stored result never carries, whoever asks: they frame a message
+    /// or describe a connection (`content-length`, `transfer-encoding`, `connection`,
+    /// `keep-alive`, `proxy-connection`, `upgrade`, `te`, `trailer`; RFC 9110 §6.4,
+    /// §7.6.1, RFC 9112 §6-7), so a stored copy would break the replay's framing, or
+    /// hand a session to whoever sends the key (`set-cookie`). A replay drops them,
+    /// [`crate::IdemBuilder::replayed_headers`] leaves them out, and `idem ops resolve`
+    /// refuses a response file that sets them.
+    pub const NEVER_REPLAYED: [HeaderName; 9] = [
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+        header::CONNECTION,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+        header::UPGRADE,
+        header::TE,
+        header::TRAILER,
+        header::SET_COOKIE,
+    ];
+
+    /// Whether `name` is one of [`StoredResponse::NEVER_REPLAYED`].
+    pub fn is_never_replayed(name: &HeaderName) -> bool {
+        StoredResponse::NEVER_REPLAYED.contains(name)
+    }
 }
 
 /// Whether `name` describes a response's body (its representation), so that it would be
