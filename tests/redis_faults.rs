@@ -18,7 +18,8 @@ use idem_runtime::store::{
 use serde_json::json;
 
 use common::redis::{
-    OwnRedis, assert_store_unavailable, order, redis_server, service, until_created,
+    OwnRedis, assert_store_full, assert_store_unavailable, order, redis_server, service,
+    until_created,
 };
 
 /// Writes values until the server refuses even a small one with OOM: 64 KiB ones first,
@@ -122,12 +123,12 @@ async fn a_full_redis_fails_closed_and_a_refused_completion_is_not_replayed() {
         }),
     );
     let cut = order(&server, "cut", 7).await;
-    assert_store_unavailable(&cut, "a refused completion");
+    assert_store_full(&cut, "a refused completion");
     assert_eq!(books.effects("cut"), 1);
 
     // Full: a new key is refused before its handler runs.
     let refused = order(&server, "new", 1).await;
-    assert_store_unavailable(&refused, "a registration on a full server");
+    assert_store_full(&refused, "a registration on a full server");
     assert_eq!(
         books.effects("new"),
         0,
@@ -184,7 +185,7 @@ async fn a_full_redis_refuses_every_registration_as_unavailable() {
     for key in [&RecordKey::new("op", "c", "new"), &expired, &released] {
         let begun = store.begin(key, &new_record("sha256:a", now), now).await;
         assert!(
-            matches!(&begun, Err(StoreError::Unavailable(_))),
+            matches!(&begun, Err(e @ StoreError::Unavailable(_)) if e.is_full()),
             "{key:?} on a full server: {begun:?}"
         );
     }
@@ -192,7 +193,7 @@ async fn a_full_redis_refuses_every_registration_as_unavailable() {
         .complete(&live, l.lease.token, &ok_response(), T0 + 1)
         .await;
     assert!(
-        matches!(&completed, Err(StoreError::Unavailable(_))),
+        matches!(&completed, Err(e @ StoreError::Unavailable(_)) if e.is_full()),
         "{completed:?}"
     );
     // Nothing was half written: the records are as they were.

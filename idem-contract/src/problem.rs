@@ -195,7 +195,7 @@ problem_types! {
     /// 503: the store is full; nothing ran.
     StoreFull => "store-full", 503, "Idempotency store full",
         state: None, new_key_safe: Some(false), retry_after: true,
-        meaning: "the store that remembers keys answered, but it is full and refused to record this request, so the server did not run it (an earlier attempt may have run)",
+        meaning: "the store that remembers keys answered, but it is full and refused to record this request's state: it did not run, or it ran and its outcome is not recorded yet (an earlier attempt may have run too)",
         action: "wait for `Retry-After`, then retry with the same key; the API's provider must make room in the store";
     /// 429: the client holds as many keys, or stored bytes, as the server keeps for one
     /// client.

@@ -318,7 +318,7 @@ fn store_full(idem: &Idem, contract: &Contract, id: OperationId, error: &StoreEr
     );
     Problem::new(
         ProblemType::StoreFull,
-        "the idempotency store is full and refused to record this operation, so it did not run; retry with the same key later",
+        "the idempotency store is full and refused to record this operation's state (it did not run, or it ran and its outcome is not recorded yet); retry with the same key later: the server finds out which",
     )
     .with_operation_id(id)
     .with_retry_after_secs(idem.unavailable_retry_after_secs())

@@ -224,6 +224,22 @@ pub async fn order(server: &TestServer, key: &str, amount: u64) -> Answer {
     .await
 }
 
+/// 503 `store-full` with `Retry-After`, whose detail does not claim the store cannot be
+/// reached.
+pub fn assert_store_full(answer: &Answer, what: &str) {
+    assert_eq!(answer.status, 503, "{what}: {answer:?}");
+    assert_eq!(answer.slug(), "store-full", "{what}");
+    assert!(
+        answer.header("retry-after").is_some(),
+        "{what}: Retry-After"
+    );
+    let detail = answer.json()["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(!detail.contains("cannot be reached"), "{what}: {detail}");
+}
+
 pub fn assert_store_unavailable(answer: &Answer, what: &str) {
     assert_eq!(answer.status, 503, "{what}: {answer:?}");
     assert_eq!(answer.slug(), "store-unavailable", "{what}");

@@ -1,0 +1,103 @@
+//! The per-client store budget over real sockets, on every store: a new key from a client
+//! at its budget is refused before the handler runs with 429 `client-budget-exhausted`
+//! and a `Retry-After` at its oldest record's expiry; keys it already holds are still
+//! answered; another client is untouched.
+
+mod common;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::{get, post};
+use idem::store::{ClientBudget, Store};
+use idem::{Idem, MemoryStore, identity};
+use idem_runtime::store::conformance::postgres::scratch_url;
+use idem_runtime::store::conformance::redis::{scratch_store, url_or_skip};
+use idem_runtime::store::{PostgresStore, SqliteStore};
+use reqwest::Method;
+use serde_json::json;
+
+use common::answer::{Answer, send};
+use common::counter::Counter;
+use common::orders::{create_order, order_status};
+use common::server::TestServer;
+
+async fn order(server: &TestServer, client: &str, key: &str) -> Answer {
+    let body = json!({ "customer_id": "c-1", "amount": 100 });
+    send(
+        server
+            .request(Method::POST, "/orders", client, Some(key))
+            .json(&body),
+    )
+    .await
+}
+
+/// A budget of 3 records on `store`: client-a's fourth new key is refused, its held keys
+/// are replayed, and client-b gets all of its own.
+async fn budget_of_three(store: impl Store) {
+    let budget = ClientBudget {
+        records: 3,
+        bytes: 1 << 20,
+    };
+    let idem = Idem::builder(store, identity::header("x-client-id"))
+        .client_budget(budget)
+        .build();
+    let runs = Counter::default();
+    let router = Router::new()
+        .route("/orders", post(create_order))
+        .route("/orders/operations/{key}", get(order_status))
+        .with_state(runs.clone())
+        .layer(idem.layer());
+    let server = TestServer::start(router).await;
+    for key in ["k-1", "k-2", "k-3"] {
+        assert_eq!(order(&server, "client-a", key).await.status, 201, "{key}");
+    }
+    let refused = order(&server, "client-a", "k-4").await;
+    let problem = refused.problem(429, "client-budget-exhausted");
+    assert_eq!(problem["new_key_safe"], true);
+    let retry_after: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    assert!(
+        (3000..=3600).contains(&retry_after),
+        "the oldest key's expiry, 1 h: {retry_after}"
+    );
+    assert_eq!(runs.get(), 3, "the refused key ran nothing");
+
+    let replay = order(&server, "client-a", "k-1").await;
+    assert!(replay.replayed() && replay.status == 201, "{replay:?}");
+    for key in ["k-1", "k-2", "k-3"] {
+        assert_eq!(
+            order(&server, "client-b", key).await.status,
+            201,
+            "client-b {key}"
+        );
+    }
+    assert_eq!(runs.get(), 6);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn memory() {
+    budget_of_three(Arc::new(MemoryStore::new())).await;
+}
+
+#[tokio::test]
+async fn sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    budget_of_three(SqliteStore::open(dir.path().join("idem.db")).await.unwrap()).await;
+}
+
+#[tokio::test]
+async fn postgres() {
+    let Some(url) = scratch_url("the client budget on PostgreSQL").await else {
+        return;
+    };
+    budget_of_three(PostgresStore::connect(&url).await.unwrap()).await;
+}
+
+#[tokio::test]
+async fn redis() {
+    let Some(url) = url_or_skip("the client budget on Redis").await else {
+        return;
+    };
+    budget_of_three(scratch_store(&url).await).await;
+}
