@@ -21,7 +21,7 @@ use idem_runtime::Idem;
 use idem_runtime::store::{
     AttemptEnd, DEFAULT_MAX_RESULT, Inspection, ListQuery, Listed, OperationState, Record,
     RecordKey, RecordState, Resolution, ResolutionOutcome, StoreError, StoredResponse, UnixMillis,
-    unix_now,
+    store_now,
 };
 use serde_json::{Value, json};
 
@@ -229,7 +229,10 @@ async fn list(args: ListArgs) -> Result<(), Errors> {
         check_text("--operation", op, MAX_NAME)?;
     }
     let store = crate::store::open(&args.store).await?;
-    let now = unix_now();
+    // The store's clock, by which the service's instances judge leases and TTLs.
+    let now = store_now(&*store)
+        .await
+        .map_err(|e| read_failed(&args.store, &e))?;
     let mut found: Vec<Listed> = Vec::new();
     // Page by page, each after the last key of the one before.
     while found.len() < args.limit as usize {
@@ -273,7 +276,7 @@ async fn list(args: ListArgs) -> Result<(), Errors> {
             record.state.kind(),
             record.attempt,
             time(record.created_at),
-            detail(record, unix_now())
+            detail(record, now)
         );
     }
     if found.len() == args.limit as usize {
@@ -288,7 +291,10 @@ async fn list(args: ListArgs) -> Result<(), Errors> {
 async fn show(args: ShowArgs) -> Result<(), Errors> {
     let key = record_key(&args.key)?;
     let store = crate::store::open(&args.store).await?;
-    let now = unix_now();
+    // The store's clock, by which the service's instances judge leases and TTLs.
+    let now = store_now(&*store)
+        .await
+        .map_err(|e| read_failed(&args.store, &e))?;
     let shown = store
         .inspect(&key, now)
         .await
@@ -389,7 +395,10 @@ async fn resolve(args: ResolveArgs) -> Result<(), Failure> {
         (ResolveArg::NotApplied, None) => ResolutionOutcome::NotApplied,
     };
     let store = crate::store::open(&args.store).await?;
-    let now = unix_now();
+    // The store's clock, by which the service's instances judge leases and TTLs.
+    let now = store_now(&*store)
+        .await
+        .map_err(|e| read_failed(&args.store, &e))?;
     let expected_attempt = match args.expect_attempt {
         Some(n) => n,
         None => store

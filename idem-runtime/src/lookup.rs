@@ -16,7 +16,7 @@ use crate::operation::{Contracted, Recover};
 use crate::problem::{Problem, ProblemType};
 use crate::reconcile::Recoverer;
 use crate::recovery::{Recovered, recover};
-use crate::store::{Record, RecordKey, RecordState, UnixMillis, unix_now};
+use crate::store::{Record, RecordKey, RecordState, UnixMillis};
 use crate::{Idem, OperationId};
 
 /// The extractor of a status lookup handler for the contracted operation `C`: the
@@ -112,7 +112,7 @@ impl<C: Contracted> Lookup<C> {
         };
         let mut last = None;
         for _ in 0..4 {
-            let now = unix_now();
+            let now = self.idem.now().await;
             let record = match self.idem.store().get(&key, now).await {
                 Ok(Some(record)) => record,
                 Ok(None) => return OperationStatus::NotFound,
@@ -136,7 +136,10 @@ impl<C: Contracted> Lookup<C> {
             last = Some(record);
         }
         match last {
-            Some(record) => OperationStatus::Found(OperationReport::new(&key, record, unix_now())),
+            Some(record) => {
+                let now = self.idem.now().await;
+                OperationStatus::Found(OperationReport::new(&key, record, now))
+            }
             None => OperationStatus::NotFound,
         }
     }

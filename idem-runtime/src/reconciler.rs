@@ -10,7 +10,7 @@ use crate::operation::Recover;
 use crate::reconcile::ReconcilerPass;
 use crate::reconcile::Recoverer;
 use crate::recovery::{Recovered, recover};
-use crate::store::{ListQuery, RecordKey, StoreError, unix_now};
+use crate::store::{ListQuery, RecordKey, StoreError};
 
 /// How many records one listing of a pass asks for.
 const PAGE: u32 = 100;
@@ -67,7 +67,7 @@ impl Idem {
         for registered in self.recoverers().iter() {
             let mut after = None;
             loop {
-                let now = unix_now();
+                let now = self.now().await;
                 let query = ListQuery {
                     operation: Some(registered.contract.operation.to_string()),
                     lease_ended: true,
@@ -83,7 +83,7 @@ impl Idem {
                     let Some(lease) = listed.record.lease() else {
                         continue;
                     };
-                    if self.running().holds(lease, unix_now()) {
+                    if self.running().holds(lease, self.now().await) {
                         done.alive += 1;
                         continue;
                     }
@@ -168,7 +168,9 @@ mod tests {
     use crate::identity;
     use crate::operation::Contracted;
     use crate::reconcile::{Decision, UnknownOperation};
-    use crate::store::{Lease, MemoryStore, NewRecord, OwnerToken, RecordState, Store, UnixMillis};
+    use crate::store::{
+        Lease, MemoryStore, NewRecord, OwnerToken, RecordState, Store, UnixMillis, unix_now,
+    };
 
     struct CreateOrder;
     impl Contracted for CreateOrder {

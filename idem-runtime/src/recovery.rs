@@ -90,7 +90,7 @@ use crate::reconcile::ReconcileFn;
 pub use crate::reconcile::{
     Decision, Reconcile, ReconcileWith, ReconcilerPass, Recoverer, UnknownOperation,
 };
-use crate::store::{Lease, OwnerToken, Record, RecordKey, StoreError, unix_now};
+use crate::store::{Lease, OwnerToken, Record, RecordKey, StoreError};
 
 /// What the recovery of one ended lease came to.
 pub(crate) enum Recovered {
@@ -131,7 +131,7 @@ where
     let Some(expired) = record.lease() else {
         return Recovered::Lost;
     };
-    let now = unix_now();
+    let now = idem.now().await;
     let started = tokio::time::Instant::now();
     let lease = Lease {
         token: OwnerToken::random(),

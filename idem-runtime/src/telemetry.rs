@@ -51,6 +51,9 @@ pub const FIELD_ERROR_TYPE: &str = "error.type";
 pub const FIELD_DURATION: &str = "idem.duration_s";
 /// The operation's [`FinalOutcome`] (on [`EVENT_OPERATION_END`]).
 pub const FIELD_OPERATION_OUTCOME: &str = "idem.final_outcome";
+/// How far this instance's clock is ahead of the store's, in milliseconds (negative:
+/// behind), on the warning that it is off by more than a quarter of the lease.
+pub const FIELD_CLOCK_SKEW: &str = "idem.clock_skew_ms";
 
 /// Counter: attempts, by [`LABEL_OPERATION`] and [`LABEL_OUTCOME`] ([`Outcome`]).
 pub const METRIC_ATTEMPTS: &str = "idem_attempts_total";
@@ -59,6 +62,10 @@ pub const METRIC_ATTEMPT_DURATION: &str = "idem_attempt_duration_seconds";
 /// Counter: operations that reached a final state, by [`LABEL_OPERATION`] and
 /// [`LABEL_OUTCOME`] ([`FinalOutcome`]).
 pub const METRIC_OPERATIONS: &str = "idem_operations_total";
+/// Gauge: how far this instance's clock is ahead of the store's, in milliseconds
+/// (negative: behind), at the last reading of the store's clock; set only for a store
+/// with a clock of its own (PostgreSQL, Redis).
+pub const METRIC_CLOCK_SKEW: &str = "idem_clock_skew_ms";
 /// The metrics' label of the contract's operation name.
 pub const LABEL_OPERATION: &str = "operation";
 /// The metrics' label of the outcome.
@@ -238,6 +245,11 @@ pub fn describe_metrics() {
         METRIC_OPERATIONS,
         metrics::Unit::Count,
         "Contracted operations that reached a final state (completed, recovered, parked), by operation and outcome."
+    );
+    metrics::describe_gauge!(
+        METRIC_CLOCK_SKEW,
+        metrics::Unit::Milliseconds,
+        "How far this instance's clock is ahead of the store's (negative: behind), at the last reading of the store's clock."
     );
 }
 

@@ -70,7 +70,7 @@ use crate::fault;
 use crate::operation::{HandlerMode, ModeOf};
 use crate::store::{
     OpenTransaction, OwnerToken, RecordKey, Reservation, StoreError, StoredResponse,
-    TransactionalStore, unix_now,
+    TransactionalStore, UnixMillis,
 };
 
 /// The transaction of a contracted handler's attempt: the business writes go through
@@ -286,6 +286,7 @@ pub(crate) trait TxControl: Send + Sync {
         token: OwnerToken,
         response: &StoredResponse,
         until: Instant,
+        now: UnixMillis,
     ) -> Result<(), CommitError>;
 
     /// Rolls the transaction back, waiting for the handler's hold on the connection and
@@ -383,6 +384,7 @@ impl<DB: Database> TxControl for Cell<DB> {
         token: OwnerToken,
         response: &StoredResponse,
         until: Instant,
+        now: UnixMillis,
     ) -> Result<(), CommitError> {
         let Some(mut open) = self.take(until).await else {
             return Err(CommitError::RolledBack(
@@ -396,13 +398,12 @@ impl<DB: Database> TxControl for Cell<DB> {
         fault::point("before_commit");
         let completed = match self
             .store
-            .complete_in(&mut open, key, token, response, unix_now())
+            .complete_in(&mut open, key, token, response, now)
             .await
         {
             // Refused before anything was written: what is kept of it fits.
             Err(StoreError::TooLarge { limit, .. }) => {
                 let kept = response.body_not_kept(limit);
-                let now = unix_now();
                 self.store
                     .complete_in(&mut open, key, token, &kept, now)
                     .await

@@ -15,7 +15,7 @@ use crate::seen::{Evidence, Seen};
 use idem_runtime::Idem;
 use idem_runtime::store::{
     AttemptEnd, Inspection, RecordKey, RecordState, Resolution, ResolutionOutcome, Store,
-    StoredResponse, unix_now,
+    StoredResponse, UnixMillis, store_now, unix_now,
 };
 
 /// Where the check finds the store.
@@ -30,6 +30,15 @@ impl Source {
         match self {
             Source::Store(store) => &**store,
             Source::Idem(idem) => idem.store(),
+        }
+    }
+
+    /// The store's time, by which the service judges records (this process's clock if
+    /// the store's cannot be read: the store call that follows then fails alike).
+    async fn now(&self) -> UnixMillis {
+        match self {
+            Source::Store(store) => store_now(&**store).await.unwrap_or_else(|_| unix_now()),
+            Source::Idem(idem) => idem.now().await,
         }
     }
 }
@@ -166,7 +175,8 @@ impl OperatorCheck {
     }
 
     async fn inspect(&self, key: &RecordKey) -> Result<Inspection, String> {
-        match self.source.store().inspect(key, unix_now()).await {
+        let now = self.source.now().await;
+        match self.source.store().inspect(key, now).await {
             Ok(Some(found)) => Ok(found),
             Ok(None) => Err(format!(
                 "Store::inspect finds no record for operation `{}`, client `{}`, key `{}`: an operator cannot see what HTTP showed",
@@ -204,7 +214,8 @@ impl OperatorCheck {
         } else {
             "not applied"
         };
-        if let Err(e) = self.source.store().resolve(key, &resolve, unix_now()).await {
+        let now = self.source.now().await;
+        if let Err(e) = self.source.store().resolve(key, &resolve, now).await {
             return Verdict::Fail(format!(
                 "parked at attempt {attempt} ({reason}); Store::resolve (idem ops resolve --as {}) refused: {e}",
                 if completed {

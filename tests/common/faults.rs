@@ -201,6 +201,10 @@ impl<S: Store> RecordStore for FaultyStore<S> {
         self.enter(Call::TakeOver)?;
         self.inner.take_over(key, expected, new_lease, now).await
     }
+
+    async fn clock(&self) -> Result<Option<UnixMillis>, StoreError> {
+        self.inner.clock().await
+    }
 }
 
 // The operator's calls are not on the request path: forwarded, never failed; but the

@@ -44,7 +44,7 @@ use crate::answer::{self, with_operation_id};
 use crate::idem::running::Alive;
 use crate::mode::{AttemptTx, Mode};
 use crate::replay::select_headers;
-use crate::store::{OwnerToken, RecordKey, StoreError, StoredResponse, unix_now};
+use crate::store::{OwnerToken, RecordKey, StoreError, StoredResponse};
 use crate::telemetry::Outcome;
 use crate::{Idem, OperationId};
 
@@ -169,7 +169,7 @@ impl Held {
     /// while a transaction held SQLite's write lock): the owner token still owning the
     /// record means nobody took it over, so the attempt may still record its outcome.
     async fn revive(&self) -> Result<(), StoreError> {
-        let now = unix_now();
+        let now = self.idem.now().await;
         let until = now.saturating_add(
             u64::try_from(self.idem.lease_for(self.contract).as_millis()).unwrap_or(u64::MAX),
         );
@@ -192,17 +192,19 @@ impl Held {
     }
 
     async fn store_complete_once(&self, stored: &StoredResponse) -> Result<(), StoreError> {
+        let now = self.idem.now().await;
         let completed = self
             .idem
             .store()
-            .complete(&self.key, self.token, stored, unix_now())
+            .complete(&self.key, self.token, stored, now)
             .await;
         match completed {
             Err(StoreError::LeaseLost) => {
                 self.revive().await?;
+                let now = self.idem.now().await;
                 self.idem
                     .store()
-                    .complete(&self.key, self.token, stored, unix_now())
+                    .complete(&self.key, self.token, stored, now)
                     .await
             }
             other => other,
@@ -210,16 +212,15 @@ impl Held {
     }
 
     async fn store_release(&self) -> Result<(), StoreError> {
-        self.idem
-            .store()
-            .release(&self.key, self.token, unix_now())
-            .await
+        let now = self.idem.now().await;
+        self.idem.store().release(&self.key, self.token, now).await
     }
 
     async fn store_park(&self, reason: &str) -> Result<(), StoreError> {
+        let now = self.idem.now().await;
         self.idem
             .store()
-            .park_unknown(&self.key, self.token, reason, unix_now())
+            .park_unknown(&self.key, self.token, reason, now)
             .await
     }
 

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use super::Held;
 use crate::answer;
 use crate::replay::{Captured, replay};
-use crate::store::{StoreError, unix_now};
+use crate::store::StoreError;
 use crate::telemetry::{self, FinalOutcome, Outcome};
 
 impl Held {
@@ -72,7 +72,7 @@ impl Held {
             outcome = "recovery_pending",
             "idem: recovery could not decide now; the next retry asks again"
         );
-        let now = unix_now();
+        let now = self.idem.now().await;
         match self
             .idem
             .store()

@@ -9,7 +9,7 @@ use crate::answer::{self, with_operation_id};
 use crate::fault;
 use crate::mode::Mode;
 use crate::replay::{Captured, capture};
-use crate::store::{StoreError, unix_now};
+use crate::store::StoreError;
 use crate::telemetry::Outcome;
 
 impl Held {
@@ -76,7 +76,7 @@ impl Held {
             Ended::TimedOut => answer::attempt_timed_out(self.contract, self.operation_id),
             other => answer::attempt_failed(self.operation_id, &other.describe(), 1),
         };
-        let now = unix_now();
+        let now = self.idem.now().await;
         match self
             .idem
             .store()

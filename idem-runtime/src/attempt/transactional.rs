@@ -45,9 +45,10 @@ impl Held {
             Err(ended) => return self.settle_ended(ended).await,
         };
         let stored = self.stored(status, &parts.headers, body.clone());
+        let now = self.idem.now().await;
         let committed = tx
             .control()
-            .commit_completed(&self.key, self.token, &stored, self.deadline)
+            .commit_completed(&self.key, self.token, &stored, self.deadline, now)
             .await;
         match committed {
             Ok(()) => {

@@ -9,7 +9,7 @@ use crate::Idem;
 use crate::answer;
 use crate::attempt::Held;
 use crate::mode::Mode;
-use crate::store::{RecordKey, RecordState, unix_now};
+use crate::store::{RecordKey, RecordState};
 
 /// Takes the right to begin the transaction before anything is registered: with
 /// SQLite's one writer the wait happens here, where a client that gives up leaves
@@ -32,7 +32,8 @@ pub(crate) async fn reserve(
         return Ok(());
     }
     let unavailable = |error| answer::store_unavailable(idem, contract, None, &error);
-    let answered_from_record = match idem.store().get(key, unix_now()).await {
+    let now = idem.now().await;
+    let answered_from_record = match idem.store().get(key, now).await {
         Ok(Some(record)) => !matches!(record.state, RecordState::Released),
         Ok(None) => false,
         Err(error) => return Err(unavailable(error).into()),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::HeaderName;
 
-use super::{Idem, Inner};
+use super::{Clock, Idem, Inner};
 use crate::identity::ClientIdentity;
 use crate::store::{ClientBudget, Store};
 
@@ -38,9 +38,11 @@ impl IdemBuilder {
         transactional: Option<Arc<dyn Any + Send + Sync>>,
         identity: Arc<dyn ClientIdentity>,
     ) -> IdemBuilder {
+        let clock = Arc::new(Clock::new(store.clone(), Idem::DEFAULT_HEARTBEAT_LEASE));
         IdemBuilder {
             inner: Inner {
                 store,
+                clock,
                 transactional,
                 transactional_database: None,
                 identity,
@@ -146,7 +148,13 @@ impl IdemBuilder {
     }
 
     /// The handle, with these settings for good.
-    pub fn build(self) -> Idem {
+    ///
+    /// Inside a tokio runtime, starts reading the store's clock at once (see
+    /// [`Idem::now`]); otherwise the first request does.
+    pub fn build(mut self) -> Idem {
+        let clock = Clock::new(self.inner.store.clone(), self.inner.heartbeat_lease);
+        self.inner.clock = Arc::new(clock);
+        self.inner.clock.start();
         Idem {
             inner: Arc::new(self.inner),
         }

@@ -2,6 +2,7 @@
 
 mod builder;
 mod check;
+pub(crate) mod clock;
 pub(crate) mod names;
 pub(crate) mod running;
 
@@ -17,10 +18,11 @@ use http::header::{
 
 pub use self::builder::IdemBuilder;
 pub use self::check::{NotConfigured, Operations};
+use self::clock::Clock;
 use self::names::Names;
 use self::running::Running;
 use crate::identity::ClientIdentity;
-use crate::store::{ClientBudget, Store, StoreError, unix_now};
+use crate::store::{ClientBudget, Store, StoreError, UnixMillis};
 
 /// The runtime of idem: the store that keeps keys and results, how to tell clients apart,
 /// and the settings of enforcement. Cheap to clone (one `Arc`), and immutable once built:
@@ -79,6 +81,8 @@ struct Inner {
     client_budget: Option<ClientBudget>,
     /// The attempts alive in this process (shared by every clone).
     running: Arc<Running>,
+    /// The store's clock, by which every lease is judged (shared by every clone).
+    clock: Arc<Clock>,
     /// The operation names claimed so far (shared by every clone).
     names: Arc<Names>,
     /// The recoverers the reconciler runs ([`IdemBuilder::recover_with`](crate::IdemBuilder::recover_with)).
@@ -253,13 +257,23 @@ impl Idem {
         (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)
     }
 
+    /// The current time on the store's clock, unix milliseconds: what the runtime passes
+    /// every store call as `now`. Read from the store at start and every 30 s, and carried
+    /// on this process's monotonic clock between readings (see "Time" in the
+    /// [`store`](crate::store) docs); this instance's system clock for a store on this
+    /// machine (memory, SQLite). A call before the first reading waits for it.
+    pub async fn now(&self) -> UnixMillis {
+        self.inner.clock.now().await
+    }
+
     /// Deletes the records whose TTL has passed; returns how many.
     ///
     /// # Errors
     ///
     /// [`StoreError::Unavailable`] when the store fails.
     pub async fn purge_expired(&self) -> Result<u64, StoreError> {
-        self.inner.store.purge_expired(unix_now()).await
+        let now = self.now().await;
+        self.inner.store.purge_expired(now).await
     }
 
     /// Spawns a tokio task that calls [`Idem::purge_expired`] every `every` (the first

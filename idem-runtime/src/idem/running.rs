@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::Idem;
-use crate::store::{Lease, OwnerToken, RecordKey, StoreError, UnixMillis, unix_now};
+use crate::store::{Lease, OwnerToken, RecordKey, StoreError, UnixMillis};
 
 /// The attempts that are alive under one [`crate::Idem`] handle and its clones (in
 /// practice: in this process), registered (or taken over by recovery) and not yet ended,
@@ -190,7 +190,7 @@ impl Running {
             let running = Arc::downgrade(self);
             tokio::spawn(async move {
                 let started = Instant::now();
-                let now = unix_now();
+                let now = idem.now().await;
                 let until =
                     now.saturating_add(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
                 let renewed = idem.store().renew(&key, token, until, now).await;
@@ -275,7 +275,7 @@ mod tests {
     use super::*;
     use crate::OperationId;
     use crate::identity;
-    use crate::store::{Begin, MemoryStore, NewRecord, RecordStore};
+    use crate::store::{Begin, MemoryStore, NewRecord, RecordStore, unix_now};
 
     fn idem(store: Arc<MemoryStore>) -> Idem {
         Idem::new(store, identity::header("x-client-id"))

@@ -92,6 +92,7 @@ macro_rules! forward_store {
             {take_over [key: &$crate::store::RecordKey, expected: $crate::store::OwnerToken,
                 new_lease: $crate::store::Lease, now: $crate::store::UnixMillis]
                 [$crate::store::Record]}
+            {clock [] [::core::option::Option<$crate::store::UnixMillis>]}
         ]);
     };
     (@names {OperatorStore $($ctx:tt)*} $names:tt) => {
@@ -137,6 +138,9 @@ macro_rules! forward_store {
         $crate::forward_store!(@each $($k)*);
     };
     (@written {take_over $($_s:tt)*} [take_over $($_n:tt)*] $($k:tt)*) => {
+        $crate::forward_store!(@each $($k)*);
+    };
+    (@written {clock $($_s:tt)*} [clock $($_n:tt)*] $($k:tt)*) => {
         $crate::forward_store!(@each $($k)*);
     };
     (@written {list $($_s:tt)*} [list $($_n:tt)*] $($k:tt)*) => {

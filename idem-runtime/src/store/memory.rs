@@ -292,6 +292,11 @@ impl RecordStore for MemoryStore {
             Ok(record)
         })
     }
+
+    /// This process's clock: the records live here.
+    async fn clock(&self) -> Result<Option<UnixMillis>, StoreError> {
+        Ok(None)
+    }
 }
 
 #[async_trait]

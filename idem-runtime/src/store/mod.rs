@@ -65,6 +65,7 @@
 //! same rules.
 
 pub mod budget;
+mod clock;
 mod forward;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 mod headers;
@@ -84,6 +85,7 @@ mod transactional;
 pub mod conformance;
 
 pub use budget::{ClientBudget, OverBudget, Usage};
+pub use clock::{ClockSample, StoreClock, sample_clock, store_now};
 pub use memory::MemoryStore;
 pub use open::{MAX_URL_LEN, OpenError, OpenOptions, open, redact_url};
 pub use ops::{

@@ -932,6 +932,17 @@ impl RecordStore for RedisStore {
             )),
         }
     }
+
+    /// Redis's `TIME`: the server's seconds and microseconds.
+    async fn clock(&self) -> Result<Option<UnixMillis>, StoreError> {
+        let mut conn = self.conn.clone();
+        let (secs, micros): (u64, u64) = self
+            .bounded(redis::cmd("TIME").query_async(&mut conn))
+            .await?;
+        Ok(Some(
+            secs.saturating_mul(1000).saturating_add(micros / 1000),
+        ))
+    }
 }
 
 #[async_trait]
@@ -1235,6 +1246,21 @@ mod tests {
             let url = url.clone();
             async move { crate::store::conformance::redis::scratch_store(&url).await }
         })
+        .await;
+    }
+
+    /// The store's clock is the server's `TIME`, read in one round trip.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_clock_is_the_servers() {
+        let Some(url) = crate::store::conformance::redis::url_or_skip("the Redis clock").await
+        else {
+            return;
+        };
+        let store = crate::store::conformance::redis::scratch_store(&url).await;
+        crate::store::conformance::the_clock_is_the_servers(
+            std::sync::Arc::new(store),
+            Duration::from_millis(250),
+        )
         .await;
     }
 

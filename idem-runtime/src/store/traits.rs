@@ -13,6 +13,8 @@ use super::{
 ///
 /// Every method takes `now`, the current time in unix milliseconds ([`UnixMillis`]),
 /// from its caller instead of reading a clock; leases and TTLs are judged against it.
+/// The runtime passes the store's time ([`RecordStore::clock`], kept between readings by
+/// [`crate::store::StoreClock`]), so that all instances judge by one clock.
 /// Every method that changes a record does so atomically: one insert-if-absent or one
 /// compare-and-set, never a read followed by a separate write. A method that fails
 /// changes nothing.
@@ -143,6 +145,18 @@ pub trait RecordStore: Send + Sync + 'static {
         new_lease: Lease,
         now: UnixMillis,
     ) -> Result<Record, StoreError>;
+
+    /// The store's own clock, read by the store (PostgreSQL's `clock_timestamp()`,
+    /// Redis's `TIME`), in unix milliseconds; `None` for a store that lives on this
+    /// machine and judges by its clock (memory, SQLite). The runtime reads it now and then
+    /// ([`crate::store::StoreClock`]) and passes every other method the store's time as
+    /// `now`, so that every instance judges leases by one clock, the store's (see "Time"
+    /// in the [`store`](crate::store) docs). Never called on the request path itself.
+    ///
+    /// # Errors
+    ///
+    /// Only [`StoreError::Unavailable`] and [`StoreError::Corrupt`].
+    async fn clock(&self) -> Result<Option<UnixMillis>, StoreError>;
 }
 
 /// The operator's calls: list records, inspect one with its history, resolve a parked

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 use super::Registration;
 use crate::attempt::Held;
 use crate::enforce::Rejection;
-use crate::store::{Begin, Lease, NewRecord, OwnerToken, Record, StoreError, UnixMillis, unix_now};
+use crate::store::{Begin, Lease, NewRecord, OwnerToken, Record, StoreError, UnixMillis};
 use crate::{Idem, OperationId, answer};
 
 /// What one claim came to.
@@ -30,7 +30,7 @@ impl<F> Registration<'_, F> {
     /// 503 `store-unavailable` when the store fails (`store-full` when it is full); 429
     /// `client-budget-exhausted` when the key is new and the client is at its budget.
     pub(super) async fn claim(&mut self) -> Result<Claimed, Rejection> {
-        let now = unix_now();
+        let now = self.idem.now().await;
         let started = Instant::now();
         let new = new_record(
             self.idem,
@@ -84,7 +84,7 @@ impl<F> Registration<'_, F> {
 
     /// Renews the lease of `token` for a whole lease from now.
     async fn renew(&self, token: OwnerToken) -> Result<(), StoreError> {
-        let now = unix_now();
+        let now = self.idem.now().await;
         let until = now.saturating_add(lease_ms(self.idem, self.contract));
         self.idem.store().renew(self.key, token, until, now).await
     }

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::Registration;
 use super::existing::Next;
 use crate::enforce::Rejection;
-use crate::store::{Lease, OwnerToken, StoreError, UnixMillis, unix_now};
+use crate::store::{Lease, OwnerToken, StoreError, UnixMillis};
 use crate::{OperationId, answer};
 
 /// The first and the longest pause between two reads while waiting
@@ -56,7 +56,7 @@ impl<F> Registration<'_, F> {
     async fn wait_for_change(&self, token: OwnerToken, until: Instant) -> Result<bool, StoreError> {
         let mut pause = WAIT_BACKOFF.0;
         loop {
-            let now = unix_now();
+            let now = self.idem.now().await;
             let held = self
                 .idem
                 .store()

@@ -15,7 +15,9 @@
 //! ```
 //!
 //! Every check panics with a message naming the rule it found broken. Time is given to the
-//! store, never read from a clock, so the suite runs in milliseconds. Concurrency checks
+//! store, never read from a clock, so the suite runs in milliseconds; one check reads the
+//! store's own clock ([`RecordStore::clock`](super::RecordStore::clock)), which a store
+//! with a server of its own reads there. Concurrency checks
 //! spawn tokio tasks: run the suite on a multi-threaded runtime to exercise real
 //! parallelism.
 //!
@@ -36,12 +38,14 @@ use super::{
 use crate::OperationId;
 
 mod budget;
+mod clock;
 pub mod ops;
 
 pub use budget::{
     the_budget_counts_stored_bytes, the_budget_never_refuses_a_key_the_client_holds,
     the_budget_refuses_a_new_key_at_its_record_limit,
 };
+pub use clock::{the_clock_is_the_servers, the_clock_reads_the_stores_time};
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
@@ -164,6 +168,9 @@ pub const CHECKS: &[Check] = &[
     }),
     ("resolve_has_exactly_one_winner", |s| {
         Box::pin(ops::resolve_has_exactly_one_winner(s))
+    }),
+    ("the_clock_reads_the_stores_time", |s| {
+        Box::pin(clock::the_clock_reads_the_stores_time(s))
     }),
 ];
 

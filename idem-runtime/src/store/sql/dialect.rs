@@ -45,6 +45,11 @@ pub trait Dialect: Run {
     /// [`Dialect::PURGE_BATCH`] of them.
     const PURGE: &'static str;
 
+    /// [`RecordStore::clock`](crate::store::RecordStore::clock): no parameter; returns
+    /// the database's clock as `now_ms`, unix milliseconds; `None` for a database that
+    /// lives on this machine and judges by its clock.
+    const CLOCK: Option<&'static str>;
+
     /// How many records one [`Dialect::PURGE`] deletes at most (it runs again until it
     /// deletes fewer), or `None` when it deletes all of them at once.
     const PURGE_BATCH: Option<u64>;

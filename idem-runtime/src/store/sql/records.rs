@@ -303,4 +303,18 @@ impl<DB: Dialect> RecordStore for SqlStore<DB> {
             .await?
             .ok_or(StoreError::LeaseLost)
     }
+
+    async fn clock(&self) -> Result<Option<UnixMillis>, StoreError> {
+        let Some(sql) = DB::CLOCK else {
+            return Ok(None);
+        };
+        let mut conn = self.conn().await?;
+        let row = self
+            .run(Statement::<DB>::new(sql).fetch_optional(&mut conn))
+            .await?;
+        let ms = row
+            .ok_or_else(|| StoreError::Corrupt("the clock's statement answered no row".into()))?
+            .int("now_ms")?;
+        Ok(Some(u64::try_from(ms).unwrap_or(0)))
+    }
 }

@@ -121,6 +121,11 @@ impl Dialect for Postgres {
 
     const PURGE_BATCH: Option<u64> = Some(5000);
 
+    /// `clock_timestamp()`, the server's clock when the statement runs (`now()` would be
+    /// the start of the transaction).
+    const CLOCK: Option<&'static str> =
+        Some("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8 AS now_ms");
+
     /// [`INSERT`] (or [`INSERT_WITHIN_BUDGET`]); only a key that exists and may be taken again (its TTL passed, or
     /// released with the same fingerprint) gets a second statement, [`RECLAIM`].
     async fn register(

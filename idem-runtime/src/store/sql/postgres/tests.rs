@@ -2,6 +2,8 @@
 //! conformance suite, the migrations, the schema's own checks, an unreachable server, and
 //! a completion inside a transaction.
 
+use std::time::Duration;
+
 use super::PostgresStore;
 use crate::store::conformance::{self, T0, created, key, new_record, postgres::scratch_pool};
 use crate::store::{Begin, RecordStore, Reservation, StoreError, TransactionalStore};
@@ -16,6 +18,17 @@ async fn passes_the_conformance_suite() {
         PostgresStore::from_pool(pool).await.unwrap()
     })
     .await;
+}
+
+/// The store's clock is the server's `clock_timestamp()`, read in one round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clock_is_the_servers() {
+    let Some(pool) = scratch_pool("the postgres clock").await else {
+        return;
+    };
+    let store = PostgresStore::from_pool(pool).await.unwrap();
+    conformance::the_clock_is_the_servers(std::sync::Arc::new(store), Duration::from_millis(250))
+        .await;
 }
 
 /// Migrations run once, record themselves, and are safe to run from many instances at

@@ -123,6 +123,9 @@ impl Dialect for Sqlite {
 
     const PURGE_BATCH: Option<u64> = None;
 
+    /// An embedded database: this process's clock.
+    const CLOCK: Option<&'static str> = None;
+
     /// A connection, after checking that the file at the store's path is the one it
     /// opened.
     async fn acquire(store: &SqlStore<Sqlite>) -> Result<PoolConnection<Sqlite>, StoreError> {
