@@ -62,7 +62,32 @@
 //!
 //! Every method takes `now` in unix milliseconds ([`UnixMillis`]) instead of reading a
 //! clock, so that tests control time and all instances of a service judge leases by the
-//! same rules.
+//! same rules. The runtime passes the store's time, not its own: an instance whose clock
+//! is 30 s ahead would otherwise see a running attempt's lease as ended, take it over and
+//! run the handler a second time. [`RecordStore::clock`] reads the store's clock
+//! (PostgreSQL's `clock_timestamp()`, Redis's `TIME`; `None` for memory and SQLite, which
+//! share this machine's); [`StoreClock`] keeps it between readings on the monotonic clock;
+//! the [`Idem`](crate::Idem) handle reads it at start and every 30 s (sooner for a lease
+//! under 0.3 s) in a task of its own and gives every call [`Idem::now`](crate::Idem::now).
+//!
+//! Why readings now and then, rather than every statement and script reading the
+//! store's clock itself: no statement, script or lease changes (a lease stays an end
+//! time, the conformance suite keeps giving times), the runtime's own comparisons (an
+//! attempt alive in this process, `Retry-After`, the deadline) use the same time without
+//! a round trip, and a request makes no call it did not make before. The price is a
+//! bounded error:
+//!
+//! | source | bound |
+//! |---|---|
+//! | the reading (the store read its clock somewhere within the round trip) | half the best of three round trips + 1 ms of resolution ([`ClockSample::error_bound`]); about 1.1 ms on loopback (0.1 ms to PostgreSQL, 0.3 ms to Redis, measured) |
+//! | the drift of the monotonic clock since the reading | 500 ppm at most (NTP's limit): 15 ms over 30 s; a few ppm on a synchronised machine |
+//! | between two instances | the sum of theirs |
+//!
+//! A step of the instance's system clock changes nothing until the next reading (only
+//! the monotonic clock carries the time); a step of the store's clock (a failover to a
+//! server whose clock differs) is seen within one refresh. Before the first reading
+//! succeeds (the store cannot be read), the instance judges by its own clock and logs
+//! it. An instance off by more than a quarter of its lease warns (see `idem::telemetry`).
 
 pub mod budget;
 mod clock;
