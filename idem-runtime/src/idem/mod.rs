@@ -1,5 +1,6 @@
 //! The `Idem` handle: the store, the client identity and the runtime's settings.
 
+pub(crate) mod allowance;
 mod builder;
 mod check;
 pub(crate) mod names;
@@ -77,6 +78,8 @@ struct Inner {
     heartbeat_lease: Duration,
     /// Each client's budget in the store; `None`: none.
     client_budget: Option<ClientBudget>,
+    /// Each client's allowance of new keys under its budget (shared by every clone).
+    allowances: Arc<allowance::Allowances>,
     /// The attempts alive in this process (shared by every clone).
     running: Arc<Running>,
     /// The operation names claimed so far (shared by every clone).
@@ -239,6 +242,11 @@ impl Idem {
     /// when there is none.
     pub fn client_budget(&self) -> Option<ClientBudget> {
         self.inner.client_budget
+    }
+
+    /// Each client's allowance of new keys under its budget.
+    pub(crate) fn allowances(&self) -> &allowance::Allowances {
+        &self.inner.allowances
     }
 
     /// The largest stored result body, in bytes.

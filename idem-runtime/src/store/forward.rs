@@ -92,6 +92,8 @@ macro_rules! forward_store {
             {take_over [key: &$crate::store::RecordKey, expected: $crate::store::OwnerToken,
                 new_lease: $crate::store::Lease, now: $crate::store::UnixMillis]
                 [$crate::store::Record]}
+            {client_usage [client: &str, cap: u64, now: $crate::store::UnixMillis]
+                [$crate::store::ClientUsage]}
         ]);
     };
     (@names {OperatorStore $($ctx:tt)*} $names:tt) => {
@@ -137,6 +139,9 @@ macro_rules! forward_store {
         $crate::forward_store!(@each $($k)*);
     };
     (@written {take_over $($_s:tt)*} [take_over $($_n:tt)*] $($k:tt)*) => {
+        $crate::forward_store!(@each $($k)*);
+    };
+    (@written {client_usage $($_s:tt)*} [client_usage $($_n:tt)*] $($k:tt)*) => {
         $crate::forward_store!(@each $($k)*);
     };
     (@written {list $($_s:tt)*} [list $($_n:tt)*] $($k:tt)*) => {

@@ -18,7 +18,7 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use http::{HeaderName, HeaderValue};
 
-use super::budget::{OverBudget, Tallies};
+use super::budget::{ClientUsage, OverBudget, Tallies};
 use super::ops::{self, Event};
 use super::{
     Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OperatorStore,
@@ -291,6 +291,15 @@ impl RecordStore for MemoryStore {
             *slot = Slot::from_record(&record);
             Ok(record)
         })
+    }
+
+    async fn client_usage(
+        &self,
+        client: &str,
+        _cap: u64,
+        now: UnixMillis,
+    ) -> Result<ClientUsage, StoreError> {
+        Ok(self.tallies.usage(client, now))
     }
 }
 

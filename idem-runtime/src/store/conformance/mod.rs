@@ -39,7 +39,8 @@ mod budget;
 pub mod ops;
 
 pub use budget::{
-    the_budget_counts_stored_bytes, the_budget_never_refuses_a_key_the_client_holds,
+    client_usage_counts_what_the_budget_counts, the_budget_counts_stored_bytes,
+    the_budget_never_refuses_a_key_the_client_holds,
     the_budget_refuses_a_new_key_at_its_record_limit,
 };
 #[cfg(feature = "postgres")]
@@ -140,6 +141,9 @@ pub const CHECKS: &[Check] = &[
     }),
     ("the_budget_counts_stored_bytes", |s| {
         Box::pin(the_budget_counts_stored_bytes(s))
+    }),
+    ("client_usage_counts_what_the_budget_counts", |s| {
+        Box::pin(client_usage_counts_what_the_budget_counts(s))
     }),
     ("list_filters_orders_and_pages", |s| {
         Box::pin(ops::list_filters_orders_and_pages(s))
