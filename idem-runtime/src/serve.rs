@@ -40,8 +40,19 @@ use tokio::net::{TcpListener, TcpStream};
 type Signal = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Serves `router` on `listener`, as `axum::serve` does, closing connections whose
-/// request head has not arrived within [`Serve::header_read_timeout`]. Await the
-/// returned [`Serve`] to run it (see the [module docs](self)).
+/// request head has not arrived within [`Serve::header_read_timeout`] (10 s unless set).
+/// Await the returned [`Serve`] to run it. `axum::serve` gives hyper no timer, so its
+/// header read timeout never fires there; the body is bounded by each contract (408
+/// `request-timeout`). Not supported: HTTP upgrades (WebSocket) and `ConnectInfo`.
+///
+/// ```no_run
+/// # async fn run(app: axum::Router) -> std::io::Result<()> {
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+/// idem_runtime::serve(listener, app)
+///     .with_graceful_shutdown(async { tokio::signal::ctrl_c().await.unwrap_or(()) })
+///     .await
+/// # }
+/// ```
 pub fn serve(listener: TcpListener, router: Router) -> Serve {
     Serve {
         listener,

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use idem::store::{
-    Begin, Lease, MemoryStore, NewRecord, OwnerToken, Record, RecordKey, RecordStore, Store,
-    StoreError, StoredResponse, UnixMillis,
+    Begin, ClientUsage, Lease, MemoryStore, NewRecord, OwnerToken, Record, RecordKey, RecordStore,
+    Store, StoreError, StoredResponse, UnixMillis,
 };
 
 /// One method of [`Store`].
@@ -21,10 +21,12 @@ pub enum Call {
     Park,
     TakeOver,
     Purge,
+    /// The budget's count of a client's usage.
+    ClientUsage,
 }
 
 impl Call {
-    pub const ALL: [Call; 8] = [
+    pub const ALL: [Call; 9] = [
         Call::Begin,
         Call::Get,
         Call::Complete,
@@ -33,6 +35,7 @@ impl Call {
         Call::Park,
         Call::TakeOver,
         Call::Purge,
+        Call::ClientUsage,
     ];
 }
 
@@ -204,6 +207,16 @@ impl<S: Store> RecordStore for FaultyStore<S> {
 
     async fn clock(&self) -> Result<Option<UnixMillis>, StoreError> {
         self.inner.clock().await
+    }
+
+    async fn client_usage(
+        &self,
+        client: &str,
+        cap: u64,
+        now: UnixMillis,
+    ) -> Result<ClientUsage, StoreError> {
+        self.enter(Call::ClientUsage)?;
+        self.inner.client_usage(client, cap, now).await
     }
 }
 

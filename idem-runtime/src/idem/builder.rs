@@ -51,6 +51,7 @@ impl IdemBuilder {
                 unavailable_retry_after: Idem::DEFAULT_UNAVAILABLE_RETRY_AFTER,
                 heartbeat_lease: Idem::DEFAULT_HEARTBEAT_LEASE,
                 client_budget: Some(ClientBudget::DEFAULT),
+                allowances: Arc::default(),
                 running: Arc::default(),
                 names: Arc::default(),
                 recoverers: Vec::new(),

@@ -1,5 +1,6 @@
 //! The `Idem` handle: the store, the client identity and the runtime's settings.
 
+pub(crate) mod allowance;
 mod builder;
 mod check;
 pub(crate) mod clock;
@@ -79,6 +80,8 @@ struct Inner {
     heartbeat_lease: Duration,
     /// Each client's budget in the store; `None`: none.
     client_budget: Option<ClientBudget>,
+    /// Each client's allowance of new keys under its budget (shared by every clone).
+    allowances: Arc<allowance::Allowances>,
     /// The attempts alive in this process (shared by every clone).
     running: Arc<Running>,
     /// The store's clock, by which every lease is judged (shared by every clone).
@@ -243,6 +246,11 @@ impl Idem {
     /// when there is none.
     pub fn client_budget(&self) -> Option<ClientBudget> {
         self.inner.client_budget
+    }
+
+    /// Each client's allowance of new keys under its budget.
+    pub(crate) fn allowances(&self) -> &allowance::Allowances {
+        &self.inner.allowances
     }
 
     /// The largest stored result body, in bytes.

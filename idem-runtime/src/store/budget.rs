@@ -69,6 +69,15 @@ impl ClientBudget {
         bytes: 16 * 1024 * 1024,
     };
 
+    /// A budget that counts the record and refuses nothing: what the runtime registers
+    /// with while a client's allowance lasts ([`crate::IdemBuilder::client_budget`]).
+    /// A store that keeps its own accounting (memory, Redis) counts the record; one that
+    /// counts from its rows (SQLite, PostgreSQL) does nothing extra.
+    pub const COUNT_ONLY: ClientBudget = ClientBudget {
+        records: u64::MAX,
+        bytes: u64::MAX,
+    };
+
     /// A budget of `records` live records and `bytes` bytes of results.
     pub const fn new(records: u64, bytes: u64) -> ClientBudget {
         ClientBudget { records, bytes }
@@ -78,6 +87,22 @@ impl ClientBudget {
     pub const fn admits(&self, usage: &Usage) -> bool {
         usage.records < self.records && usage.bytes < self.bytes
     }
+
+    /// Whether this budget refuses nothing ([`ClientBudget::COUNT_ONLY`]), so that a
+    /// store need not count for it.
+    pub const fn refuses_nothing(&self) -> bool {
+        self.records == u64::MAX && self.bytes == u64::MAX
+    }
+}
+
+/// A client's usage as [`RecordStore::client_usage`](super::RecordStore::client_usage)
+/// counted it, and when its oldest live record expires.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientUsage {
+    /// Its live records (counted up to the cap asked for) and their results' bytes.
+    pub usage: Usage,
+    /// When its oldest live record expires, unix milliseconds; `None` when it has none.
+    pub oldest_expiry: Option<UnixMillis>,
 }
 
 impl Default for ClientBudget {
@@ -180,6 +205,20 @@ impl Tallies {
         tally.by_expiry.insert((expires_at, member.into()));
         tally.members.insert(member.into(), (expires_at, 0));
         Ok(())
+    }
+
+    /// The usage of `client` at `now`.
+    pub(crate) fn usage(&self, client: &str, now: UnixMillis) -> ClientUsage {
+        match self.clients.get_mut(client) {
+            Some(mut tally) => {
+                tally.trim(now);
+                ClientUsage {
+                    usage: tally.usage(),
+                    oldest_expiry: tally.by_expiry.first().map(|first| first.0),
+                }
+            }
+            None => ClientUsage::default(),
+        }
     }
 
     /// Counts `bytes` of a stored result for `member` of `client`, if it is counted.

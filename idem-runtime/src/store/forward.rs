@@ -93,6 +93,8 @@ macro_rules! forward_store {
                 new_lease: $crate::store::Lease, now: $crate::store::UnixMillis]
                 [$crate::store::Record]}
             {clock [] [::core::option::Option<$crate::store::UnixMillis>]}
+            {client_usage [client: &str, cap: u64, now: $crate::store::UnixMillis]
+                [$crate::store::ClientUsage]}
         ]);
     };
     (@names {OperatorStore $($ctx:tt)*} $names:tt) => {
@@ -141,6 +143,9 @@ macro_rules! forward_store {
         $crate::forward_store!(@each $($k)*);
     };
     (@written {clock $($_s:tt)*} [clock $($_n:tt)*] $($k:tt)*) => {
+        $crate::forward_store!(@each $($k)*);
+    };
+    (@written {client_usage $($_s:tt)*} [client_usage $($_n:tt)*] $($k:tt)*) => {
         $crate::forward_store!(@each $($k)*);
     };
     (@written {list $($_s:tt)*} [list $($_n:tt)*] $($k:tt)*) => {

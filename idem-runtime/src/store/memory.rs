@@ -18,7 +18,7 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use http::{HeaderName, HeaderValue};
 
-use super::budget::{OverBudget, Tallies};
+use super::budget::{ClientUsage, OverBudget, Tallies};
 use super::ops::{self, Event};
 use super::{
     Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OperatorStore,
@@ -296,6 +296,15 @@ impl RecordStore for MemoryStore {
     /// This process's clock: the records live here.
     async fn clock(&self) -> Result<Option<UnixMillis>, StoreError> {
         Ok(None)
+    }
+
+    async fn client_usage(
+        &self,
+        client: &str,
+        _cap: u64,
+        now: UnixMillis,
+    ) -> Result<ClientUsage, StoreError> {
+        Ok(self.tallies.usage(client, now))
     }
 }
 

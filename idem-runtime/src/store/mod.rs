@@ -109,7 +109,7 @@ mod transactional;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 
-pub use budget::{ClientBudget, OverBudget, Usage};
+pub use budget::{ClientBudget, ClientUsage, OverBudget, Usage};
 pub use clock::{ClockSample, StoreClock, sample_clock, store_now};
 pub use memory::MemoryStore;
 pub use open::{MAX_URL_LEN, OpenError, OpenOptions, open, redact_url};

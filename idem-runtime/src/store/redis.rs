@@ -104,9 +104,10 @@ use super::headers::{decode_headers, encode_headers};
 use super::open::Bounds;
 use super::ops::{self, Event};
 use super::{
-    Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OperationState,
-    OperatorStore, OverBudget, OwnerToken, Record, RecordKey, RecordState, RecordStore, Resolution,
-    ResolutionOutcome, StoreError, StoredResponse, UnixMillis, Usage, check_size,
+    Begin, ClientUsage, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord,
+    OperationState, OperatorStore, OverBudget, OwnerToken, Record, RecordKey, RecordState,
+    RecordStore, Resolution, ResolutionOutcome, StoreError, StoredResponse, UnixMillis, Usage,
+    check_size,
 };
 use crate::OperationId;
 
@@ -171,6 +172,19 @@ local function budget_count(now, exp, gone, margin)
   redis.call('ZADD', KEYS[2], exp, KEYS[1])
   budget_expire(margin)
 end
+";
+
+/// `client_usage`: KEYS[1] and KEYS[2] the client's records and sizes ([`BUDGET`]).
+/// ARGV: now. Reads only. Returns `{live records, bytes, oldest live expiry or 0}`.
+const USAGE: &str = r"
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local live = redis.call('ZCARD', KEYS[1]) - #gone
+local bytes = tonumber(redis.call('HGET', KEYS[2], '*') or '0')
+for _, name in ipairs(gone) do
+  bytes = bytes - tonumber(redis.call('HGET', KEYS[2], name) or '0')
+end
+local oldest = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+return {live, bytes, tonumber(oldest[2] or '0')}
 ";
 
 /// `begin`. ARGV: now, operation id, fingerprint, token, lease end, TTL end, holds until,
@@ -356,6 +370,7 @@ struct Scripts {
     take_over: Script,
     purge: Script,
     resolve: Script,
+    usage: Script,
 }
 
 impl Scripts {
@@ -370,6 +385,7 @@ impl Scripts {
             take_over: with(&[PRELUDE, HISTORY, TAKE_OVER]),
             purge: with(&[PURGE]),
             resolve: with(&[HISTORY, RESOLVE]),
+            usage: with(&[USAGE]),
         }
     }
 }
@@ -942,6 +958,32 @@ impl RecordStore for RedisStore {
         Ok(Some(
             secs.saturating_mul(1000).saturating_add(micros / 1000),
         ))
+    }
+
+    async fn client_usage(
+        &self,
+        client: &str,
+        _cap: u64,
+        now: UnixMillis,
+    ) -> Result<ClientUsage, StoreError> {
+        let mut conn = self.conn.clone();
+        let (records, bytes) = self.budget_names(client);
+        let mut invocation = self.scripts.usage.key(records);
+        invocation.key(bytes).arg(now);
+        let answer: Vec<i64> = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        let [live, bytes, oldest] = answer[..] else {
+            return Err(StoreError::Corrupt(
+                "the usage script answered in an unexpected shape".into(),
+            ));
+        };
+        let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        Ok(ClientUsage {
+            usage: Usage {
+                records: count(live),
+                bytes: count(bytes),
+            },
+            oldest_expiry: (oldest > 0).then(|| count(oldest)),
+        })
     }
 }
 

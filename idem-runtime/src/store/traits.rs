@@ -4,8 +4,8 @@
 use async_trait::async_trait;
 
 use super::{
-    Begin, Inspection, Lease, ListQuery, Listed, NewRecord, OwnerToken, Record, RecordKey,
-    Resolution, StoreError, StoredResponse, UnixMillis,
+    Begin, ClientUsage, Inspection, Lease, ListQuery, Listed, NewRecord, OwnerToken, Record,
+    RecordKey, Resolution, StoreError, StoredResponse, UnixMillis,
 };
 
 /// The record calls of the request path: register a key, read its record, and end,
@@ -157,6 +157,21 @@ pub trait RecordStore: Send + Sync + 'static {
     ///
     /// Only [`StoreError::Unavailable`] and [`StoreError::Corrupt`].
     async fn clock(&self) -> Result<Option<UnixMillis>, StoreError>;
+
+    /// What `client` holds at `now` (unix milliseconds) for its budget
+    /// ([`super::budget`]): its live records, counted up to `cap` (a store may stop
+    /// counting there), their results' bytes, and when the oldest expires. Reads only.
+    /// The runtime asks once per allowance of new keys, not for every key.
+    ///
+    /// # Errors
+    ///
+    /// Only [`StoreError::Unavailable`] and [`StoreError::Corrupt`].
+    async fn client_usage(
+        &self,
+        client: &str,
+        cap: u64,
+        now: UnixMillis,
+    ) -> Result<ClientUsage, StoreError>;
 }
 
 /// The operator's calls: list records, inspect one with its history, resolve a parked

@@ -32,13 +32,14 @@ impl<F> Registration<'_, F> {
     pub(super) async fn claim(&mut self) -> Result<Claimed, Rejection> {
         let now = self.idem.now().await;
         let started = Instant::now();
-        let new = new_record(
+        let mut new = new_record(
             self.idem,
             self.contract,
             self.fingerprint,
             self.transactional,
             now,
         );
+        new.budget = self.budget(now).await?;
         let record = match self.idem.store().begin(self.key, &new, now).await {
             Ok(Begin::Started(record)) => record,
             Ok(Begin::Exists(record)) => {
@@ -46,6 +47,7 @@ impl<F> Registration<'_, F> {
                 return Ok(Claimed::Exists(record, now));
             }
             Ok(Begin::OverBudget(over)) => {
+                self.idem.allowances().refused(&self.key.client, &over, now);
                 return Err(answer::budget_exhausted(self.contract, &over, now).into());
             }
             Err(error) => return Err(self.unavailable(self.last_id, &error)),
@@ -95,7 +97,8 @@ impl<F> Registration<'_, F> {
     }
 }
 
-/// The record a new attempt registers at `now`, with a fresh operation id and owner token.
+/// The record a new attempt registers at `now`, with a fresh operation id and owner
+/// token; its budget is the claim's ([`Registration::budget`]).
 fn new_record(
     idem: &Idem,
     contract: &Contract,
@@ -113,7 +116,7 @@ fn new_record(
         expires_at: now.saturating_add(contract.ttl.as_millis()),
         transactional,
         holds_until: now.saturating_add(contract.lease().as_millis()),
-        budget: idem.client_budget(),
+        budget: None,
     }
 }
 

@@ -2,6 +2,7 @@
 //! store knows — a replay, 422, the contract's concurrency answer, a recovery, 409 for an
 //! unknown outcome, or 503 when the store fails (fail closed).
 
+mod budget;
 mod claim;
 mod concurrency;
 mod existing;

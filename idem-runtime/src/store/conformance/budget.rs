@@ -181,3 +181,46 @@ pub async fn the_budget_counts_stored_bytes(store: Arc<dyn Store>) {
     )
     .await;
 }
+
+/// `client_usage` counts what `begin` and `complete` counted: the client's live records
+/// registered under any budget — [`ClientBudget::COUNT_ONLY`] included, which refuses
+/// nothing — their results' bytes, and the oldest one's expiry; another client's are not
+/// its, and an expired record no longer counts.
+pub async fn client_usage_counts_what_the_budget_counts(store: Arc<dyn Store>) {
+    let client = "client-usage";
+    let none = store.client_usage(client, 100, T0).await.expect("usage");
+    assert_eq!((none.usage.records, none.usage.bytes), (0, 0), "{none:?}");
+    assert_eq!(none.oldest_expiry, None);
+    let count_only = |now| budgeted("sha256:a", now, ClientBudget::COUNT_ONLY);
+    let first = started(&*store, &key_of("op", client, "u1"), &count_only(T0), T0).await;
+    let token = first.lease().expect("processing").token;
+    store
+        .complete(&key_of("op", client, "u1"), token, &result_of(150), T0 + 1)
+        .await
+        .expect("complete");
+    let second = budgeted("sha256:a", T0 + 5, ClientBudget::new(100, u64::MAX));
+    started(&*store, &key_of("other_op", client, "u2"), &second, T0 + 5).await;
+    started(
+        &*store,
+        &key_of("op", "someone-else", "u1"),
+        &count_only(T0),
+        T0,
+    )
+    .await;
+    let usage = store
+        .client_usage(client, 100, T0 + 10)
+        .await
+        .expect("usage");
+    assert_eq!(usage.usage.records, 2, "{usage:?}");
+    assert!(
+        usage.usage.bytes >= 150,
+        "the stored result's bytes: {usage:?}"
+    );
+    assert_eq!(usage.oldest_expiry, Some(first.expires_at));
+    let later = first.expires_at.max(T0 + 5 + TTL) + 1;
+    let gone = store.client_usage(client, 100, later).await.expect("usage");
+    assert_eq!(
+        gone.usage.records, 0,
+        "expired records no longer count: {gone:?}"
+    );
+}

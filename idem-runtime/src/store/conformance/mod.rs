@@ -42,7 +42,8 @@ mod clock;
 pub mod ops;
 
 pub use budget::{
-    the_budget_counts_stored_bytes, the_budget_never_refuses_a_key_the_client_holds,
+    client_usage_counts_what_the_budget_counts, the_budget_counts_stored_bytes,
+    the_budget_never_refuses_a_key_the_client_holds,
     the_budget_refuses_a_new_key_at_its_record_limit,
 };
 pub use clock::{the_clock_is_the_servers, the_clock_reads_the_stores_time};
@@ -144,6 +145,9 @@ pub const CHECKS: &[Check] = &[
     }),
     ("the_budget_counts_stored_bytes", |s| {
         Box::pin(the_budget_counts_stored_bytes(s))
+    }),
+    ("client_usage_counts_what_the_budget_counts", |s| {
+        Box::pin(client_usage_counts_what_the_budget_counts(s))
     }),
     ("list_filters_orders_and_pages", |s| {
         Box::pin(ops::list_filters_orders_and_pages(s))

@@ -10,8 +10,8 @@ use super::rows::changed_one;
 use super::statement::{Columns, Run, Statement};
 use crate::store::headers::encode_headers;
 use crate::store::{
-    Begin, Lease, NewRecord, OverBudget, OwnerToken, Record, RecordKey, RecordStore, StoreError,
-    StoredResponse, UnixMillis, Usage, check_size,
+    Begin, ClientUsage, Lease, NewRecord, OverBudget, OwnerToken, Record, RecordKey, RecordStore,
+    StoreError, StoredResponse, UnixMillis, Usage, check_size,
 };
 
 /// The record as it stands, expired or not (registration decides): `$1`..`$3` the key.
@@ -95,6 +95,14 @@ pub struct Counted {
 }
 
 impl Counted {
+    /// The count as [`RecordStore::client_usage`] answers it.
+    pub fn client_usage(self) -> ClientUsage {
+        ClientUsage {
+            usage: self.usage,
+            oldest_expiry: (self.usage.records > 0).then_some(self.oldest),
+        }
+    }
+
     /// The count from a row with the columns of [`USAGE`].
     pub fn read(row: &impl Columns) -> Result<Counted, StoreError> {
         let non_negative = |n: i64| u64::try_from(n).unwrap_or(0);
@@ -140,7 +148,7 @@ impl Registration<'_> {
     /// The budget's count of the client, `$1`..`$3` of [`USAGE`]: `None` without a
     /// budget.
     pub fn usage<DB: Run>(&self) -> Option<Statement<DB>> {
-        let budget = self.new.budget?;
+        let budget = self.new.budget.filter(|b| !b.refuses_nothing())?;
         Some(
             Statement::new(USAGE)
                 .text(&self.key.client)
@@ -316,5 +324,21 @@ impl<DB: Dialect> RecordStore for SqlStore<DB> {
             .ok_or_else(|| StoreError::Corrupt("the clock's statement answered no row".into()))?
             .int("now_ms")?;
         Ok(Some(u64::try_from(ms).unwrap_or(0)))
+    }
+
+    async fn client_usage(
+        &self,
+        client: &str,
+        cap: u64,
+        now: UnixMillis,
+    ) -> Result<ClientUsage, StoreError> {
+        let statement = Statement::<DB>::new(USAGE)
+            .text(client)
+            .ms(now)
+            .int(i64::try_from(cap).unwrap_or(i64::MAX));
+        let mut conn = self.conn().await?;
+        let row = self.run(statement.fetch_optional(&mut *conn)).await?;
+        let counted = row.as_ref().map(Counted::read).transpose()?;
+        Ok(counted.map_or_else(ClientUsage::default, Counted::client_usage))
     }
 }

@@ -175,7 +175,7 @@ async fn insert(
     conn: &mut PgConnection,
     registration: &Registration<'_>,
 ) -> Result<(Option<Record>, Option<OverBudget>), StoreError> {
-    let Some(budget) = registration.new.budget else {
+    let Some(budget) = registration.new.budget.filter(|b| !b.refuses_nothing()) else {
         let record = store.record(conn, registration.statement(INSERT)).await?;
         return Ok((record, None));
     };

@@ -1,0 +1,762 @@
+//! The cost of the per-client store budget on a new key, per store (issue 23, item 1):
+//! `cargo bench -p idem --bench budget` (needs `wrk` on the PATH: `apt-get install wrk`).
+//!
+//! One handler (`POST /orders`: a small JSON body, one order written, 201 with `Location`)
+//! is served under the contract of `benches/stores.rs` on each store, through handles that
+//! differ only in their client budget:
+//!
+//! | store | idem | business write |
+//! |---|---|---|
+//! | memory | `Idem::new(MemoryStore)` | a `DashMap` insert |
+//! | sqlite | `SqliteStore`, transactional (`SqliteTx`) | an insert in the record's transaction |
+//! | pg | `PostgresStore`, transactional (`PgTx`) | an insert in the record's transaction (scratch schema) |
+//! | redis | `Idem::new(RedisStore)` (scratch prefix) | `PSETEX` of the order on Redis itself |
+//!
+//! **off** is a store whose handle has `without_client_budget()`; **on** is a second store
+//! of the same kind, with two handles: one at `ClientBudget::DEFAULT` (10,000 records,
+//! 16 MiB) and one at [`LARGE`] (a million records: no run reaches it). Every handle has
+//! a heartbeat lease of [`LEASE`] (10 s), so that a starved attempt does not stop the run.
+//! Every request carries a new `Idempotency-Key`. The patterns:
+//!
+//! | pattern | driver | clients | on's budget |
+//! |---|---|---|---|
+//! | `many` | wrk, timed | `X-Client-Id` cycles over 1000 ids, new ids in every run | `DEFAULT` |
+//! | `one` | wrk, timed | one id for the whole run, new in every run (it ends the run holding every key the run sent) | [`LARGE`] |
+//! | `one-default` | burst of [`UNDER_DEFAULT`] requests | one new id per run, which stays under the default budget | `DEFAULT` |
+//! | `one@1k`, `one@10k` | burst of [`FILLED_BURST`] requests | one new id per run, first given 1,000 or 10,000 live records by an unmeasured burst | [`LARGE`] |
+//!
+//! The timed runs are `wrk -t2 -c32 -d5s` (`benches/common/wrk.rs`, which stops the
+//! benchmark on a non-2xx answer; the scripts print each such answer with its body
+//! first). A run that must stay
+//! under a number of requests cannot be timed by wrk, whose rate divides by the whole
+//! duration: those use [`burst`], which sends exactly `n` requests over 32 connections
+//! from a client runtime of 2 threads and divides by the time they took. Its client costs
+//! more CPU per request than wrk, so its rates are lower; compare on with off of the same
+//! driver only.
+//!
+//! Rounds are interleaved (each round runs every variant once; off and on of one pattern
+//! run back to back, in alternating order), and the table gives medians of requests per
+//! second and of p99 latency, with `on / off`. The load generator shares the machine's
+//! cores with the server, so the figures are ratios, not capacity. `IDEM_BENCH_ROUNDS`
+//! (default 3) and `IDEM_BENCH_SECONDS` (default 5) change them; `IDEM_BENCH_ONLY` (run
+//! names as printed, comma-separated: `"pg one off,pg one on"`) keeps only some runs.
+//!
+//! PostgreSQL (`IDEM_TEST_DATABASE_URL`, by default the local server) and Redis
+//! (`IDEM_TEST_REDIS_URL`, likewise) are used through the conformance suite's scratch
+//! helpers: new schemas, a new key prefix, never anyone's data. A store whose server does
+//! not answer is left out, with the reason printed. The Redis keys written are deleted at
+//! the end; the orders also carry a one-hour expiry in case the run is interrupted.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use dashmap::DashMap;
+use idem::store::ClientBudget;
+use redis::AsyncCommands;
+use redis::aio::ConnectionManager;
+use serde::Deserialize;
+use serde_json::json;
+
+#[path = "common/wrk.rs"]
+mod wrk;
+use wrk::{median, wrk};
+
+/// The on handle of the one-client patterns that must never refuse: a million records
+/// and a TiB of results, more than any run sends.
+const LARGE: ClientBudget = ClientBudget::new(1_000_000, 1 << 40);
+
+/// The requests of a `one-default` run: with the at most 32 in flight, under the
+/// default budget's 10,000 records.
+const UNDER_DEFAULT: usize = 8_000;
+
+/// The measured requests of a `one@1k` or `one@10k` run, after the client was filled.
+const FILLED_BURST: usize = 2_000;
+
+/// The lease of every handle, longer than the default 2 s: the machine is shared with the
+/// load generator (and often with builds), and an attempt starved past its lease answers
+/// 503, which would stop the run. Off and on have the same.
+const LEASE: Duration = Duration::from_secs(10);
+
+/// The connections of every run, wrk's and [`burst`]'s.
+const CONNECTIONS: usize = 32;
+
+#[derive(Deserialize)]
+struct CreateOrder {
+    customer_id: String,
+    amount_minor: i64,
+}
+
+/// An order as the memory handler keeps it.
+#[allow(dead_code, reason = "written, never read back")]
+struct Order {
+    operation_id: String,
+    customer_id: String,
+    amount_minor: i64,
+}
+
+type Orders = Arc<DashMap<String, Order>>;
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(0))
+}
+
+fn order_json(id: &str, order: &CreateOrder) -> serde_json::Value {
+    json!({ "id": id, "customer_id": order.customer_id, "amount_minor": order.amount_minor })
+}
+
+fn created(id: &str, order: &CreateOrder) -> Response {
+    let mut response = (StatusCode::CREATED, Json(order_json(id, order))).into_response();
+    if let Ok(location) = HeaderValue::from_str(&format!("/orders/{id}")) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    response
+}
+
+fn new_id() -> String {
+    format!("ord_{}", uuid::Uuid::now_v7().simple())
+}
+
+fn error() -> Response {
+    StatusCode::INTERNAL_SERVER_ERROR.into_response()
+}
+
+async fn lookup(
+    lookup: idem::Lookup<memory_order::Operation>,
+    axum::extract::Path(key): axum::extract::Path<String>,
+) -> idem::OperationStatus {
+    lookup.status(&key).await
+}
+
+// ---- the handlers, one per store ----------------------------------------------------
+
+#[idem::contract(
+    key_scope = client, fingerprint = [customer_id, amount_minor], ttl = "24h",
+    deadline = ("30s", per_attempt = "10s"), max_attempts = 4, retryable = [503, timeout],
+    concurrency = conflict, status_lookup = lookup, recovery = manual("https://runbooks.example.com/bench"),
+)]
+async fn memory_order(
+    State(orders): State<Orders>,
+    attempt: idem::Attempt,
+    Json(order): Json<CreateOrder>,
+) -> Response {
+    let id = new_id();
+    orders.insert(
+        id.clone(),
+        Order {
+            operation_id: attempt.operation_id.to_string(),
+            customer_id: order.customer_id.clone(),
+            amount_minor: order.amount_minor,
+        },
+    );
+    created(&id, &order)
+}
+
+const ORDERS: &str = "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, operation_id TEXT NOT NULL UNIQUE, customer_id TEXT NOT NULL, amount_minor BIGINT NOT NULL, created_at BIGINT NOT NULL)";
+const SQLITE_INSERT: &str = "INSERT INTO orders (id, operation_id, customer_id, amount_minor, created_at) VALUES (?, ?, ?, ?, ?)";
+const PG_INSERT: &str = "INSERT INTO orders (id, operation_id, customer_id, amount_minor, created_at) VALUES ($1, $2, $3, $4, $5)";
+
+/// One of the `*_INSERT` statements with the order's columns bound.
+macro_rules! insert_order {
+    ($sql:expr, $id:expr, $operation_id:expr, $order:expr) => {
+        sqlx::query($sql)
+            .bind($id)
+            .bind($operation_id)
+            .bind($order.customer_id.as_str())
+            .bind($order.amount_minor)
+            .bind(now_ms())
+    };
+}
+
+#[idem::contract(
+    key_scope = client, fingerprint = [customer_id, amount_minor], ttl = "24h",
+    deadline = ("30s", per_attempt = "10s"), max_attempts = 4, retryable = [503, timeout],
+    concurrency = conflict, status_lookup = lookup, recovery = manual("https://runbooks.example.com/bench"),
+)]
+async fn sqlite_order(
+    attempt: idem::Attempt,
+    tx: idem::SqliteTx,
+    Json(order): Json<CreateOrder>,
+) -> Response {
+    let id = new_id();
+    let Ok(mut conn) = tx.conn().await else {
+        return error();
+    };
+    match insert_order!(SQLITE_INSERT, &id, attempt.operation_id.to_string(), &order)
+        .execute(&mut *conn)
+        .await
+    {
+        Ok(_) => created(&id, &order),
+        Err(_) => error(),
+    }
+}
+
+#[idem::contract(
+    key_scope = client, fingerprint = [customer_id, amount_minor], ttl = "24h",
+    deadline = ("30s", per_attempt = "10s"), max_attempts = 4, retryable = [503, timeout],
+    concurrency = conflict, status_lookup = lookup, recovery = manual("https://runbooks.example.com/bench"),
+)]
+async fn pg_order(
+    attempt: idem::Attempt,
+    tx: idem::PgTx,
+    Json(order): Json<CreateOrder>,
+) -> Response {
+    let id = new_id();
+    let Ok(mut conn) = tx.conn().await else {
+        return error();
+    };
+    match insert_order!(PG_INSERT, &id, attempt.operation_id.to_string(), &order)
+        .execute(&mut *conn)
+        .await
+    {
+        Ok(_) => created(&id, &order),
+        Err(_) => error(),
+    }
+}
+
+/// How long a Redis order lives: a safety net should the run stop before its clean-up.
+const ORDER_TTL_MS: u64 = 3_600_000;
+
+/// The Redis handler's business state: a connection and the run's scratch prefix.
+#[derive(Clone)]
+struct RedisOrders {
+    conn: ConnectionManager,
+    prefix: Arc<str>,
+}
+
+#[idem::contract(
+    key_scope = client, fingerprint = [customer_id, amount_minor], ttl = "24h",
+    deadline = ("30s", per_attempt = "10s"), max_attempts = 4, retryable = [503, timeout],
+    concurrency = conflict, status_lookup = lookup, recovery = manual("https://runbooks.example.com/bench"),
+)]
+async fn redis_order(
+    State(redis): State<RedisOrders>,
+    _attempt: idem::Attempt,
+    Json(order): Json<CreateOrder>,
+) -> Response {
+    let id = new_id();
+    let mut conn = redis.conn.clone();
+    let written: redis::RedisResult<()> = conn
+        .pset_ex(
+            format!("{}:order:{id}", redis.prefix),
+            order_json(&id, &order).to_string(),
+            ORDER_TTL_MS,
+        )
+        .await;
+    match written {
+        Ok(()) => created(&id, &order),
+        Err(_) => error(),
+    }
+}
+
+/// Deletes every key under `prefix` (the run's scratch namespace).
+async fn redis_clean(conn: &mut ConnectionManager, prefix: &str) -> usize {
+    let mut cursor: u64 = 0;
+    let mut deleted = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}:*"))
+            .arg("COUNT")
+            .arg(5000)
+            .query_async(conn)
+            .await
+            .unwrap_or((0, Vec::new()));
+        if !keys.is_empty() {
+            let _: redis::RedisResult<usize> =
+                redis::cmd("UNLINK").arg(&keys).query_async(conn).await;
+            deleted += keys.len();
+        }
+        if next == 0 {
+            return deleted;
+        }
+        cursor = next;
+    }
+}
+
+// ---- the servers --------------------------------------------------------------------
+
+/// One store kind, served three times: budget off (its own store), and on at
+/// `ClientBudget::DEFAULT` and at [`LARGE`] (both on a second store).
+struct Served {
+    store: &'static str,
+    off: String,
+    default: String,
+    large: String,
+}
+
+async fn serve(router: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    format!("http://{addr}")
+}
+
+/// Serves `app` under the three handles `handles` makes: `None` (no budget),
+/// `Some(DEFAULT)`, `Some(LARGE)`; the first on the off store, the other two on the on
+/// store.
+async fn served(
+    store: &'static str,
+    app: impl Fn() -> Router,
+    handles: impl Fn(Option<ClientBudget>) -> idem::Idem,
+) -> Served {
+    let mut urls = Vec::new();
+    for budget in [None, Some(ClientBudget::DEFAULT), Some(LARGE)] {
+        urls.push(serve(app().layer(handles(budget).layer())).await);
+    }
+    let large = urls.pop().unwrap();
+    let default = urls.pop().unwrap();
+    let off = urls.pop().unwrap();
+    Served {
+        store,
+        off,
+        default,
+        large,
+    }
+}
+
+/// `builder` with `budget`, or without a budget; every handle with a heartbeat lease of
+/// [`LEASE`].
+fn budgeted(builder: idem::IdemBuilder, budget: Option<ClientBudget>) -> idem::Idem {
+    let builder = builder.heartbeat(LEASE);
+    match budget {
+        Some(budget) => builder.client_budget(budget),
+        None => builder.without_client_budget(),
+    }
+    .build()
+}
+
+/// A SQLite file opened as `SqliteStore::open` opens it, with the orders table.
+async fn sqlite_file(dir: &Path, name: &str) -> idem::SqliteStore {
+    let store = idem::SqliteStore::open(dir.join(format!("{name}.db")))
+        .await
+        .unwrap();
+    sqlx::query(ORDERS).execute(store.pool()).await.unwrap();
+    store
+}
+
+async fn pg_schema() -> Option<sqlx::PgPool> {
+    let pool =
+        idem_runtime::store::conformance::postgres::scratch_pool("the pg budget variants").await?;
+    sqlx::query(ORDERS).execute(&pool).await.unwrap();
+    Some(pool)
+}
+
+// ---- the drivers --------------------------------------------------------------------
+
+const BODY: &str = r#"{"customer_id":"cus_42","amount_minor":1999}"#;
+
+/// wrk's `many` script: the client cycles over 1000 ids, new in every run.
+const MANY: &str = r#"
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("tid", threads)
+end
+counter = 0
+function request()
+  counter = counter + 1
+  return wrk.format("POST", "/orders", {
+    ["Content-Type"] = "application/json",
+    ["X-Client-Id"] = "many-" .. run .. "-" .. (counter % 1000),
+    ["Idempotency-Key"] = "k-" .. tid .. "-" .. counter,
+  }, '{"customer_id":"cus_42","amount_minor":1999}')
+end
+-- A non-2xx answer stops the benchmark (benches/common/wrk.rs): say which one it was.
+function response(status, headers, body)
+  if status >= 300 then io.write("answer " .. status .. ": " .. body .. "\n") end
+end
+"#;
+
+/// wrk's `one` script: one client for the run, new in every run.
+const ONE: &str = r#"
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("tid", threads)
+end
+counter = 0
+function request()
+  counter = counter + 1
+  return wrk.format("POST", "/orders", {
+    ["Content-Type"] = "application/json",
+    ["X-Client-Id"] = "one-" .. run,
+    ["Idempotency-Key"] = "k-" .. tid .. "-" .. counter,
+  }, '{"customer_id":"cus_42","amount_minor":1999}')
+end
+-- A non-2xx answer stops the benchmark (benches/common/wrk.rs): say which one it was.
+function response(status, headers, body)
+  if status >= 300 then io.write("answer " .. status .. ": " .. body .. "\n") end
+end
+"#;
+
+/// Sends exactly `total` `POST /orders` to `url`, all from `client`, with the new keys
+/// `<keys>-0` … over [`CONNECTIONS`] connections at once, from a client runtime of 2
+/// threads (as `wrk -t2`): requests per second (over the time they took) and the p99
+/// latency in milliseconds.
+///
+/// # Panics
+///
+/// When an answer is not 201 (a refusal would make the figures meaningless).
+fn burst(url: &str, client: &str, keys: &str, total: usize) -> (f64, f64) {
+    let driver = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(CONNECTIONS)
+        .build()
+        .unwrap();
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut latencies: Vec<Duration> = driver.block_on(async {
+        let tasks: Vec<_> = (0..CONNECTIONS)
+            .map(|_| {
+                let (http, next) = (http.clone(), Arc::clone(&next));
+                let (url, client, keys) =
+                    (format!("{url}/orders"), client.to_owned(), keys.to_owned());
+                tokio::spawn(async move {
+                    let mut latencies = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= total {
+                            return latencies;
+                        }
+                        let sent = Instant::now();
+                        let answer = http
+                            .post(&url)
+                            .header("content-type", "application/json")
+                            .header("x-client-id", &client)
+                            .header("idempotency-key", format!("{keys}-{i}"))
+                            .body(BODY)
+                            .send()
+                            .await
+                            .unwrap();
+                        let status = answer.status();
+                        let body = answer.text().await.unwrap_or_default();
+                        assert_eq!(status, 201, "{url} answered {status} under load: {body}");
+                        latencies.push(sent.elapsed());
+                    }
+                })
+            })
+            .collect();
+        let mut all = Vec::with_capacity(total);
+        for task in tasks {
+            all.extend(task.await.unwrap());
+        }
+        all
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    latencies.sort();
+    let p99 = latencies
+        .get(latencies.len() * 99 / 100)
+        .map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0);
+    #[allow(clippy::cast_precision_loss, reason = "a count of requests")]
+    let rate = total as f64 / elapsed;
+    (rate, p99)
+}
+
+// ---- the runs -----------------------------------------------------------------------
+
+/// A load pattern (see the module docs).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pattern {
+    Many,
+    One,
+    OneDefault,
+    /// One client given this many live records before the measured burst.
+    Filled(usize),
+}
+
+impl Pattern {
+    const ALL: [Pattern; 5] = [
+        Pattern::Many,
+        Pattern::One,
+        Pattern::OneDefault,
+        Pattern::Filled(1_000),
+        Pattern::Filled(10_000),
+    ];
+
+    fn name(self) -> String {
+        match self {
+            Pattern::Many => "many".to_owned(),
+            Pattern::One => "one".to_owned(),
+            Pattern::OneDefault => "one-default".to_owned(),
+            Pattern::Filled(n) => format!("one@{}k", n / 1000),
+        }
+    }
+
+    /// What the run's driver is, for the table.
+    fn driver(self, seconds: u64) -> String {
+        match self {
+            Pattern::Many | Pattern::One => format!("wrk {seconds} s"),
+            Pattern::OneDefault => format!("burst {UNDER_DEFAULT}"),
+            Pattern::Filled(_) => format!("burst {FILLED_BURST}"),
+        }
+    }
+
+    /// The on handle's URL of `served` for this pattern.
+    fn on_url(self, served: &Served) -> &str {
+        match self {
+            Pattern::Many | Pattern::OneDefault => &served.default,
+            Pattern::One | Pattern::Filled(_) => &served.large,
+        }
+    }
+}
+
+/// One measured variant: a store, a pattern, budget off or on; its rounds' figures.
+struct Run {
+    store: usize,
+    pattern: Pattern,
+    on: bool,
+    rps: Vec<f64>,
+    p99: Vec<f64>,
+}
+
+impl Run {
+    fn name(&self, served: &[Served]) -> String {
+        let on = if self.on { "on" } else { "off" };
+        format!("{} {} {on}", served[self.store].store, self.pattern.name())
+    }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The stores, each served three times (see [`Served`]), and the Redis scratch prefix to
+/// clean at the end.
+async fn stores(dir: &Path) -> (Vec<Served>, Option<(ConnectionManager, String)>) {
+    let identity = || idem::identity::header("x-client-id");
+    let mut out = Vec::new();
+
+    let off = Arc::new(idem::MemoryStore::new());
+    let on = Arc::new(idem::MemoryStore::new());
+    let orders: Orders = Arc::default();
+    out.push(
+        served(
+            "memory",
+            || {
+                Router::new()
+                    .route("/orders", post(memory_order))
+                    .route("/o/{key}", axum::routing::get(lookup))
+                    .with_state(Arc::clone(&orders))
+            },
+            |budget| {
+                let store = if budget.is_some() { &on } else { &off };
+                budgeted(idem::Idem::builder(Arc::clone(store), identity()), budget)
+            },
+        )
+        .await,
+    );
+
+    let off = sqlite_file(dir, "off").await;
+    let on = sqlite_file(dir, "on").await;
+    out.push(
+        served(
+            "sqlite",
+            || Router::new().route("/orders", post(sqlite_order)),
+            |budget| {
+                let store = if budget.is_some() { &on } else { &off };
+                budgeted(
+                    idem::Idem::transactional_builder(store.clone(), identity()),
+                    budget,
+                )
+            },
+        )
+        .await,
+    );
+
+    if let Some(off) = pg_schema().await {
+        let on = pg_schema().await.unwrap();
+        let off = idem::PostgresStore::from_pool(off).await.unwrap();
+        let on = idem::PostgresStore::from_pool(on).await.unwrap();
+        out.push(
+            served(
+                "pg",
+                || Router::new().route("/orders", post(pg_order)),
+                |budget| {
+                    let store = if budget.is_some() { &on } else { &off };
+                    budgeted(
+                        idem::Idem::transactional_builder(store.clone(), identity()),
+                        budget,
+                    )
+                },
+            )
+            .await,
+        );
+    } else {
+        eprintln!("PostgreSQL is not reachable: the pg variants are left out");
+    }
+
+    let mut scratch = None;
+    if let Some(url) =
+        idem_runtime::store::conformance::redis::url_or_skip("the redis budget variants").await
+    {
+        let prefix = idem_runtime::store::conformance::redis::scratch_prefix();
+        let store = |name: &str| {
+            let url = url.clone();
+            let prefix = format!("{prefix}:{name}");
+            async move {
+                idem::RedisStore::connect(&url)
+                    .await
+                    .unwrap()
+                    .with_prefix(prefix)
+            }
+        };
+        let off = store("off").await;
+        let on = store("on").await;
+        let business = RedisOrders {
+            conn: redis::Client::open(url.as_str())
+                .unwrap()
+                .get_connection_manager()
+                .await
+                .unwrap(),
+            prefix: Arc::from(prefix.as_str()),
+        };
+        scratch = Some((business.conn.clone(), prefix.clone()));
+        out.push(
+            served(
+                "redis",
+                || {
+                    Router::new()
+                        .route("/orders", post(redis_order))
+                        .with_state(business.clone())
+                },
+                |budget| {
+                    let store = if budget.is_some() { &on } else { &off };
+                    budgeted(idem::Idem::builder(store.clone(), identity()), budget)
+                },
+            )
+            .await,
+        );
+    } else {
+        eprintln!("Redis is not reachable: the redis variants are left out");
+    }
+    (out, scratch)
+}
+
+fn main() {
+    if Command::new("wrk").arg("--version").output().is_err() {
+        eprintln!("the benchmark needs wrk on the PATH (apt-get install wrk)");
+        std::process::exit(2);
+    }
+    let rounds: usize = env_or("IDEM_BENCH_ROUNDS", 3);
+    let seconds: u64 = env_or("IDEM_BENCH_SECONDS", 5);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (served, redis_scratch) = runtime.block_on(stores(dir.path()));
+
+    let many = dir.path().join("many.lua");
+    std::fs::write(&many, MANY).unwrap();
+    let one = dir.path().join("one.lua");
+    std::fs::write(&one, ONE).unwrap();
+    let mut runs: Vec<Run> = (0..served.len())
+        .flat_map(|store| {
+            Pattern::ALL.into_iter().flat_map(move |pattern| {
+                [false, true].map(|on| Run {
+                    store,
+                    pattern,
+                    on,
+                    rps: Vec::new(),
+                    p99: Vec::new(),
+                })
+            })
+        })
+        .collect();
+    // `IDEM_BENCH_ONLY="pg one off,pg one on"` keeps those runs only.
+    if let Ok(only) = std::env::var("IDEM_BENCH_ONLY") {
+        let keep: Vec<&str> = only.split(',').map(str::trim).collect();
+        runs.retain(|run| keep.contains(&run.name(&served).as_str()));
+    }
+    for round in 0..rounds {
+        // Off and on of a pattern run back to back; which goes first alternates.
+        let mut order: Vec<usize> = (0..runs.len()).collect();
+        if round % 2 == 1 {
+            for pair in order.chunks_mut(2) {
+                pair.reverse();
+            }
+        }
+        for i in order {
+            let run = &mut runs[i];
+            let id = round * 100 + i;
+            let on_url = run.pattern.on_url(&served[run.store]).to_owned();
+            let url = if run.on {
+                on_url.as_str()
+            } else {
+                served[run.store].off.as_str()
+            };
+            let (rps, p99) = match run.pattern {
+                Pattern::Many => wrk(url, &many, seconds, CONNECTIONS, id),
+                Pattern::One => wrk(url, &one, seconds, CONNECTIONS, id),
+                Pattern::OneDefault => burst(url, &format!("default-{id}"), "k", UNDER_DEFAULT),
+                Pattern::Filled(n) => {
+                    let client = format!("filled-{id}");
+                    burst(url, &client, "fill", n);
+                    burst(url, &client, "k", FILLED_BURST)
+                }
+            };
+            eprintln!(
+                "round {} {}: {rps:.0} req/s, p99 {p99:.2} ms",
+                round + 1,
+                run.name(&served)
+            );
+            run.rps.push(rps);
+            run.p99.push(p99);
+        }
+    }
+
+    println!(
+        "\nPOST /orders with a new key per request, {CONNECTIONS} connections, {rounds} interleaved rounds, medians\n"
+    );
+    println!(
+        "| store | pattern | driver | budget off req/s | budget on req/s | on / off | p99 off | p99 on |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let medians: Vec<(f64, f64)> = runs
+        .iter_mut()
+        .map(|run| (median(&mut run.rps), median(&mut run.p99)))
+        .collect();
+    for (i, run) in runs.iter().enumerate() {
+        if run.on {
+            continue;
+        }
+        let Some(j) = runs
+            .iter()
+            .position(|r| r.on && r.store == run.store && r.pattern == run.pattern)
+        else {
+            continue;
+        };
+        let ((off, p99_off), (on, p99_on)) = (medians[i], medians[j]);
+        println!(
+            "| {} | {} | {} | {off:.0} | {on:.0} | **{:.2}** | {p99_off:.2} ms | {p99_on:.2} ms |",
+            served[run.store].store,
+            run.pattern.name(),
+            run.pattern.driver(seconds),
+            on / off
+        );
+    }
+    if let Some((mut conn, prefix)) = redis_scratch {
+        let deleted = runtime.block_on(redis_clean(&mut conn, &prefix));
+        eprintln!("deleted the run's {deleted} Redis keys under {prefix}");
+    }
+    drop(runtime);
+}
