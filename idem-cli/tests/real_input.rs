@@ -178,7 +178,7 @@ fn assert_additions(op: &Value, header: Option<&str>) {
         assert!(key["schema"]["maxLength"].as_u64().unwrap() <= 2 + 2 * 255);
         assert!(key["schema"]["pattern"].is_string());
     }
-    for status in ["400", "401", "409", "413", "422", "429", "503"] {
+    for status in ["400", "401", "408", "409", "413", "422", "429", "503"] {
         let r = &op["responses"][status];
         assert!(r["description"].is_string(), "{status} has a description");
         assert!(

@@ -68,7 +68,7 @@ fn the_operations_own_parts_win_and_gaps_are_filled() {
     assert_eq!(
         statuses,
         [
-            "201", "400", "401", "409", "413", "422", "429", "500", "503", "5XX"
+            "201", "400", "401", "408", "409", "413", "422", "429", "500", "503", "5XX"
         ]
     );
     // The document keeps its format: JSON, four spaces, its key order.

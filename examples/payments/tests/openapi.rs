@@ -57,7 +57,9 @@ fn the_document_carries_the_contract_and_is_valid() {
         "#/components/schemas/CreatePayment"
     );
     assert!(op["responses"]["201"]["headers"]["Location"].is_object());
-    for status in ["400", "401", "409", "413", "422", "429", "503", "504"] {
+    for status in [
+        "400", "401", "408", "409", "413", "422", "429", "503", "504",
+    ] {
         assert!(op["responses"][status].is_object(), "{status}");
     }
     let lookup = &document["paths"]["/payments/operations/{key}"]["get"]["responses"];

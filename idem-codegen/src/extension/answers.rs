@@ -100,8 +100,8 @@ fn problem_response(
     })
 }
 
-/// The Response Objects a contract adds to its operation, by status: 400, 401, 409, 413,
-/// 422, 429 and 503; 202 for `concurrency = accepted`; and each other status of
+/// The Response Objects a contract adds to its operation, by status: 400, 401, 408, 409,
+/// 413, 422, 429 and 503; 202 for `concurrency = accepted`; and each other status of
 /// `retryable` (such as 504), which the operation itself (or a gateway in front of it)
 /// answers.
 pub fn responses(contract: &Contract, identity: Option<&ClientIdentity>) -> Vec<(String, Value)> {
@@ -122,26 +122,7 @@ pub fn responses(contract: &Contract, identity: Option<&ClientIdentity>) -> Vec<
         ));
     }
     for status in STATUSES {
-        let description = match status {
-            400 => "The request was refused before anything ran: the idempotency key is missing or malformed (a quoted key that is not one valid RFC 8941 string included), or the body cannot be read as the JSON or form the operation takes. Fix the request; do not retry it unchanged.".to_owned(),
-            401 => unauthorized(identity),
-            409 => format!(
-                "{} Retry with the same key after `Retry-After`; never with a new key, which could run the operation twice. {}",
-                match contract.concurrency {
-                    Concurrency::Conflict { .. } => "An earlier attempt with the same key is still running (`operation-in-progress`), or stopped before its outcome was recorded (`operation-outcome-unknown`).".to_owned(),
-                    Concurrency::Wait { limit } => format!("An earlier attempt with the same key was still running after the server waited {} for it (`operation-in-progress`), or stopped before its outcome was recorded (`operation-outcome-unknown`).", words::duration(limit)),
-                    Concurrency::Accepted => "An earlier attempt with the same key stopped before its outcome was recorded (`operation-outcome-unknown`).".to_owned(),
-                },
-                own_answer(contract, 409),
-            ),
-            413 => "The request body is larger than the server accepts (`body-too-large`); nothing ran and nothing was registered under the key. Make the body smaller; sending it again unchanged gets the same answer.".to_owned(),
-            422 => "The idempotency key was already used with different significant content (`fingerprint-mismatch`); this request was not run. Do not retry: a retry sends exactly the first request's content, and a new business intent needs a new key.".to_owned(),
-            429 => format!("The client holds as many live keys, or bytes of stored answers, as the server keeps for one client (`client-budget-exhausted`): this new key was not registered and nothing ran, so waiting for `Retry-After` (when the client's oldest key expires) and sending the same request with the same key is always safe; keys the client already holds are still answered. Any other 429 means too many requests. {}", retry_sentence(contract, 429)),
-            _ => format!(
-                "This attempt did not complete: the idempotency store is unavailable or full and nothing ran (`store-unavailable`, `store-full`), or the attempt ran out of time on the server (`attempt-timed-out`) or failed before it answered (`attempt-failed`) and its outcome is not known yet. {}",
-                own_answer(contract, 503)
-            ),
-        };
+        let description = description(contract, identity, status);
         let types: Vec<ProblemType> = ProblemType::with_status(status).collect();
         out.push((
             status.to_string(),
@@ -153,8 +134,39 @@ pub fn responses(contract: &Contract, identity: Option<&ClientIdentity>) -> Vec<
             ),
         ));
     }
-    // The other statuses the contract retries come from the operation itself (or a
-    // gateway): the server released the key, so the retry runs the operation again.
+    out.extend(other_retryable_responses(contract));
+    out
+}
+
+/// What an answer of `status`, one of [`STATUSES`], means for this operation.
+fn description(contract: &Contract, identity: Option<&ClientIdentity>, status: u16) -> String {
+    match status {
+        400 => "The request was refused before anything ran: the idempotency key is missing or malformed (a quoted key that is not one valid RFC 8941 string included), or the body cannot be read as the JSON or form the operation takes. Fix the request; do not retry it unchanged.".to_owned(),
+        401 => unauthorized(identity),
+        408 => "The request's body did not arrive within the operation's time for one attempt (`request-timeout`); the server stopped reading it and closed the connection. Nothing ran and nothing was registered under the key: send the same request again with the same key.".to_owned(),
+        409 => format!(
+            "{} Retry with the same key after `Retry-After`; never with a new key, which could run the operation twice. {}",
+            match contract.concurrency {
+                Concurrency::Conflict { .. } => "An earlier attempt with the same key is still running (`operation-in-progress`), or stopped before its outcome was recorded (`operation-outcome-unknown`).".to_owned(),
+                Concurrency::Wait { limit } => format!("An earlier attempt with the same key was still running after the server waited {} for it (`operation-in-progress`), or stopped before its outcome was recorded (`operation-outcome-unknown`).", words::duration(limit)),
+                Concurrency::Accepted => "An earlier attempt with the same key stopped before its outcome was recorded (`operation-outcome-unknown`).".to_owned(),
+            },
+            own_answer(contract, 409),
+        ),
+        413 => "The request body is larger than the server accepts (`body-too-large`); nothing ran and nothing was registered under the key. Make the body smaller; sending it again unchanged gets the same answer.".to_owned(),
+        422 => "The idempotency key was already used with different significant content (`fingerprint-mismatch`); this request was not run. Do not retry: a retry sends exactly the first request's content, and a new business intent needs a new key.".to_owned(),
+        429 => format!("The client holds as many live keys, or bytes of stored answers, as the server keeps for one client (`client-budget-exhausted`): this new key was not registered and nothing ran, so waiting for `Retry-After` (when the client's oldest key expires) and sending the same request with the same key is always safe; keys the client already holds are still answered. Any other 429 means too many requests. {}", retry_sentence(contract, 429)),
+        _ => format!(
+            "This attempt did not complete: the idempotency store is unavailable or full and nothing ran (`store-unavailable`, `store-full`), or the attempt ran out of time on the server (`attempt-timed-out`) or failed before it answered (`attempt-failed`) and its outcome is not known yet. {}",
+            own_answer(contract, 503)
+        ),
+    }
+}
+
+/// The other statuses the contract retries (such as 504), which come from the operation
+/// itself or a gateway: the server released the key, so the retry runs the operation again.
+fn other_retryable_responses(contract: &Contract) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
     let mut others: Vec<u16> = contract
         .retryable
         .iter()

@@ -47,7 +47,7 @@ pub const PROBLEM_MEDIA_TYPE: &str = "application/problem+json";
 /// The statuses every contract adds to its operation's responses, in order. A contract
 /// also adds 202 for `concurrency = accepted`, and each status of its `retryable` list
 /// that is not among these (such as 504).
-pub const STATUSES: [u16; 7] = [400, 401, 409, 413, 422, 429, 503];
+pub const STATUSES: [u16; 8] = [400, 401, 408, 409, 413, 422, 429, 503];
 
 /// The statuses added to the status lookup's operation, in order.
 pub const LOOKUP_STATUSES: [u16; 5] = [200, 400, 401, 404, 503];
