@@ -51,22 +51,22 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::post;
 use axum::{Json, Router};
-use dashmap::DashMap;
 use idem::store::ClientBudget;
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
-use serde::Deserialize;
-use serde_json::json;
 
+#[macro_use]
+#[path = "common/orders.rs"]
+mod orders;
 #[path = "common/wrk.rs"]
 mod wrk;
+use orders::*;
 use wrk::{median, wrk};
 
 /// The on handle of the one-client patterns that must never refuse: a million records
@@ -87,48 +87,6 @@ const LEASE: Duration = Duration::from_secs(10);
 
 /// The connections of every run, wrk's and [`burst`]'s.
 const CONNECTIONS: usize = 32;
-
-#[derive(Deserialize)]
-struct CreateOrder {
-    customer_id: String,
-    amount_minor: i64,
-}
-
-/// An order as the memory handler keeps it.
-#[allow(dead_code, reason = "written, never read back")]
-struct Order {
-    operation_id: String,
-    customer_id: String,
-    amount_minor: i64,
-}
-
-type Orders = Arc<DashMap<String, Order>>;
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(0))
-}
-
-fn order_json(id: &str, order: &CreateOrder) -> serde_json::Value {
-    json!({ "id": id, "customer_id": order.customer_id, "amount_minor": order.amount_minor })
-}
-
-fn created(id: &str, order: &CreateOrder) -> Response {
-    let mut response = (StatusCode::CREATED, Json(order_json(id, order))).into_response();
-    if let Ok(location) = HeaderValue::from_str(&format!("/orders/{id}")) {
-        response.headers_mut().insert(header::LOCATION, location);
-    }
-    response
-}
-
-fn new_id() -> String {
-    format!("ord_{}", uuid::Uuid::now_v7().simple())
-}
-
-fn error() -> Response {
-    StatusCode::INTERNAL_SERVER_ERROR.into_response()
-}
 
 async fn lookup(
     lookup: idem::Lookup<memory_order::Operation>,
@@ -159,22 +117,6 @@ async fn memory_order(
         },
     );
     created(&id, &order)
-}
-
-const ORDERS: &str = "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, operation_id TEXT NOT NULL UNIQUE, customer_id TEXT NOT NULL, amount_minor BIGINT NOT NULL, created_at BIGINT NOT NULL)";
-const SQLITE_INSERT: &str = "INSERT INTO orders (id, operation_id, customer_id, amount_minor, created_at) VALUES (?, ?, ?, ?, ?)";
-const PG_INSERT: &str = "INSERT INTO orders (id, operation_id, customer_id, amount_minor, created_at) VALUES ($1, $2, $3, $4, $5)";
-
-/// One of the `*_INSERT` statements with the order's columns bound.
-macro_rules! insert_order {
-    ($sql:expr, $id:expr, $operation_id:expr, $order:expr) => {
-        sqlx::query($sql)
-            .bind($id)
-            .bind($operation_id)
-            .bind($order.customer_id.as_str())
-            .bind($order.amount_minor)
-            .bind(now_ms())
-    };
 }
 
 #[idem::contract(
@@ -223,9 +165,6 @@ async fn pg_order(
     }
 }
 
-/// How long a Redis order lives: a safety net should the run stop before its clean-up.
-const ORDER_TTL_MS: u64 = 3_600_000;
-
 /// The Redis handler's business state: a connection and the run's scratch prefix.
 #[derive(Clone)]
 struct RedisOrders {
@@ -258,32 +197,6 @@ async fn redis_order(
     }
 }
 
-/// Deletes every key under `prefix` (the run's scratch namespace).
-async fn redis_clean(conn: &mut ConnectionManager, prefix: &str) -> usize {
-    let mut cursor: u64 = 0;
-    let mut deleted = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}:*"))
-            .arg("COUNT")
-            .arg(5000)
-            .query_async(conn)
-            .await
-            .unwrap_or((0, Vec::new()));
-        if !keys.is_empty() {
-            let _: redis::RedisResult<usize> =
-                redis::cmd("UNLINK").arg(&keys).query_async(conn).await;
-            deleted += keys.len();
-        }
-        if next == 0 {
-            return deleted;
-        }
-        cursor = next;
-    }
-}
-
 // ---- the servers --------------------------------------------------------------------
 
 /// One store kind, served three times: budget off (its own store), and on at
@@ -293,13 +206,6 @@ struct Served {
     off: String,
     default: String,
     large: String,
-}
-
-async fn serve(router: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-    format!("http://{addr}")
 }
 
 /// Serves `app` under the three handles `handles` makes: `None` (no budget),
@@ -353,8 +259,6 @@ async fn pg_schema() -> Option<sqlx::PgPool> {
 }
 
 // ---- the drivers --------------------------------------------------------------------
-
-const BODY: &str = r#"{"customer_id":"cus_42","amount_minor":1999}"#;
 
 /// wrk's `many` script: the client cycles over 1000 ids, new in every run.
 const MANY: &str = r#"
@@ -531,144 +435,127 @@ impl Run {
     }
 }
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// The stores, each served three times (see [`Served`]), and the Redis scratch prefix to
 /// clean at the end.
 async fn stores(dir: &Path) -> (Vec<Served>, Option<(ConnectionManager, String)>) {
-    let identity = || idem::identity::header("x-client-id");
-    let mut out = Vec::new();
+    let mut out = vec![memory_served().await, sqlite_served(dir).await];
+    match pg_schema().await {
+        Some(off) => out.push(pg_served(off).await),
+        None => eprintln!("PostgreSQL is not reachable: the pg variants are left out"),
+    }
+    let url = idem_runtime::store::conformance::redis::url_or_skip("the redis budget variants");
+    let Some(url) = url.await else {
+        eprintln!("Redis is not reachable: the redis variants are left out");
+        return (out, None);
+    };
+    let (redis, scratch) = redis_served(&url).await;
+    out.push(redis);
+    (out, Some(scratch))
+}
 
+fn identity() -> impl idem::identity::ClientIdentity {
+    idem::identity::header("x-client-id")
+}
+
+async fn memory_served() -> Served {
     let off = Arc::new(idem::MemoryStore::new());
     let on = Arc::new(idem::MemoryStore::new());
     let orders: Orders = Arc::default();
-    out.push(
-        served(
-            "memory",
-            || {
-                Router::new()
-                    .route("/orders", post(memory_order))
-                    .route("/o/{key}", axum::routing::get(lookup))
-                    .with_state(Arc::clone(&orders))
-            },
-            |budget| {
-                let store = if budget.is_some() { &on } else { &off };
-                budgeted(idem::Idem::builder(Arc::clone(store), identity()), budget)
-            },
-        )
-        .await,
-    );
-
-    let off = sqlite_file(dir, "off").await;
-    let on = sqlite_file(dir, "on").await;
-    out.push(
-        served(
-            "sqlite",
-            || Router::new().route("/orders", post(sqlite_order)),
-            |budget| {
-                let store = if budget.is_some() { &on } else { &off };
-                budgeted(
-                    idem::Idem::transactional_builder(store.clone(), identity()),
-                    budget,
-                )
-            },
-        )
-        .await,
-    );
-
-    if let Some(off) = pg_schema().await {
-        let on = pg_schema().await.unwrap();
-        let off = idem::PostgresStore::from_pool(off).await.unwrap();
-        let on = idem::PostgresStore::from_pool(on).await.unwrap();
-        out.push(
-            served(
-                "pg",
-                || Router::new().route("/orders", post(pg_order)),
-                |budget| {
-                    let store = if budget.is_some() { &on } else { &off };
-                    budgeted(
-                        idem::Idem::transactional_builder(store.clone(), identity()),
-                        budget,
-                    )
-                },
-            )
-            .await,
-        );
-    } else {
-        eprintln!("PostgreSQL is not reachable: the pg variants are left out");
-    }
-
-    let mut scratch = None;
-    if let Some(url) =
-        idem_runtime::store::conformance::redis::url_or_skip("the redis budget variants").await
-    {
-        let prefix = idem_runtime::store::conformance::redis::scratch_prefix();
-        let store = |name: &str| {
-            let url = url.clone();
-            let prefix = format!("{prefix}:{name}");
-            async move {
-                idem::RedisStore::connect(&url)
-                    .await
-                    .unwrap()
-                    .with_prefix(prefix)
-            }
-        };
-        let off = store("off").await;
-        let on = store("on").await;
-        let business = RedisOrders {
-            conn: redis::Client::open(url.as_str())
-                .unwrap()
-                .get_connection_manager()
-                .await
-                .unwrap(),
-            prefix: Arc::from(prefix.as_str()),
-        };
-        scratch = Some((business.conn.clone(), prefix.clone()));
-        out.push(
-            served(
-                "redis",
-                || {
-                    Router::new()
-                        .route("/orders", post(redis_order))
-                        .with_state(business.clone())
-                },
-                |budget| {
-                    let store = if budget.is_some() { &on } else { &off };
-                    budgeted(idem::Idem::builder(store.clone(), identity()), budget)
-                },
-            )
-            .await,
-        );
-    } else {
-        eprintln!("Redis is not reachable: the redis variants are left out");
-    }
-    (out, scratch)
+    served(
+        "memory",
+        || {
+            Router::new()
+                .route("/orders", post(memory_order))
+                .route("/o/{key}", axum::routing::get(lookup))
+                .with_state(Arc::clone(&orders))
+        },
+        |budget| {
+            let store = if budget.is_some() { &on } else { &off };
+            budgeted(idem::Idem::builder(Arc::clone(store), identity()), budget)
+        },
+    )
+    .await
 }
 
-fn main() {
-    if Command::new("wrk").arg("--version").output().is_err() {
-        eprintln!("the benchmark needs wrk on the PATH (apt-get install wrk)");
-        std::process::exit(2);
-    }
-    let rounds: usize = env_or("IDEM_BENCH_ROUNDS", 3);
-    let seconds: u64 = env_or("IDEM_BENCH_SECONDS", 5);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (served, redis_scratch) = runtime.block_on(stores(dir.path()));
+async fn sqlite_served(dir: &Path) -> Served {
+    let off = sqlite_file(dir, "off").await;
+    let on = sqlite_file(dir, "on").await;
+    served(
+        "sqlite",
+        || Router::new().route("/orders", post(sqlite_order)),
+        |budget| {
+            let store = if budget.is_some() { &on } else { &off };
+            budgeted(
+                idem::Idem::transactional_builder(store.clone(), identity()),
+                budget,
+            )
+        },
+    )
+    .await
+}
 
-    let many = dir.path().join("many.lua");
-    std::fs::write(&many, MANY).unwrap();
-    let one = dir.path().join("one.lua");
-    std::fs::write(&one, ONE).unwrap();
+/// PostgreSQL on the scratch schema `off` and a second one.
+async fn pg_served(off: sqlx::PgPool) -> Served {
+    let on = pg_schema().await.unwrap();
+    let off = idem::PostgresStore::from_pool(off).await.unwrap();
+    let on = idem::PostgresStore::from_pool(on).await.unwrap();
+    served(
+        "pg",
+        || Router::new().route("/orders", post(pg_order)),
+        |budget| {
+            let store = if budget.is_some() { &on } else { &off };
+            budgeted(
+                idem::Idem::transactional_builder(store.clone(), identity()),
+                budget,
+            )
+        },
+    )
+    .await
+}
+
+/// Redis at `url` under a scratch prefix, and that prefix with a connection to clean it.
+async fn redis_served(url: &str) -> (Served, (ConnectionManager, String)) {
+    let prefix = idem_runtime::store::conformance::redis::scratch_prefix();
+    let store = |name: &str| {
+        let url = url.to_owned();
+        let prefix = format!("{prefix}:{name}");
+        async move {
+            idem::RedisStore::connect(&url)
+                .await
+                .unwrap()
+                .with_prefix(prefix)
+        }
+    };
+    let off = store("off").await;
+    let on = store("on").await;
+    let business = RedisOrders {
+        conn: redis::Client::open(url)
+            .unwrap()
+            .get_connection_manager()
+            .await
+            .unwrap(),
+        prefix: Arc::from(prefix.as_str()),
+    };
+    let scratch = (business.conn.clone(), prefix.clone());
+    let served = served(
+        "redis",
+        || {
+            Router::new()
+                .route("/orders", post(redis_order))
+                .with_state(business.clone())
+        },
+        |budget| {
+            let store = if budget.is_some() { &on } else { &off };
+            budgeted(idem::Idem::builder(store.clone(), identity()), budget)
+        },
+    )
+    .await;
+    (served, scratch)
+}
+
+/// Every run of every store and pattern, off and on side by side; only those
+/// `IDEM_BENCH_ONLY` names (`"pg one off,pg one on"`) when it is set.
+fn runs(served: &[Served]) -> Vec<Run> {
     let mut runs: Vec<Run> = (0..served.len())
         .flat_map(|store| {
             Pattern::ALL.into_iter().flat_map(move |pattern| {
@@ -682,48 +569,40 @@ fn main() {
             })
         })
         .collect();
-    // `IDEM_BENCH_ONLY="pg one off,pg one on"` keeps those runs only.
     if let Ok(only) = std::env::var("IDEM_BENCH_ONLY") {
         let keep: Vec<&str> = only.split(',').map(str::trim).collect();
-        runs.retain(|run| keep.contains(&run.name(&served).as_str()));
+        runs.retain(|run| keep.contains(&run.name(served).as_str()));
     }
-    for round in 0..rounds {
-        // Off and on of a pattern run back to back; which goes first alternates.
-        let mut order: Vec<usize> = (0..runs.len()).collect();
-        if round % 2 == 1 {
-            for pair in order.chunks_mut(2) {
-                pair.reverse();
-            }
-        }
-        for i in order {
-            let run = &mut runs[i];
-            let id = round * 100 + i;
-            let on_url = run.pattern.on_url(&served[run.store]).to_owned();
-            let url = if run.on {
-                on_url.as_str()
-            } else {
-                served[run.store].off.as_str()
-            };
-            let (rps, p99) = match run.pattern {
-                Pattern::Many => wrk(url, &many, seconds, CONNECTIONS, id),
-                Pattern::One => wrk(url, &one, seconds, CONNECTIONS, id),
-                Pattern::OneDefault => burst(url, &format!("default-{id}"), "k", UNDER_DEFAULT),
-                Pattern::Filled(n) => {
-                    let client = format!("filled-{id}");
-                    burst(url, &client, "fill", n);
-                    burst(url, &client, "k", FILLED_BURST)
-                }
-            };
-            eprintln!(
-                "round {} {}: {rps:.0} req/s, p99 {p99:.2} ms",
-                round + 1,
-                run.name(&served)
-            );
-            run.rps.push(rps);
-            run.p99.push(p99);
-        }
-    }
+    runs
+}
 
+/// The Lua scripts of the timed patterns, written into `dir`.
+struct Scripts {
+    many: std::path::PathBuf,
+    one: std::path::PathBuf,
+}
+
+/// Requests per second and p99 of one run, `id` making its keys and clients new.
+fn measure(run: &Run, served: &[Served], scripts: &Scripts, seconds: u64, id: usize) -> (f64, f64) {
+    let url = if run.on {
+        run.pattern.on_url(&served[run.store])
+    } else {
+        served[run.store].off.as_str()
+    };
+    match run.pattern {
+        Pattern::Many => wrk(url, &scripts.many, seconds, CONNECTIONS, id),
+        Pattern::One => wrk(url, &scripts.one, seconds, CONNECTIONS, id),
+        Pattern::OneDefault => burst(url, &format!("default-{id}"), "k", UNDER_DEFAULT),
+        Pattern::Filled(n) => {
+            let client = format!("filled-{id}");
+            burst(url, &client, "fill", n);
+            burst(url, &client, "k", FILLED_BURST)
+        }
+    }
+}
+
+/// The table of medians, off against on.
+fn print_table(runs: &mut [Run], served: &[Served], rounds: usize, seconds: u64) {
     println!(
         "\nPOST /orders with a new key per request, {CONNECTIONS} connections, {rounds} interleaved rounds, medians\n"
     );
@@ -754,6 +633,48 @@ fn main() {
             on / off
         );
     }
+}
+
+fn main() {
+    if Command::new("wrk").arg("--version").output().is_err() {
+        eprintln!("the benchmark needs wrk on the PATH (apt-get install wrk)");
+        std::process::exit(2);
+    }
+    let rounds: usize = env_or("IDEM_BENCH_ROUNDS", 3);
+    let seconds: u64 = env_or("IDEM_BENCH_SECONDS", 5);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (served, redis_scratch) = runtime.block_on(stores(dir.path()));
+    let scripts = Scripts {
+        many: dir.path().join("many.lua"),
+        one: dir.path().join("one.lua"),
+    };
+    std::fs::write(&scripts.many, MANY).unwrap();
+    std::fs::write(&scripts.one, ONE).unwrap();
+    let mut runs = runs(&served);
+    for round in 0..rounds {
+        // Off and on of a pattern run back to back; which goes first alternates.
+        let mut order: Vec<usize> = (0..runs.len()).collect();
+        if round % 2 == 1 {
+            order.chunks_mut(2).for_each(<[usize]>::reverse);
+        }
+        for i in order {
+            let (rps, p99) = measure(&runs[i], &served, &scripts, seconds, round * 100 + i);
+            let run = &mut runs[i];
+            eprintln!(
+                "round {} {}: {rps:.0} req/s, p99 {p99:.2} ms",
+                round + 1,
+                run.name(&served)
+            );
+            run.rps.push(rps);
+            run.p99.push(p99);
+        }
+    }
+    print_table(&mut runs, &served, rounds, seconds);
     if let Some((mut conn, prefix)) = redis_scratch {
         let deleted = runtime.block_on(redis_clean(&mut conn, &prefix));
         eprintln!("deleted the run's {deleted} Redis keys under {prefix}");

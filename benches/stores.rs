@@ -37,10 +37,9 @@
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -48,50 +47,14 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
-use serde::Deserialize;
-use serde_json::json;
 
+#[macro_use]
+#[path = "common/orders.rs"]
+mod orders;
 #[path = "common/wrk.rs"]
 mod wrk;
+use orders::*;
 use wrk::{median, wrk};
-
-#[derive(Deserialize)]
-struct CreateOrder {
-    customer_id: String,
-    amount_minor: i64,
-}
-
-/// An order as the memory variants keep it.
-#[allow(dead_code, reason = "written, never read back")]
-struct Order {
-    operation_id: String,
-    customer_id: String,
-    amount_minor: i64,
-}
-
-type Orders = Arc<DashMap<String, Order>>;
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(0))
-}
-
-fn order_json(id: &str, order: &CreateOrder) -> serde_json::Value {
-    json!({ "id": id, "customer_id": order.customer_id, "amount_minor": order.amount_minor })
-}
-
-fn created(id: &str, order: &CreateOrder) -> Response {
-    let mut response = (StatusCode::CREATED, Json(order_json(id, order))).into_response();
-    if let Ok(location) = HeaderValue::from_str(&format!("/orders/{id}")) {
-        response.headers_mut().insert(header::LOCATION, location);
-    }
-    response
-}
-
-fn new_id() -> String {
-    format!("ord_{}", uuid::Uuid::now_v7().simple())
-}
 
 /// The key the hand-written minimum claims: the client and its key, as idem scopes keys
 /// (`key_scope = client`). `None` when either header is missing (400).
@@ -99,10 +62,6 @@ fn client_key(headers: &HeaderMap) -> Option<(String, String)> {
     let client = headers.get("x-client-id")?.to_str().ok()?;
     let key = headers.get("idempotency-key")?.to_str().ok()?;
     Some((client.to_owned(), key.to_owned()))
-}
-
-fn error() -> Response {
-    StatusCode::INTERNAL_SERVER_ERROR.into_response()
 }
 
 /// The answer of the hand-written minimum to a key already taken.
@@ -188,24 +147,9 @@ async fn memory_idem(
 
 // ---- SQLite and PostgreSQL ----------------------------------------------------------
 
-const ORDERS: &str = "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, operation_id TEXT NOT NULL UNIQUE, customer_id TEXT NOT NULL, amount_minor BIGINT NOT NULL, created_at BIGINT NOT NULL)";
 const KEYS: &str = "CREATE TABLE IF NOT EXISTS idempotency_keys (client TEXT NOT NULL, key TEXT NOT NULL, order_id TEXT NOT NULL, created_at BIGINT NOT NULL, PRIMARY KEY (client, key))";
-const SQLITE_INSERT: &str = "INSERT INTO orders (id, operation_id, customer_id, amount_minor, created_at) VALUES (?, ?, ?, ?, ?)";
 const SQLITE_KEY: &str = "INSERT OR IGNORE INTO idempotency_keys (client, key, order_id, created_at) VALUES (?, ?, ?, ?)";
-const PG_INSERT: &str = "INSERT INTO orders (id, operation_id, customer_id, amount_minor, created_at) VALUES ($1, $2, $3, $4, $5)";
 const PG_KEY: &str = "INSERT INTO idempotency_keys (client, key, order_id, created_at) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING";
-
-/// One of the `*_INSERT` statements with the order's columns bound.
-macro_rules! insert_order {
-    ($sql:expr, $id:expr, $operation_id:expr, $order:expr) => {
-        sqlx::query($sql)
-            .bind($id)
-            .bind($operation_id)
-            .bind($order.customer_id.as_str())
-            .bind($order.amount_minor)
-            .bind(now_ms())
-    };
-}
 
 async fn sqlite_bare(
     State(pool): State<sqlx::SqlitePool>,
@@ -354,8 +298,6 @@ async fn pg_idem(
 
 // ---- Redis --------------------------------------------------------------------------
 
-/// How long a Redis order lives: a safety net should the run stop before its clean-up.
-const ORDER_TTL_MS: u64 = 3_600_000;
 /// How long the hand-written minimum keeps a key: the contracts' `ttl`.
 const KEY_TTL_MS: u64 = 86_400_000;
 
@@ -435,32 +377,6 @@ async fn redis_idem(
     }
 }
 
-/// Deletes every key under `prefix` (the run's scratch namespace).
-async fn redis_clean(conn: &mut ConnectionManager, prefix: &str) -> usize {
-    let mut cursor: u64 = 0;
-    let mut deleted = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}:*"))
-            .arg("COUNT")
-            .arg(5000)
-            .query_async(conn)
-            .await
-            .unwrap_or((0, Vec::new()));
-        if !keys.is_empty() {
-            let _: redis::RedisResult<usize> =
-                redis::cmd("UNLINK").arg(&keys).query_async(conn).await;
-            deleted += keys.len();
-        }
-        if next == 0 {
-            return deleted;
-        }
-        cursor = next;
-    }
-}
-
 // ---- the driver ---------------------------------------------------------------------
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -474,13 +390,6 @@ struct Variant {
     store: &'static str,
     form: Form,
     url: String,
-}
-
-async fn serve(router: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-    format!("http://{addr}")
 }
 
 /// The three forms of one store.
@@ -522,8 +431,6 @@ async fn pg_schema() -> Option<sqlx::PgPool> {
     }
     Some(pool)
 }
-
-const BODY: &str = r#"{"customer_id":"cus_42","amount_minor":1999}"#;
 
 /// How many keys the replay path cycles through.
 const REPLAY_KEYS: usize = 1000;
@@ -599,13 +506,6 @@ fn rss() -> String {
                 .map(|v| v.trim().to_owned())
         })
         .unwrap_or_else(|| "unknown".to_owned())
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 /// One measured run: a variant on one path.

@@ -1,0 +1,123 @@
+//! What the loopback benchmarks of the root crate share (`benches/stores.rs`,
+//! `benches/budget.rs`): the order a `POST /orders` carries, its answer, the orders
+//! table and its inserts, serving a router on 127.0.0.1, and cleaning Redis.
+//!
+//! Each benchmark includes it (`#[macro_use] #[path = "common/orders.rs"] mod orders;`)
+//! and uses a part of it.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use dashmap::DashMap;
+use redis::aio::ConnectionManager;
+use serde::Deserialize;
+use serde_json::json;
+
+#[derive(Deserialize)]
+pub struct CreateOrder {
+    pub customer_id: String,
+    pub amount_minor: i64,
+}
+
+/// An order as the memory variants keep it.
+#[allow(dead_code, reason = "written, never read back")]
+pub struct Order {
+    pub operation_id: String,
+    pub customer_id: String,
+    pub amount_minor: i64,
+}
+
+pub type Orders = Arc<DashMap<String, Order>>;
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(0))
+}
+
+pub fn order_json(id: &str, order: &CreateOrder) -> serde_json::Value {
+    json!({ "id": id, "customer_id": order.customer_id, "amount_minor": order.amount_minor })
+}
+
+pub fn created(id: &str, order: &CreateOrder) -> Response {
+    let mut response = (StatusCode::CREATED, Json(order_json(id, order))).into_response();
+    if let Ok(location) = HeaderValue::from_str(&format!("/orders/{id}")) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    response
+}
+
+pub fn new_id() -> String {
+    format!("ord_{}", uuid::Uuid::now_v7().simple())
+}
+
+pub fn error() -> Response {
+    StatusCode::INTERNAL_SERVER_ERROR.into_response()
+}
+
+pub const ORDERS: &str = "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, operation_id TEXT NOT NULL UNIQUE, customer_id TEXT NOT NULL, amount_minor BIGINT NOT NULL, created_at BIGINT NOT NULL)";
+
+pub const SQLITE_INSERT: &str = "INSERT INTO orders (id, operation_id, customer_id, amount_minor, created_at) VALUES (?, ?, ?, ?, ?)";
+
+pub const PG_INSERT: &str = "INSERT INTO orders (id, operation_id, customer_id, amount_minor, created_at) VALUES ($1, $2, $3, $4, $5)";
+
+/// One of the `*_INSERT` statements with the order's columns bound.
+macro_rules! insert_order {
+    ($sql:expr, $id:expr, $operation_id:expr, $order:expr) => {
+        sqlx::query($sql)
+            .bind($id)
+            .bind($operation_id)
+            .bind($order.customer_id.as_str())
+            .bind($order.amount_minor)
+            .bind(now_ms())
+    };
+}
+
+/// How long a Redis order lives: a safety net should the run stop before its clean-up.
+pub const ORDER_TTL_MS: u64 = 3_600_000;
+
+pub const BODY: &str = r#"{"customer_id":"cus_42","amount_minor":1999}"#;
+
+pub async fn serve(router: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    format!("http://{addr}")
+}
+
+/// Deletes every key under `prefix` (the run's scratch namespace).
+pub async fn redis_clean(conn: &mut ConnectionManager, prefix: &str) -> usize {
+    let mut cursor: u64 = 0;
+    let mut deleted = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}:*"))
+            .arg("COUNT")
+            .arg(5000)
+            .query_async(conn)
+            .await
+            .unwrap_or((0, Vec::new()));
+        if !keys.is_empty() {
+            let _: redis::RedisResult<usize> =
+                redis::cmd("UNLINK").arg(&keys).query_async(conn).await;
+            deleted += keys.len();
+        }
+        if next == 0 {
+            return deleted;
+        }
+        cursor = next;
+    }
+}
+
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
