@@ -578,6 +578,27 @@ async fn store_failure_fails_closed() {
     assert_eq!(f.runs.get(), 1);
 }
 
+/// The budget's count of the client fails (the store is down for it): 503 with
+/// `Retry-After`, nothing registered and the handler not run; once the count works again,
+/// the same key runs once.
+#[tokio::test]
+async fn a_failing_budget_count_fails_closed() {
+    let store = FaultyStore::memory();
+    store.fail(Call::ClientUsage);
+    let f = Fixture::with_store(store.clone()).await;
+    let answer = f.order("k-count", order_body(1)).await;
+    answer.problem(503, "store-unavailable");
+    assert!(answer.header("retry-after").is_some());
+    assert_eq!(
+        (store.calls(Call::Begin), f.runs.get()),
+        (0, 0),
+        "nothing registered"
+    );
+    store.heal(Call::ClientUsage);
+    assert_eq!(f.order("k-count", order_body(1)).await.status, 201);
+    assert_eq!(f.runs.get(), 1);
+}
+
 /// `IdemBuilder::unavailable_retry_after` sets the `Retry-After` of that 503.
 #[tokio::test]
 async fn unavailable_retry_after_is_configurable() {

@@ -373,24 +373,38 @@ async fn operates_on_an_sqlite_file() {
     operate(&["--store", &path], Arc::new(store)).await;
 }
 
-/// A response file is checked like a handler's answer before anything is written:
-/// framing and session headers, headers the service does not replay, invalid names and
-/// values, non-final statuses, a file that is not a regular file, and one that never
-/// ends are each refused with a message that names them, within a second, and the
-/// parked record is left as it was.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hostile_response_files_are_refused_and_nothing_is_written() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("orders.db");
-    let store = SqliteStore::open(&path).await.unwrap();
-    seed(&store).await;
-    let db = path.to_str().unwrap().to_owned();
-    let resolve = |file: &str, extra: &[&str]| -> String {
+/// A parked record on an SQLite file, and response files beside it: the checks of
+/// `idem ops resolve --response`.
+struct Resolving {
+    dir: tempfile::TempDir,
+    store: SqliteStore,
+    db: String,
+}
+
+impl Resolving {
+    async fn new() -> Resolving {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("orders.db");
+        let store = SqliteStore::open(&path).await.unwrap();
+        seed(&store).await;
+        let db = path.to_str().unwrap().to_owned();
+        Resolving { dir, store, db }
+    }
+
+    /// A response file `name` holding `text`.
+    fn file(&self, name: &str, text: &str) -> String {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    }
+
+    /// `idem ops resolve` of `parked` as completed with `file`, and `extra` arguments.
+    fn args<'a>(&'a self, file: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
         let mut args = vec![
             "ops",
             "resolve",
             "--store",
-            &db,
+            &self.db,
             "--operation",
             "create_order",
             "--client",
@@ -403,23 +417,43 @@ async fn hostile_response_files_are_refused_and_nothing_is_written() {
             "r",
             "--response",
             file,
+            "--by",
+            "test-operator",
         ];
         args.extend_from_slice(extra);
+        args
+    }
+
+    /// The refusal of `file`, which must come within a second.
+    fn refused(&self, file: &str, extra: &[&str]) -> String {
         let started = std::time::Instant::now();
-        let err = fails(&args, 1);
+        let err = fails(&self.args(file, extra), 1);
         assert!(started.elapsed() < Duration::from_secs(1), "{file}: {err}");
         err
-    };
-    let file = |name: &str, text: &str| -> String {
-        let path = dir.path().join(name);
-        std::fs::write(&path, text).unwrap();
-        path.to_str().unwrap().to_owned()
-    };
-    let framing = file(
+    }
+
+    async fn assert_untouched(&self) {
+        assert!(
+            matches!(
+                state(&self.store, "parked").await,
+                RecordState::Unknown { .. }
+            ),
+            "nothing was written"
+        );
+    }
+}
+
+/// Framing and session headers, headers the service does not replay, and invalid names
+/// and values in a response file are refused with a message that names them, and the
+/// parked record is left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_files_with_hostile_headers_are_refused() {
+    let r = Resolving::new().await;
+    let framing = r.file(
         "framing.json",
         r#"{"status": 201, "headers": {"content-length": "5", "transfer-encoding": "chunked", "connection": "close", "set-cookie": "sid=1", "location": "/o/1"}, "body": {}}"#,
     );
-    let err = resolve(&framing, &[]);
+    let err = r.refused(&framing, &[]);
     for name in [
         "content-length",
         "transfer-encoding",
@@ -432,80 +466,72 @@ async fn hostile_response_files_are_refused_and_nothing_is_written() {
         err.contains("framing.json") && !err.contains("`location`"),
         "{err}"
     );
-    let err = resolve(&framing, &["--replayed-header", "set-cookie"]);
+    let err = r.refused(&framing, &["--replayed-header", "set-cookie"]);
     assert!(err.contains("--replayed-header `set-cookie`"), "{err}");
-
-    let other = file(
-        "other.json",
-        r#"{"status": 201, "headers": {"x-order-id": "42", "keep-alive": "timeout=5"}, "body": {}}"#,
+    let err = r.refused(&framing, &["--replayed-header", "bad name"]);
+    assert!(
+        err.contains("--replayed-header `bad name` is not a header name"),
+        "{err}"
     );
-    let err = resolve(&other, &[]);
+
+    let keep_alive = r#"{"status": 201, "headers": {"x-order-id": "42", "keep-alive": "timeout=5"}, "body": {}}"#;
+    let err = r.refused(&r.file("other.json", keep_alive), &[]);
     assert!(err.contains("`keep-alive` is never stored"), "{err}");
-    let other = file(
+    let other = r.file(
         "other-2.json",
         r#"{"status": 201, "headers": {"x-order-id": "42"}, "body": {}}"#,
     );
-    let err = resolve(&other, &[]);
+    let err = r.refused(&other, &[]);
     assert!(
         err.contains("`x-order-id` is not replayed") && err.contains("--replayed-header"),
         "{err}"
     );
-    let bad_value = file(
+    let bad_value = r.file(
         "value.json",
         r#"{"status": 201, "headers": {"location": "/a\nb"}, "body": {}}"#,
     );
-    let err = resolve(&bad_value, &[]);
+    let err = r.refused(&bad_value, &[]);
     assert!(
         err.contains("header `location` is not a valid header value"),
         "{err}"
     );
+    r.assert_untouched().await;
+}
+
+/// Non-final statuses, a file that is not a regular file (`/dev/zero`, a directory) and
+/// one past the size cap are refused within a second, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_files_that_are_not_results_are_refused() {
+    let r = Resolving::new().await;
     for status in ["100", "199", "600", "0"] {
         let text = format!(r#"{{"status": {status}, "body": {{}}}}"#);
-        let err = resolve(&file("status.json", &text), &[]);
+        let err = r.refused(&r.file("status.json", &text), &[]);
         assert!(err.contains(&format!("`status` is {status}")), "{err}");
     }
-    let err = resolve("/dev/zero", &[]);
+    let err = r.refused("/dev/zero", &[]);
     assert!(err.contains("not a regular file"), "{err}");
-    let err = resolve(dir.path().to_str().unwrap(), &[]);
+    let err = r.refused(r.dir.path().to_str().unwrap(), &[]);
     assert!(err.contains("not a regular file"), "{err}");
     let big = format!(
         r#"{{"status": 201, "body_text": "{}"}}"#,
         "x".repeat(3 << 20)
     );
-    let err = resolve(&file("big.json", &big), &[]);
+    let err = r.refused(&r.file("big.json", &big), &[]);
     assert!(err.contains("larger than"), "{err}");
+    r.assert_untouched().await;
+}
 
-    assert!(
-        matches!(state(&store, "parked").await, RecordState::Unknown { .. }),
-        "nothing was written"
-    );
-    let allowed = file(
+/// A header the service replays besides idem's defaults goes through when
+/// `--replayed-header` names it, and is stored in the file's order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_the_service_replays_is_let_through_when_named() {
+    let r = Resolving::new().await;
+    let allowed = r.file(
         "allowed.json",
         r#"{"status": 201, "headers": {"location": "/o/1", "x-order-id": "42"}, "body": {}}"#,
     );
-    succeeds(&[
-        "ops",
-        "resolve",
-        "--store",
-        &db,
-        "--operation",
-        "create_order",
-        "--client",
-        "acme",
-        "--key",
-        "parked",
-        "--as",
-        "completed",
-        "--reason",
-        "r",
-        "--response",
-        &allowed,
-        "--replayed-header",
-        "x-order-id",
-        "--by",
-        "test-operator",
-    ]);
-    let RecordState::Completed { response } = state(&store, "parked").await else {
+    succeeds(&r.args(&allowed, &["--replayed-header", "x-order-id"]));
+    let RecordState::Completed { response } = state(&r.store, "parked").await else {
         panic!("resolved");
     };
     let names: Vec<&str> = response.headers.iter().map(|(n, _)| n.as_str()).collect();

@@ -582,38 +582,8 @@ impl<T: Transport> Client<T> {
     ) -> Verdict {
         let status = answer.status;
         let kind = problem.as_ref().and_then(Problem::idem_type);
-        // Nothing ran and nothing was registered: the same request with the same key is
-        // safe after `Retry-After`, whatever the contract's retry list says.
-        if matches!(
-            kind,
-            Some(ProblemType::OperationInProgress | ProblemType::ClientBudgetExhausted)
-        ) {
-            return Verdict::Retry {
-                failure: false,
-                problem,
-            };
-        }
-        if kind == Some(ProblemType::RequestTimeout) {
-            // The body came too slowly and nothing was registered: the same key is safe.
-            return Verdict::Retry {
-                failure: true,
-                problem,
-            };
-        }
-        if status == StatusCode::ACCEPTED
-            && matches!(
-                intent.policy.concurrency(),
-                idem_contract::Concurrency::Accepted
-            )
-            && kind.is_none()
-            && header_str(&answer.headers, IDEMPOTENT_REPLAYED).is_none()
-            && answer.headers.contains_key(http::header::LOCATION)
-            && answer.headers.contains_key(http::header::RETRY_AFTER)
-        {
-            return Verdict::Retry {
-                failure: false,
-                problem,
-            };
+        if let Some(failure) = retried_whatever_the_list(intent, answer, kind) {
+            return Verdict::Retry { failure, problem };
         }
         if kind == Some(ProblemType::OperationOutcomeUnknown) {
             return Verdict::Stop(StopReason::OutcomeUnknownOnServer, problem);
@@ -960,4 +930,34 @@ fn failure_name(error: &TransportError) -> &'static str {
         TransportError::TooLarge => "body_too_large",
         other => other.failure().name(),
     }
+}
+
+/// Whether `answer` (of idem problem `kind`, if any) is retried with the same key whatever
+/// the contract's retry list says, and if so whether it counts as a failure for the retry
+/// budget: `operation-in-progress` and `client-budget-exhausted` (nothing ran, nothing
+/// was registered: safe after `Retry-After`), `request-timeout` (the body came too slowly;
+/// nothing was registered), and the 202 of `concurrency = accepted` (a `Location` to
+/// poll and a `Retry-After`, not a replay).
+fn retried_whatever_the_list(
+    intent: &Intent,
+    answer: &Answer,
+    kind: Option<ProblemType>,
+) -> Option<bool> {
+    match kind {
+        Some(ProblemType::OperationInProgress | ProblemType::ClientBudgetExhausted) => {
+            return Some(false);
+        }
+        Some(ProblemType::RequestTimeout) => return Some(true),
+        _ => {}
+    }
+    let accepted = answer.status == StatusCode::ACCEPTED
+        && matches!(
+            intent.policy.concurrency(),
+            idem_contract::Concurrency::Accepted
+        )
+        && kind.is_none()
+        && header_str(&answer.headers, IDEMPOTENT_REPLAYED).is_none()
+        && answer.headers.contains_key(http::header::LOCATION)
+        && answer.headers.contains_key(http::header::RETRY_AFTER);
+    accepted.then_some(false)
 }

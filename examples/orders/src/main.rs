@@ -190,9 +190,9 @@ impl StoreArg {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let args = Args::parse();
+/// Logs to stderr; with `monday`, also captures idem's spans (proof 4) in the returned
+/// capture, for the whole process (the service runs on other threads).
+fn init_logging(args: &Args) -> idem::testing::TraceCapture {
     // `monday` prints a report: the service's own logs only when something is wrong.
     let default_filter = match args.command {
         Some(Command::Monday) => "error",
@@ -203,39 +203,60 @@ async fn main() -> ExitCode {
     let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    // `monday` also reads idem's spans (proof 4): a layer of its own, beside the log's
-    // filter, for the whole process (the service runs on other threads).
     let trace = idem::testing::TraceCapture::new();
     let capture = matches!(args.command, Some(Command::Monday)).then(|| trace.clone());
     tracing_subscriber::registry()
         .with(log.with_filter(filter))
         .with(capture)
         .init();
+    trace
+}
 
-    if let Some(Command::Monday) = args.command {
-        return monday(&trace).await;
+/// `--emit-openapi` and `--emit-docs`: writes what they ask for.
+fn emit(args: &Args) -> ExitCode {
+    if let Some(path) = &args.emit_openapi {
+        if let Err(error) = publish::write_openapi(path) {
+            eprintln!("{error}");
+            return ExitCode::FAILURE;
+        }
+        println!("wrote {}", path.display());
     }
-
-    if args.emit_openapi.is_some() || args.emit_docs.is_some() {
-        if let Some(path) = &args.emit_openapi {
-            if let Err(error) = publish::write_openapi(path) {
+    if let Some(dir) = &args.emit_docs {
+        match publish::write_docs(dir) {
+            Ok(files) => files.iter().for_each(|f| println!("wrote {}", f.display())),
+            Err(error) => {
                 eprintln!("{error}");
                 return ExitCode::FAILURE;
             }
-            println!("wrote {}", path.display());
         }
-        if let Some(dir) = &args.emit_docs {
-            match publish::write_docs(dir) {
-                Ok(files) => files.iter().for_each(|f| println!("wrote {}", f.display())),
-                Err(error) => {
-                    eprintln!("{error}");
-                    return ExitCode::FAILURE;
-                }
-            }
-        }
-        return ExitCode::SUCCESS;
     }
+    ExitCode::SUCCESS
+}
 
+/// Completes on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let mut terminate =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(_) => return std::future::pending().await,
+        };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+    tracing::info!("orders: shutting down");
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let trace = init_logging(&args);
+    if let Some(Command::Monday) = args.command {
+        return monday(&trace).await;
+    }
+    if args.emit_openapi.is_some() || args.emit_docs.is_some() {
+        return emit(&args);
+    }
     let backend = match backend(&args) {
         Ok(backend) => backend,
         Err(error) => {
@@ -271,19 +292,7 @@ async fn main() -> ExitCode {
         "orders: listening on http://{addr} ({})",
         config.backend.describe()
     );
-    let shutdown = async {
-        let mut terminate =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(signal) => signal,
-                Err(_) => return std::future::pending().await,
-            };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
-        }
-        tracing::info!("orders: shutting down");
-    };
-    match service.serve(listener, shutdown).await {
+    match service.serve(listener, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error}");

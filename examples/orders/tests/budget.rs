@@ -8,8 +8,6 @@ mod common;
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -98,6 +96,32 @@ async fn send(
     (status, kind, retry_after)
 }
 
+/// One flooding worker: 400 invalid orders of the client `flooder` under fresh keys.
+/// Returns how many it sent, how many got 429 (each checked: the budget's problem type
+/// and `Retry-After`), and how many got anything but 422 or 429.
+async fn flood(http: reqwest::Client, url: String, worker: usize) -> (usize, usize, usize) {
+    let body = invalid_order();
+    let (mut sent, mut refused, mut failed) = (0, 0, 0);
+    for n in 1..=400 {
+        let key = format!("flood-{worker}-{n}");
+        let (status, kind, retry_after) = send(&http, &url, "flooder", &key, &body).await;
+        sent += 1;
+        match status {
+            422 => {}
+            429 => {
+                assert_eq!(kind, BUDGET_EXHAUSTED);
+                assert!(retry_after, "a 429 carries Retry-After");
+                refused += 1;
+            }
+            other => {
+                eprintln!("flooder got {other} {kind}");
+                failed += 1;
+            }
+        }
+    }
+    (sent, refused, failed)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_flooding_large_422s_gets_429s_and_another_client_all_201s() {
     let what = "the client budget on a 64 MB Redis";
@@ -118,40 +142,10 @@ async fn one_client_flooding_large_422s_gets_429s_and_another_client_all_201s() 
         ],
     );
     let http = client();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (sent, refused, failed) = (
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicUsize::new(0)),
-    );
     let started = Instant::now();
-    let mut flooders = Vec::new();
-    for worker in 0..6 {
-        let (http, url, stop) = (http.clone(), service.url.clone(), stop.clone());
-        let (sent, refused, failed) = (sent.clone(), refused.clone(), failed.clone());
-        flooders.push(tokio::spawn(async move {
-            let body = invalid_order();
-            let mut n = 0;
-            while !stop.load(Ordering::SeqCst) && n < 400 {
-                n += 1;
-                let key = format!("flood-{worker}-{n}");
-                let (status, kind, retry_after) = send(&http, &url, "flooder", &key, &body).await;
-                sent.fetch_add(1, Ordering::SeqCst);
-                match status {
-                    422 => {}
-                    429 => {
-                        assert_eq!(kind, BUDGET_EXHAUSTED);
-                        assert!(retry_after, "a 429 carries Retry-After");
-                        refused.fetch_add(1, Ordering::SeqCst);
-                    }
-                    other => {
-                        eprintln!("flooder got {other} {kind}");
-                        failed.fetch_add(1, Ordering::SeqCst);
-                    }
-                }
-            }
-        }));
-    }
+    let flooders: Vec<_> = (0..6)
+        .map(|worker| tokio::spawn(flood(http.clone(), service.url.clone(), worker)))
+        .collect();
     // The other client, meanwhile: every order is made.
     for n in 0..40 {
         let order = json!({ "customer_id": "cus_7", "currency": "EUR", "amount_minor": 100 + n,
@@ -161,15 +155,11 @@ async fn one_client_flooding_large_422s_gets_429s_and_another_client_all_201s() 
         assert_eq!(status, 201, "the other client's order {n}: {status} {kind}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let (mut sent, mut refused, mut failed) = (0, 0, 0);
     for flooder in flooders {
-        flooder.await.expect("a flooder");
+        let counts = flooder.await.expect("a flooder");
+        (sent, refused, failed) = (sent + counts.0, refused + counts.1, failed + counts.2);
     }
-    stop.store(true, Ordering::SeqCst);
-    let (sent, refused, failed) = (
-        sent.load(Ordering::SeqCst),
-        refused.load(Ordering::SeqCst),
-        failed.load(Ordering::SeqCst),
-    );
     eprintln!(
         "flood: {sent} sent, {refused} refused with 429, in {:?}",
         started.elapsed()

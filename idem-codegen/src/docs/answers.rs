@@ -76,8 +76,16 @@ pub(super) fn answers(c: &Contract, info: &OperationInfo) -> Vec<Answer> {
     for p in ProblemType::ALL.iter().filter(|p| p.status() == 503) {
         out.push(problem_answer(p, Some(retryable_status(503))));
     }
-    // A retryable status the operation answers itself, with a problem `type` of its own
-    // (or none): the server released the key, so a retry runs again.
+    out.extend(own_retryable_answers(c));
+    out.extend(last_answers(c));
+    out.push(problem_answer(&ProblemType::NotConfigured, None));
+    out
+}
+
+/// A row for each retryable status the operation answers itself, with a problem `type`
+/// of its own (or none): the server released the key, so a retry runs again.
+fn own_retryable_answers(c: &Contract) -> Vec<Answer> {
+    let mut out = Vec::new();
     let mut own: Vec<u16> = c
         .retryable
         .iter()
@@ -102,6 +110,12 @@ pub(super) fn answers(c: &Contract, info: &OperationInfo) -> Vec<Answer> {
             ),
         });
     }
+    out
+}
+
+/// The rows after the catalogue's: any other 4xx and 5xx, and no answer at all.
+fn last_answers(c: &Contract) -> Vec<Answer> {
+    let mut out = Vec::new();
     out.push(Answer {
         answer: Rich::new("Any other `4xx`"),
         problem_type: None,
@@ -141,7 +155,6 @@ pub(super) fn answers(c: &Contract, info: &OperationInfo) -> Vec<Answer> {
             )
         }),
     });
-    out.push(problem_answer(&ProblemType::NotConfigured, None));
     out
 }
 
