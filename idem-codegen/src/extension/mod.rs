@@ -1,6 +1,6 @@
 //! What a contract adds to an OpenAPI document: on the contracted operation, the
 //! `x-idempotency` extension, the key header parameter (and the client identity header,
-//! when the publisher names it) and the problem answers 400, 401, 409, 413, 422, 429 and
+//! when the publisher names it) and the problem answers 400, 401, 408, 409, 413, 422, 429 and
 //! 503 (and 202 for `concurrency = accepted`, and each other status of `retryable`); on
 //! the status lookup's operation, when the document has it, its answers 200, 400, 401,
 //! 404 and 503; and the shared components they refer to.
