@@ -171,11 +171,11 @@ pub use idem_runtime::sqlx;
 pub use idem_runtime::store::RedisStore;
 #[cfg(feature = "server")]
 pub use idem_runtime::{
-    Attempt, Idem, IdemBuilder, IdemLayer, IdemService, Lookup, NotConfigured, OperationId,
-    OperationReport, OperationStatus, Operations, Serve, serve,
+    Attempt, Idem, IdemBuilder, IdemLayer, IdemService, Journal, Lookup, NotConfigured,
+    OperationId, OperationReport, OperationStatus, Operations, Serve, serve,
 };
 #[cfg(feature = "server")]
-pub use idem_runtime::{enforce, identity, problem, recovery, store};
+pub use idem_runtime::{enforce, identity, journal, problem, recovery, store};
 #[cfg(feature = "server")]
 #[doc(no_inline)]
 pub use idem_runtime::{

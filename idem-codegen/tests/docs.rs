@@ -163,7 +163,7 @@ fn a_retryable_status_of_the_service_itself_has_its_row() {
     );
     assert!(rows(&md, "`429 Too Many Requests` from").is_empty());
     // Each of idem's own 503s keeps its row, and the rest stops.
-    assert_eq!(rows(&md, "`503 Service Unavailable` |").len(), 6);
+    assert_eq!(rows(&md, "`503 Service Unavailable` |").len(), 7);
     assert_eq!(rows(&md, "Any other `4xx`").len(), 1);
     // A 5xx that is not retryable was rolled back (the key released): never "for good".
     let other_5xx = rows(&md, "Any other `5xx`");

@@ -114,6 +114,7 @@ impl Extension {
                 Recovery::Manual { runbook } => RecoveryKind::Manual {
                     runbook: runbook.to_string(),
                 },
+                Recovery::Resume => RecoveryKind::Resume,
             },
         }
     }
@@ -186,4 +187,8 @@ pub enum RecoveryKind {
         /// Where the operator's runbook is: a URL or a document reference.
         runbook: String,
     },
+    /// The server runs the operation again: what it already did in other systems is not
+    /// repeated (each call is journaled, and sent again only under the same downstream
+    /// key, which the other system deduplicates).
+    Resume,
 }

@@ -26,6 +26,7 @@
 //! | `attempt-failed` | 503 | `processing` | false | yes |
 //! | `attempt-rolled-back` | 503 | the record's | true only when the record is `released` | yes |
 //! | `recovery-pending` | 503 | `processing` | false | yes |
+//! | `step-outcome-unknown` | 503 | `processing` | false | yes |
 //! | `store-unavailable` | 503 | – | false | yes |
 //! | `store-full` | 503 | – | false | yes |
 //! | `client-budget-exhausted` | 429 | – | true | yes |
@@ -187,6 +188,12 @@ problem_types! {
         state: Some("processing"), new_key_safe: Some(false), retry_after: true,
         meaning: "an earlier attempt with this key ended without an outcome, and the server could not find out yet whether it took effect (its business data could not be read)",
         action: "wait for `Retry-After`, then retry with the same key or ask the status lookup: the server asks again";
+    /// 503: a call to another system (a step of the journal) has an unknown outcome; the
+    /// operation keeps its key and resumes on the next retry.
+    StepOutcomeUnknown => "step-outcome-unknown", 503, "Step outcome unknown",
+        state: Some("processing"), new_key_safe: Some(false), retry_after: true,
+        meaning: "this attempt called another system (such as a payment provider) and could not learn or record the outcome of that call; the operation keeps this key, and the call is sent again under the same downstream key, which the other system deduplicates",
+        action: "wait for `Retry-After`, then retry with the same key: the operation resumes where it stopped, and does not repeat what is done";
     /// 503: the store failed; nothing ran.
     StoreUnavailable => "store-unavailable", 503, "Idempotency store unavailable",
         state: None, new_key_safe: Some(false), retry_after: true,

@@ -10,8 +10,11 @@ use serde::{Deserialize, Serialize};
 /// and the record of its result.
 ///
 /// Written `recovery = reconcile_create_order` (a function that inspects business data
-/// and decides) or `recovery = manual("https://runbooks.example.com/orders")` (park the
-/// operation as `unknown` for an operator, with the runbook to follow).
+/// and decides), `recovery = manual("https://runbooks.example.com/orders")` (park the
+/// operation as `unknown` for an operator, with the runbook to follow) or
+/// `recovery = resume` (run the handler again; its foreign calls go through the step
+/// journal). A reconcile function named `resume` is written with its path:
+/// `recovery = self::resume`.
 ///
 /// Recovery runs once per expired lease, when the key is next seen.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -27,4 +30,10 @@ pub enum Recovery {
         /// Where the operator's runbook is: a URL or a document reference.
         runbook: Cow<'static, str>,
     },
+    /// Run the handler again as the next attempt: the calls it makes to other systems go
+    /// through its step journal (`idem::Journal`), so a step already done is replayed
+    /// from the journal and a step whose outcome is unknown is sent again under the same
+    /// downstream key, which the other system deduplicates. Written `recovery = resume`,
+    /// on a handler that takes the journal.
+    Resume,
 }

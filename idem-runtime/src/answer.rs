@@ -241,9 +241,12 @@ pub(crate) fn attempt_failed(id: OperationId, why: &str, retry_after_secs: u64) 
 
 /// 503 `attempt-rolled-back` (the transactional mode): nothing the attempt wrote was
 /// committed. `state` is the record's: `released` when this attempt gave the key back,
-/// `processing` when another attempt holds it now.
+/// `processing` when another attempt holds it now. A new key is safe only for a released
+/// key whose operation made no call to another system: never under `recovery = resume`,
+/// whose journaled steps outlive the rollback.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn attempt_rolled_back(
+    contract: &Contract,
     id: OperationId,
     why: &str,
     state: OperationState,
@@ -258,7 +261,10 @@ pub(crate) fn attempt_rolled_back(
     )
     .with_operation_id(id)
     .with_state(state)
-    .with_new_key_safe(state == OperationState::Released)
+    .with_new_key_safe(
+        state == OperationState::Released
+            && !matches!(contract.recovery, idem_contract::Recovery::Resume),
+    )
     .with_retry_after_secs(retry_after_secs)
     .into_response()
 }

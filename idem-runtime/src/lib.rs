@@ -147,7 +147,15 @@ pub use sqlx;
 
 pub use idem_contract::headers;
 
-pub use crate::attempt::Attempt;
+pub use crate::attempt::{Attempt, Journal};
+
+/// The step journal: what a handler calls another system through ([`Journal::step`]),
+/// the [`DownstreamKey`](journal::DownstreamKey) it sends, and how a call fails
+/// ([`CallError`](journal::CallError), [`StepError`](journal::StepError)). The guide
+/// "Calling another system" (`docs/steps.md`) shows a handler that charges a card.
+pub mod journal {
+    pub use crate::attempt::{CallError, DownstreamKey, Interrupted, Journal, StepError};
+}
 #[cfg(feature = "testing")]
 pub use crate::fault::TestFault;
 pub use crate::idem::{Idem, IdemBuilder, NotConfigured, Operations};

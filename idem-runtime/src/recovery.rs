@@ -113,6 +113,7 @@ fn manual_reason(contract: &Contract) -> String {
         Recovery::Reconcile { function } => {
             format!("manual recovery: no reconcile function ran (`{function}`)")
         }
+        Recovery::Resume => "resumed recovery: the handler was not run again".into(),
     }
 }
 
@@ -180,7 +181,19 @@ fn unknown(contract: &Contract, key: &RecordKey, record: &Record) -> UnknownOper
 
 /// `manual(..)` recovery: parked for an operator, unless the attempt ran in the
 /// transactional mode, which did not commit and so took no effect in the database.
+/// `resume`: the request runs the handler as the next attempt, its journal's steps
+/// replayed or sent again under the same downstream keys.
 async fn without_reconcile(attempt: Held, record: &Record) -> Recovered {
+    if matches!(attempt.contract.recovery, Recovery::Resume) {
+        tracing::info!(
+            operation = %attempt.contract.operation,
+            operation_id = %attempt.operation_id,
+            attempt = attempt.attempt,
+            outcome = "resumed",
+            "idem: the attempt ended without an outcome; the operation resumes from its step journal"
+        );
+        return Recovered::Run(attempt);
+    }
     if !record.transactional {
         let reason = manual_reason(attempt.contract);
         return Recovered::Answer(attempt.park(&reason).await);

@@ -170,7 +170,9 @@ impl Outcome {
             ProblemType::FingerprintMismatch => Outcome::Mismatch,
             ProblemType::OperationInProgress => Outcome::Conflict,
             ProblemType::OperationOutcomeUnknown => Outcome::AwaitingOperator,
-            ProblemType::AttemptTimedOut | ProblemType::AttemptFailed => Outcome::Unknown,
+            ProblemType::AttemptTimedOut
+            | ProblemType::AttemptFailed
+            | ProblemType::StepOutcomeUnknown => Outcome::Unknown,
             ProblemType::AttemptRolledBack => Outcome::RolledBack,
             ProblemType::RecoveryPending => Outcome::RecoveryPending,
             ProblemType::StoreUnavailable => Outcome::StoreUnavailable,
@@ -642,7 +644,7 @@ mod tests {
                 "fingerprint-mismatch" => Outcome::Mismatch,
                 "operation-in-progress" => Outcome::Conflict,
                 "operation-outcome-unknown" => Outcome::AwaitingOperator,
-                "attempt-timed-out" | "attempt-failed" => Outcome::Unknown,
+                "attempt-timed-out" | "attempt-failed" | "step-outcome-unknown" => Outcome::Unknown,
                 "attempt-rolled-back" => Outcome::RolledBack,
                 "recovery-pending" => Outcome::RecoveryPending,
                 "store-unavailable" => Outcome::StoreUnavailable,

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use idem::store::{
     Begin, ClientUsage, Lease, MemoryStore, NewRecord, OwnerToken, Record, RecordKey, RecordStore,
-    Store, StoreError, StoredResponse, UnixMillis,
+    Step, StepWrite, Store, StoreError, StoredResponse, UnixMillis,
 };
 
 /// One method of [`Store`].
@@ -23,10 +23,14 @@ pub enum Call {
     Purge,
     /// The budget's count of a client's usage.
     ClientUsage,
+    /// A read of an operation's step journal.
+    Steps,
+    /// A write to an operation's step journal.
+    WriteStep,
 }
 
 impl Call {
-    pub const ALL: [Call; 9] = [
+    pub const ALL: [Call; 11] = [
         Call::Begin,
         Call::Get,
         Call::Complete,
@@ -36,6 +40,8 @@ impl Call {
         Call::TakeOver,
         Call::Purge,
         Call::ClientUsage,
+        Call::Steps,
+        Call::WriteStep,
     ];
 }
 
@@ -217,6 +223,27 @@ impl<S: Store> RecordStore for FaultyStore<S> {
     ) -> Result<ClientUsage, StoreError> {
         self.enter(Call::ClientUsage)?;
         self.inner.client_usage(client, cap, now).await
+    }
+
+    async fn steps(
+        &self,
+        key: &RecordKey,
+        operation_id: idem::OperationId,
+        now: UnixMillis,
+    ) -> Result<Vec<Step>, StoreError> {
+        self.enter(Call::Steps)?;
+        self.inner.steps(key, operation_id, now).await
+    }
+
+    async fn write_step(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        write: &StepWrite,
+        now: UnixMillis,
+    ) -> Result<Step, StoreError> {
+        self.enter(Call::WriteStep)?;
+        self.inner.write_step(key, token, write, now).await
     }
 }
 

@@ -114,6 +114,7 @@ pub(super) fn properties(c: &Contract, info: &OperationInfo) -> Vec<PropertyText
         Recovery::Manual { runbook } => Rich::new("If an attempt stops between doing the work and recording its result, the outcome is unknown: once the attempt's time is up, the operation is parked as `unknown` until an operator settles it by a runbook (")
             .url(runbook)
             .text("). Until then, retries get `409` and the status lookup says `processing`, then `unknown`: do not start the operation again with a new key."),
+        Recovery::Resume => Rich::new("If an attempt stops before it has a final answer (a crash, a timeout, another system that did not answer), the operation resumes on your next retry with the same key: what the server already did in other systems (a charge at a payment provider) is not repeated, and a call whose outcome it could not learn is sent again under the same downstream key, which that system deduplicates. Until then, retries get `409` or `503` with `Retry-After` and the status lookup says `processing`: do not start the operation again with a new key."),
     };
     let texts = [
         key_scope,

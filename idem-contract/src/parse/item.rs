@@ -26,11 +26,32 @@ pub struct Handler {
     /// compiler then finds the body type through the extractor (the macro's
     /// `RequestBody` trait) and says so when the extractor is not a body.
     pub body_extractor: Option<Type>,
+    /// The type of the argument that takes the step journal (`idem::Journal`), if any:
+    /// where a contract without `recovery = resume` is reported.
+    pub journal: Option<Type>,
 }
 
 /// Whether `ty` is `idem::Attempt` (written `Attempt`, `idem::Attempt` or through a
 /// renamed crate): the argument the macro passes in rather than axum extracts.
 pub fn is_attempt(ty: &Type) -> bool {
+    last_segment_is(ty, "Attempt")
+}
+
+/// Whether `ty` is `idem::Journal` (written `Journal`, `idem::Journal` or through a
+/// renamed crate): the step journal, which the macro passes in rather than axum extracts.
+pub fn is_journal(ty: &Type) -> bool {
+    last_segment_is(ty, "Journal")
+}
+
+/// Whether the macro passes `ty` in rather than axum extracts it: the
+/// [`is_attempt`] and the [`is_journal`].
+pub fn is_passed_in(ty: &Type) -> bool {
+    is_attempt(ty) || is_journal(ty)
+}
+
+/// Whether `ty` is a path without a qualified self whose last segment is `name`, with no
+/// generic arguments.
+fn last_segment_is(ty: &Type, name: &str) -> bool {
     let Type::Path(path) = ty else {
         return false;
     };
@@ -39,7 +60,7 @@ pub fn is_attempt(ty: &Type) -> bool {
             .path
             .segments
             .last()
-            .is_some_and(|last| last.ident == "Attempt" && last.arguments.is_none())
+            .is_some_and(|last| last.ident == name && last.arguments.is_none())
 }
 
 /// Whether `ty` is written as a request body extractor the attribute knows, `Json<T>` or
@@ -78,7 +99,7 @@ const NOT_A_BODY: &[&str] = &[
 /// it is a path type with one generic argument that is not a known non-body extractor.
 fn body_extractor<'a>(types: impl DoubleEndedIterator<Item = &'a Type>) -> Option<Type> {
     let mut types = types;
-    let ty = types.rfind(|ty| !is_attempt(ty))?;
+    let ty = types.rfind(|ty| !is_passed_in(ty))?;
     let Type::Path(path) = ty else { return None };
     let last = path.path.segments.last()?;
     if NOT_A_BODY.iter().any(|name| last.ident == name) {
@@ -165,6 +186,7 @@ pub(super) fn handler(cx: &mut Ctxt, item: &Item) -> Option<Handler> {
             state = wrapped(ty, "State").cloned();
         }
     }
+    let journal = types.clone().find(|ty| is_journal(ty)).cloned();
     let body_extractor = if body.is_none() {
         body_extractor(types)
     } else {
@@ -176,6 +198,7 @@ pub(super) fn handler(cx: &mut Ctxt, item: &Item) -> Option<Handler> {
         state,
         query,
         body_extractor,
+        journal,
     })
 }
 
@@ -197,7 +220,7 @@ fn check_body_last(cx: &mut Ctxt, sig: &syn::Signature) {
     };
     let body = written(&args[at].pat);
     for arg in &args[at + 1..] {
-        if is_attempt(&arg.ty) || is_body(&arg.ty) {
+        if is_passed_in(&arg.ty) || is_body(&arg.ty) {
             continue;
         }
         cx.error_spanned(

@@ -29,11 +29,11 @@ use quote::ToTokens;
 use syn::parse::{ParseStream, Parser};
 use syn::{Ident, Token};
 
-pub use item::{Handler, is_attempt, is_body};
+pub use item::{Handler, is_attempt, is_body, is_journal, is_passed_in};
 use slot::Slots;
 use value::Value;
 
-use crate::{Contract, Fingerprint, KeySource, Location, Property, check};
+use crate::{Contract, Fingerprint, KeySource, Location, Property, Recovery, check};
 
 /// A field of the request body as written in the attribute: `amount`, `customer.id`.
 #[derive(Clone, Debug)]
@@ -169,6 +169,7 @@ pub fn parse(args: TokenStream, attr_span: Span, item: Option<&syn::Item>) -> Pa
 
     report_missing(&mut cx, &slots, attr_span, &suggested);
     check_body_needed(&mut cx, &slots, &parsed);
+    check_journal(&mut cx, &slots, &parsed);
     // The rules run even when some properties are missing or refused: each violation that
     // reads only valid values is reported, so one compile shows every problem.
     let (contract, complete) = build(&slots, &parsed);
@@ -264,6 +265,30 @@ fn report_missing(cx: &mut Ctxt, slots: &Slots, attr_span: Span, suggested: &[&s
         ));
     }
     cx.error(attr_span, message);
+}
+
+/// The step journal and `recovery = resume` go together: a handler that takes the
+/// journal is resumed after a crash (its steps replayed or re-sent under the same
+/// downstream keys), and resuming is safe only for a handler whose foreign calls go
+/// through it.
+fn check_journal(cx: &mut Ctxt, slots: &Slots, parsed: &Parsed) {
+    let Some(handler) = &parsed.handler else {
+        return;
+    };
+    let name = &handler.ident;
+    let recovery = slots[Property::Recovery].get();
+    let resume = matches!(recovery, Some((Value::Recovery(Recovery::Resume), _)));
+    match (&handler.journal, recovery) {
+        (Some(journal), Some((Value::Recovery(_), _))) if !resume => cx.error_spanned(
+            journal,
+            format!("`{name}` takes the step journal, so it is resumed after a crash: declare `recovery = resume` (a reconcile function or a runbook would decide for the journal's steps without it)"),
+        ),
+        (None, Some((_, tokens))) if resume => cx.error_spanned(
+            tokens,
+            format!("`recovery = resume` runs `{name}` again after a crash, which is safe only for calls made through the step journal: take `mut journal: idem::Journal` as an argument and run each call to another system through `journal.step(..)`"),
+        ),
+        _ => {}
+    }
 }
 
 /// Fingerprint fields and a body key are members of the body, so the handler must take

@@ -559,11 +559,16 @@ fn status_lookup(cx: &mut Ctxt, value: &TokenStream) -> Option<(StatusLookup, sy
     })
 }
 
-/// `recovery = reconcile_fn` or `recovery = manual("runbook")`; also returns the reconcile
-/// function's path, for the compiler's check.
+/// `recovery = reconcile_fn`, `recovery = manual("runbook")` or `recovery = resume`; also
+/// returns the reconcile function's path, for the compiler's check.
 fn recovery(cx: &mut Ctxt, value: &TokenStream) -> Option<(Recovery, Option<syn::Path>)> {
     run(cx, value, |input| {
-        let hint = "`recovery` names a reconcile function, such as `recovery = reconcile_order`, or is `manual(\"runbook URL\")`";
+        let hint = "`recovery` names a reconcile function, such as `recovery = reconcile_order`, or is `manual(\"runbook URL\")` or `resume`";
+        let fork = input.fork();
+        if fork.parse::<Ident>().is_ok_and(|i| i == "resume") && fork.is_empty() {
+            input.parse::<Ident>()?;
+            return Ok((Recovery::Resume, None));
+        }
         let fork = input.fork();
         if fork.parse::<Ident>().is_ok_and(|i| i == "manual") && fork.peek(syn::token::Paren) {
             input.parse::<Ident>()?;

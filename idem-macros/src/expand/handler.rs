@@ -7,7 +7,7 @@ use syn::spanned::Spanned;
 use syn::{FnArg, ItemFn};
 
 use idem_contract::Contract;
-use idem_contract::parse::{Handler, Parsed, is_attempt, is_body};
+use idem_contract::parse::{Handler, Parsed, is_attempt, is_body, is_journal, is_passed_in};
 
 use super::{Paths, checks, mode, model};
 
@@ -174,14 +174,17 @@ fn rewrite(paths: &Paths, contract: &Contract, func: ItemFn) -> TokenStream {
             FnArg::Receiver(_) => None,
         })
         .collect();
-    // The last extractor is the last argument that is not the `idem::Attempt`, which the
-    // macro passes in from the guard.
-    let last_index = args.iter().rposition(|arg| !is_attempt(&arg.ty));
+    let journal = format_ident!("__idem_journal", span = Span::mixed_site());
+    // The last extractor is the last argument that is not the `idem::Attempt` or the
+    // `idem::Journal`, which the macro passes in from the guard.
+    let last_index = args.iter().rposition(|arg| !is_passed_in(&arg.ty));
     let mut outer_inputs = Vec::new();
     let mut call_args = Vec::new();
     for (i, arg) in args.iter().enumerate() {
         if is_attempt(&arg.ty) {
             call_args.push(quote!(#current));
+        } else if is_journal(&arg.ty) {
+            call_args.push(quote!(#journal));
         } else if Some(i) == last_index {
             call_args.push(quote!(#last));
         } else {
@@ -210,6 +213,10 @@ fn rewrite(paths: &Paths, contract: &Contract, func: ItemFn) -> TokenStream {
         .iter()
         .any(|arg| is_attempt(&arg.ty))
         .then(|| quote!(let #current = #p::Guard::current(&#guard);));
+    let take_journal = args
+        .iter()
+        .any(|arg| is_journal(&arg.ty))
+        .then(|| quote!(let #journal = #p::Guard::journal(&#guard);));
 
     let asyncness = &sig.asyncness;
     let fn_token = &sig.fn_token;
@@ -222,6 +229,7 @@ fn rewrite(paths: &Paths, contract: &Contract, func: ItemFn) -> TokenStream {
             #inner
             let (#last_binding, #guard) = #p::Enforced::into_parts(#enforced);
             #take_current
+            #take_journal
             #p::Guard::run(#guard, #inner_ident(#(#call_args),*)).await
         }
     }
@@ -251,7 +259,7 @@ pub(super) fn stand_in(paths: &Paths, func: &ItemFn) -> TokenStream {
             FnArg::Typed(pat) => Some(pat),
             FnArg::Receiver(_) => None,
         })
-        .filter(|arg| !is_attempt(&arg.ty))
+        .filter(|arg| !is_passed_in(&arg.ty))
         .partition(|arg| is_body(&arg.ty));
     let inputs = others
         .into_iter()

@@ -6,7 +6,7 @@ use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{FnArg, ItemFn};
 
-use idem_contract::parse::is_attempt;
+use idem_contract::parse::is_passed_in;
 
 use super::Paths;
 
@@ -31,7 +31,7 @@ pub(super) fn mode(paths: &Paths, func: &ItemFn) -> TokenStream {
         })
         .collect();
     let probes = func.sig.inputs.iter().filter_map(|input| match input {
-        FnArg::Typed(arg) if !is_attempt(&arg.ty) && nameable(&arg.ty, &generics) => {
+        FnArg::Typed(arg) if !is_passed_in(&arg.ty) && nameable(&arg.ty, &generics) => {
             let ty = &arg.ty;
             Some(quote_spanned!(ty.span()=> #p::ModeOf::<#ty>::MODE))
         }

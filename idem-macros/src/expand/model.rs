@@ -93,6 +93,7 @@ pub(super) fn contract(paths: &Paths, c: &Contract) -> TokenStream {
             let runbook = cow_str(runbook);
             quote!(#m::Recovery::Manual { runbook: #runbook })
         }
+        Recovery::Resume => quote!(#m::Recovery::Resume),
     };
     let query = c.fingerprint_query.iter().map(|f| f.as_str());
     quote! {

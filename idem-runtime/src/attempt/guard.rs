@@ -9,6 +9,7 @@ use tracing::Instrument;
 
 use super::Held;
 use super::current::Attempt;
+use super::journal::Journal;
 use super::run::{detached, run_and_settle};
 use crate::OperationId;
 use crate::answer;
@@ -78,6 +79,17 @@ impl Guard {
             client,
             key,
             attempt: self.attempt_number,
+        }
+    }
+
+    /// The attempt's step journal (the `idem::Journal` argument): each call the handler
+    /// makes to another system goes through [`Journal::step`]. Every journal of one
+    /// attempt shares its state: a step interrupted in one interrupts the attempt.
+    pub fn journal(&self) -> Journal {
+        match &self.attempt {
+            Some(held) => held.journal(),
+            // `run` consumes the guard, so a guard always holds its attempt.
+            None => unreachable!("a guard holds its attempt until it runs"),
         }
     }
 

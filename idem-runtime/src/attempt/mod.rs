@@ -18,6 +18,7 @@
 mod current;
 mod detach;
 mod guard;
+mod journal;
 mod log;
 mod recovered;
 mod run;
@@ -40,6 +41,8 @@ use tokio::time::Instant;
 
 pub use self::current::Attempt;
 pub use self::guard::Guard;
+pub use self::journal::{CallError, DownstreamKey, Interrupted, Journal, StepError};
+use self::journal::{Interruption, Shared};
 use crate::answer::{self, with_operation_id};
 use crate::idem::running::Alive;
 use crate::mode::{AttemptTx, Mode};
@@ -97,6 +100,8 @@ pub(crate) struct Held {
     pub(crate) mode: Mode,
     /// How the settlement ended, first recorded first ([`Held::settled`]).
     settled: OnceLock<Outcome>,
+    /// The step journal, once the handler asked for it ([`Held::journal`]).
+    journal: OnceLock<Arc<Shared>>,
     /// Holds the lease, even past its end, and renews it in the store, for as long as
     /// this attempt is alive ([`crate::idem::running::Running`]).
     _alive: Alive,
@@ -125,6 +130,7 @@ impl Held {
             attempt,
             mode: Mode::Plain,
             settled: OnceLock::new(),
+            journal: OnceLock::new(),
             _alive: idem
                 .running()
                 .enter(idem, key, token, idem.lease_for(contract), started),
@@ -146,6 +152,31 @@ impl Held {
     pub(crate) fn handler_deadline(&self) -> Instant {
         let lease = self.contract.lease().to_std();
         self.deadline - SETTLE_MARGIN.min(lease / 10)
+    }
+
+    /// The attempt's step journal, for its handler.
+    pub(crate) fn journal(&self) -> Journal {
+        let shared = self.journal.get_or_init(|| {
+            Arc::new(Shared {
+                idem: self.idem.clone(),
+                key: Arc::clone(&self.key),
+                token: self.token,
+                operation_id: self.operation_id,
+                attempt: self.attempt,
+                interrupted: OnceLock::new(),
+                refused: self.mode.holds_the_write_lock().then_some(
+                    "the attempt's transaction holds SQLite's only write lock, so the journal cannot record a step before its call: journal steps on PostgreSQL, or in the plain mode",
+                ),
+            })
+        });
+        Journal::new(Arc::clone(shared))
+    }
+
+    /// Why a step of the attempt could not finish, if one could not.
+    fn interruption(&self) -> Option<Interruption> {
+        self.journal
+            .get()
+            .and_then(|shared| shared.interruption().cloned())
     }
 
     /// How the settlement ended, as far as it recorded one (`crate::telemetry`): the

@@ -2,8 +2,9 @@
 //! to recovery (the table of [`super`]); the transactional mode's side is
 //! `transactional.rs`.
 
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 
+use super::journal::{Interruption, step_outcome_unknown};
 use super::{Ended, Held};
 use crate::answer::{self, with_operation_id};
 use crate::fault;
@@ -13,11 +14,65 @@ use crate::store::StoreError;
 use crate::telemetry::Outcome;
 
 impl Held {
-    /// Settles the handler's answer (see the module docs of [`super`]).
+    /// Settles the handler's answer (see the module docs of [`super`]); an attempt whose
+    /// journal was interrupted settles as [`Held::settle_interrupted`] says, whatever
+    /// its handler answered.
     pub(crate) async fn settle(&self, response: Response) -> Response {
+        if let Some(interruption) = self.interruption() {
+            return self.settle_interrupted(interruption).await;
+        }
         match &self.mode {
             Mode::Plain => self.settle_alone(response).await,
             Mode::Transactional(tx) => self.settle_in_transaction(tx, response).await,
+        }
+    }
+
+    /// Settles an attempt whose journal was interrupted ([`Interruption`]): a step's
+    /// outcome is unknown, so the operation keeps its key and resumes on the next retry
+    /// (the lease ends now; 503 `step-outcome-unknown`), or its steps broke a rule the
+    /// next attempt would break again, so it is parked for an operator. In the
+    /// transactional mode everything the handler wrote rolls back first, and the key is
+    /// released for the same operation (its id, and so its journal, is kept).
+    async fn settle_interrupted(&self, interruption: Interruption) -> Response {
+        let (Interruption::Unknown(interrupted) | Interruption::Broken(interrupted)) =
+            &interruption;
+        let unknown = step_outcome_unknown(self.operation_id, interrupted.step());
+        match (&self.mode, &interruption) {
+            (Mode::Transactional(tx), _) => {
+                if let Interruption::Broken(broken) = &interruption {
+                    tracing::error!(
+                        operation = %self.contract.operation,
+                        operation_id = %self.operation_id,
+                        step = broken.step(),
+                        reason = broken.reason(),
+                        "idem: the handler's steps broke a rule of the journal; the attempt is rolled back"
+                    );
+                }
+                self.roll_back_interrupted(tx, unknown).await
+            }
+            (Mode::Plain, Interruption::Broken(broken)) => {
+                let reason = format!(
+                    "the step journal refused step `{}`: {}",
+                    broken.step(),
+                    broken.reason()
+                );
+                self.park(&reason).await
+            }
+            (Mode::Plain, Interruption::Unknown(_)) => {
+                self.log_outcome(Outcome::Unknown, 503);
+                let now = self.idem.now().await;
+                match self
+                    .idem
+                    .store()
+                    .renew(&self.key, self.token, now, now)
+                    .await
+                {
+                    Ok(()) | Err(StoreError::LeaseLost) => {
+                        with_operation_id(unknown.into_response(), self.operation_id)
+                    }
+                    Err(error) => self.write_failed("end the lease", &error),
+                }
+            }
         }
     }
 

@@ -67,8 +67,21 @@ impl Held {
     pub(super) async fn roll_back_ended(&self, tx: &AttemptTx, ended: Ended) -> Response {
         let why = ended.describe();
         self.log_ended(ended);
-        let answer = |state| answer::attempt_rolled_back(self.operation_id, &why, state, 1);
+        let answer =
+            |state| answer::attempt_rolled_back(self.contract, self.operation_id, &why, state, 1);
         self.roll_back_and_release(tx, answer).await
+    }
+
+    /// An attempt whose journal was interrupted: rolled back, the key released for the
+    /// same operation (its journal kept), answered with `unknown` (503
+    /// `step-outcome-unknown`).
+    pub(super) async fn roll_back_interrupted(
+        &self,
+        tx: &AttemptTx,
+        unknown: crate::problem::Problem,
+    ) -> Response {
+        let answer = with_operation_id(unknown.into_response(), self.operation_id);
+        self.roll_back_and_release(tx, |_| answer).await
     }
 
     /// The record could not be written in the transaction, so nothing was committed.
@@ -84,6 +97,7 @@ impl Held {
             StoreError::LeaseLost => {
                 self.log_lease_lost("commit");
                 answer::attempt_rolled_back(
+                    self.contract,
                     id,
                     "lost its lease before it could commit (the lease ran out, or recovery took the record over)",
                     OperationState::Processing,
@@ -97,7 +111,8 @@ impl Held {
                 self.log_store_failure("complete", &error);
                 let retry_after = self.idem.unavailable_retry_after_secs();
                 let why = "could not record its answer (the store failed)";
-                let answer = |state| answer::attempt_rolled_back(id, why, state, retry_after);
+                let answer =
+                    |state| answer::attempt_rolled_back(self.contract, id, why, state, retry_after);
                 self.release_after_rollback(answer).await
             }
         }
@@ -133,7 +148,8 @@ impl Held {
             };
         }
         let why = format!("ended without its commit: its transaction has ended ({why})");
-        let answer = |state| answer::attempt_rolled_back(self.operation_id, &why, state, 1);
+        let answer =
+            |state| answer::attempt_rolled_back(self.contract, self.operation_id, &why, state, 1);
         self.release_after_rollback(answer).await
     }
 
@@ -144,6 +160,7 @@ impl Held {
         self.log_store_failure("commit", error);
         match self.store_release().await {
             Ok(()) => answer::attempt_rolled_back(
+                self.contract,
                 self.operation_id,
                 "could not commit (the store failed)",
                 OperationState::Released,
@@ -196,6 +213,7 @@ impl Held {
                     "idem: the key could not be released within the lease (a statement of the handler still holds the database); recovery releases it"
                 );
                 answer::attempt_rolled_back(
+                    self.contract,
                     self.operation_id,
                     "did not finish within its time",
                     OperationState::Processing,

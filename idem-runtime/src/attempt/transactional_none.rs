@@ -16,4 +16,13 @@ impl Held {
     pub(super) async fn roll_back_ended(&self, tx: &AttemptTx, _: Ended) -> Response {
         match *tx {}
     }
+
+    /// Never called: no attempt has a transaction.
+    pub(super) async fn roll_back_interrupted(
+        &self,
+        tx: &AttemptTx,
+        _: crate::problem::Problem,
+    ) -> Response {
+        match *tx {}
+    }
 }

@@ -35,4 +35,13 @@ impl Mode {
     pub(crate) fn is_transactional(&self) -> bool {
         matches!(self, Mode::Transactional(_))
     }
+
+    /// Whether the attempt's transaction holds the database's only write lock (SQLite):
+    /// no other connection can write until it ends.
+    pub(crate) fn holds_the_write_lock(&self) -> bool {
+        match self {
+            Mode::Plain => false,
+            Mode::Transactional(tx) => tx.fences_by_lock(),
+        }
+    }
 }

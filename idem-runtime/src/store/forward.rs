@@ -95,6 +95,11 @@ macro_rules! forward_store {
             {clock [] [::core::option::Option<$crate::store::UnixMillis>]}
             {client_usage [client: &str, cap: u64, now: $crate::store::UnixMillis]
                 [$crate::store::ClientUsage]}
+            {steps [key: &$crate::store::RecordKey, operation_id: $crate::OperationId,
+                now: $crate::store::UnixMillis] [::std::vec::Vec<$crate::store::Step>]}
+            {write_step [key: &$crate::store::RecordKey, token: $crate::store::OwnerToken,
+                write: &$crate::store::StepWrite, now: $crate::store::UnixMillis]
+                [$crate::store::Step]}
         ]);
     };
     (@names {OperatorStore $($ctx:tt)*} $names:tt) => {
@@ -146,6 +151,12 @@ macro_rules! forward_store {
         $crate::forward_store!(@each $($k)*);
     };
     (@written {client_usage $($_s:tt)*} [client_usage $($_n:tt)*] $($k:tt)*) => {
+        $crate::forward_store!(@each $($k)*);
+    };
+    (@written {steps $($_s:tt)*} [steps $($_n:tt)*] $($k:tt)*) => {
+        $crate::forward_store!(@each $($k)*);
+    };
+    (@written {write_step $($_s:tt)*} [write_step $($_n:tt)*] $($k:tt)*) => {
         $crate::forward_store!(@each $($k)*);
     };
     (@written {list $($_s:tt)*} [list $($_n:tt)*] $($k:tt)*) => {

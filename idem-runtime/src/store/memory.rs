@@ -22,8 +22,8 @@ use super::budget::{ClientUsage, OverBudget, Tallies};
 use super::ops::{self, Event};
 use super::{
     Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OperatorStore,
-    OwnerToken, Record, RecordKey, RecordState, RecordStore, Resolution, ResolutionOutcome,
-    StoreError, StoredResponse, UnixMillis, check_size,
+    OwnerToken, Record, RecordKey, RecordState, RecordStore, Resolution, ResolutionOutcome, Step,
+    StepWrite, StoreError, StoredResponse, UnixMillis, check_size,
 };
 use crate::OperationId;
 
@@ -51,6 +51,16 @@ pub struct MemoryStore {
     history: DashMap<HistoryKey, Vec<Event>>,
     /// Each client's usage, for its budget ([`super::budget`]); locked after the tables.
     tallies: Tallies,
+    /// The step journals ([`super::journal`]), by operation id; an entry is locked only
+    /// while its record's shard is (tables first), or by a purge.
+    journals: DashMap<OperationId, Journal>,
+}
+
+/// One operation's step journal, with the end of its record's TTL when last written.
+#[derive(Debug, Default)]
+struct Journal {
+    expires_at: UnixMillis,
+    steps: Vec<Step>,
 }
 
 /// A record's operation and [`compact_key`]: where its history is kept.
@@ -66,6 +76,7 @@ impl Default for MemoryStore {
             max_result: DEFAULT_MAX_RESULT,
             history: DashMap::new(),
             tallies: Tallies::default(),
+            journals: DashMap::new(),
         }
     }
 }
@@ -306,6 +317,56 @@ impl RecordStore for MemoryStore {
     ) -> Result<ClientUsage, StoreError> {
         Ok(self.tallies.usage(client, now))
     }
+
+    async fn steps(
+        &self,
+        _key: &RecordKey,
+        operation_id: OperationId,
+        _now: UnixMillis,
+    ) -> Result<Vec<Step>, StoreError> {
+        Ok(self
+            .journals
+            .get(&operation_id)
+            .map(|journal| journal.steps.clone())
+            .unwrap_or_default())
+    }
+
+    async fn write_step(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        write: &StepWrite,
+        _now: UnixMillis,
+    ) -> Result<Step, StoreError> {
+        write.check()?;
+        // Under the record's shard lock: the fence and the write are one step.
+        self.update(key, |slot| {
+            if slot.lease().is_none_or(|l| l.token != token)
+                || slot.operation_id != write.operation_id
+            {
+                return Err(StoreError::LeaseLost);
+            }
+            let mut journal = self.journals.entry(write.operation_id).or_default();
+            journal.expires_at = journal.expires_at.max(slot.expires_at);
+            let at = usize::try_from(write.index).unwrap_or(usize::MAX);
+            if at > journal.steps.len() {
+                return Err(StoreError::Changed(format!(
+                    "step {} was written before step {}",
+                    at + 1,
+                    journal.steps.len() + 1
+                )));
+            }
+            let existing = journal.steps.get(at).cloned();
+            match Step::apply(existing.as_ref(), write)? {
+                Some(step) if at < journal.steps.len() => journal.steps[at] = step,
+                Some(step) => journal.steps.push(step),
+                None => {}
+            }
+            journal.steps.get(at).cloned().ok_or_else(|| {
+                StoreError::Corrupt("a journal step vanished while it was written".into())
+            })
+        })
+    }
 }
 
 #[async_trait]
@@ -330,6 +391,7 @@ impl OperatorStore for MemoryStore {
             }
         }
         self.tallies.purge(now);
+        self.journals.retain(|_, journal| journal.expires_at > now);
         Ok(purged)
     }
 

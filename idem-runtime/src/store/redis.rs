@@ -91,6 +91,8 @@
 //! server: its error says so ([`StoreError::is_outcome_unknown`]). A hash that cannot be
 //! read back as a record fails with [`StoreError::Corrupt`].
 
+mod journal;
+
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
@@ -106,8 +108,8 @@ use super::ops::{self, Event};
 use super::{
     Begin, ClientUsage, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord,
     OperationState, OperatorStore, OverBudget, OwnerToken, Record, RecordKey, RecordState,
-    RecordStore, Resolution, ResolutionOutcome, StoreError, StoredResponse, UnixMillis, Usage,
-    check_size,
+    RecordStore, Resolution, ResolutionOutcome, Step, StepWrite, StoreError, StoredResponse,
+    UnixMillis, Usage, check_size,
 };
 use crate::OperationId;
 
@@ -371,6 +373,7 @@ struct Scripts {
     purge: Script,
     resolve: Script,
     usage: Script,
+    write_step: Script,
 }
 
 impl Scripts {
@@ -386,6 +389,7 @@ impl Scripts {
             purge: with(&[PURGE]),
             resolve: with(&[HISTORY, RESOLVE]),
             usage: with(&[USAGE]),
+            write_step: with(&[journal::WRITE_STEP]),
         }
     }
 }
@@ -984,6 +988,25 @@ impl RecordStore for RedisStore {
             },
             oldest_expiry: (oldest > 0).then(|| count(oldest)),
         })
+    }
+
+    async fn steps(
+        &self,
+        key: &RecordKey,
+        operation_id: OperationId,
+        _now: UnixMillis,
+    ) -> Result<Vec<Step>, StoreError> {
+        self.read_steps(key, operation_id).await
+    }
+
+    async fn write_step(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        write: &StepWrite,
+        _now: UnixMillis,
+    ) -> Result<Step, StoreError> {
+        self.write_one_step(key, token, write).await
     }
 }
 

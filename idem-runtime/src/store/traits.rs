@@ -5,7 +5,7 @@ use async_trait::async_trait;
 
 use super::{
     Begin, ClientUsage, Inspection, Lease, ListQuery, Listed, NewRecord, OwnerToken, Record,
-    RecordKey, Resolution, StoreError, StoredResponse, UnixMillis,
+    RecordKey, Resolution, Step, StepWrite, StoreError, StoredResponse, UnixMillis,
 };
 
 /// The record calls of the request path: register a key, read its record, and end,
@@ -172,6 +172,44 @@ pub trait RecordStore: Send + Sync + 'static {
         cap: u64,
         now: UnixMillis,
     ) -> Result<ClientUsage, StoreError>;
+
+    /// The step journal of the operation `operation_id` under `key` ([`Step`]), in the
+    /// order of the steps; empty when it has none (or it was purged). Reads only; `now`
+    /// is the current time in unix milliseconds. Asked once by an attempt after the
+    /// first, when its handler runs its first step.
+    ///
+    /// # Errors
+    ///
+    /// Only [`StoreError::Unavailable`] and [`StoreError::Corrupt`].
+    async fn steps(
+        &self,
+        key: &RecordKey,
+        operation_id: crate::OperationId,
+        now: UnixMillis,
+    ) -> Result<Vec<Step>, StoreError>;
+
+    /// Writes a step's intent or outcome to the journal of `write.operation_id`, as
+    /// [`Step::apply`] says, if `token` owns the current lease on `key` (live or ended:
+    /// as for [`RecordStore::renew`]) and the record is that operation's; returns the step
+    /// as it stands after the write. Committed on its own, whatever transaction the
+    /// handler has open. The step lives as long as the record (it is purged with it).
+    ///
+    /// # Errors
+    ///
+    /// Nothing is written when it fails:
+    ///
+    /// - [`StoreError::LeaseLost`] when the record is not processing under `token`, or is
+    ///   another operation's;
+    /// - [`StoreError::Changed`] when the journal holds a step of another name at
+    ///   `write.index`, or `write` breaks a bound ([`StepWrite::check`]);
+    /// - [`StoreError::TooLarge`] for a value larger than [`Step::MAX_VALUE`].
+    async fn write_step(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        write: &StepWrite,
+        now: UnixMillis,
+    ) -> Result<Step, StoreError>;
 }
 
 /// The operator's calls: list records, inspect one with its history, resolve a parked

@@ -39,6 +39,7 @@ use crate::OperationId;
 
 mod budget;
 mod clock;
+pub mod journal;
 pub mod ops;
 
 pub use budget::{
@@ -175,6 +176,18 @@ pub const CHECKS: &[Check] = &[
     }),
     ("the_clock_reads_the_stores_time", |s| {
         Box::pin(clock::the_clock_reads_the_stores_time(s))
+    }),
+    ("steps_are_written_and_read_in_order", |s| {
+        Box::pin(journal::steps_are_written_and_read_in_order(s))
+    }),
+    ("steps_are_written_under_the_lease", |s| {
+        Box::pin(journal::steps_are_written_under_the_lease(s))
+    }),
+    ("a_changed_step_is_refused", |s| {
+        Box::pin(journal::a_changed_step_is_refused(s))
+    }),
+    ("steps_expire_with_their_record", |s| {
+        Box::pin(journal::steps_expire_with_their_record(s))
     }),
 ];
 

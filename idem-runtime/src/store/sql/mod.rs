@@ -28,6 +28,7 @@
 //! | `sqlite`, `postgres` | each database: its statements, constructors and transactions |
 
 mod dialect;
+mod journal;
 mod operator;
 #[cfg(feature = "postgres")]
 pub mod postgres;

@@ -106,6 +106,8 @@ impl<DB: Dialect> OperatorStore for SqlStore<DB> {
             let batch = self.execute(&mut conn, statement).await?;
             purged += batch;
             if DB::PURGE_BATCH.is_none_or(|limit| batch < limit) {
+                // Steps are counted apart: `purged` counts records.
+                self.purge_steps(&mut conn, now).await?;
                 return Ok(purged);
             }
         }

@@ -11,7 +11,7 @@ use super::statement::{Columns, Run, Statement};
 use crate::store::headers::encode_headers;
 use crate::store::{
     Begin, ClientUsage, Lease, NewRecord, OverBudget, OwnerToken, Record, RecordKey, RecordStore,
-    StoreError, StoredResponse, UnixMillis, Usage, check_size,
+    Step, StepWrite, StoreError, StoredResponse, UnixMillis, Usage, check_size,
 };
 
 /// The record as it stands, expired or not (registration decides): `$1`..`$3` the key.
@@ -193,6 +193,10 @@ impl<DB: Dialect> SqlStore<DB> {
 
     /// The refusal of `registration` under its budget, counted on `conn`: `None` when
     /// the client has room or there is no budget.
+    #[cfg_attr(
+        not(feature = "sqlite"),
+        allow(dead_code, reason = "only SQLite's registration counts the budget apart")
+    )]
     pub(super) async fn over_budget(
         &self,
         conn: &mut DB::Connection,
@@ -340,5 +344,24 @@ impl<DB: Dialect> RecordStore for SqlStore<DB> {
         let row = self.run(statement.fetch_optional(&mut *conn)).await?;
         let counted = row.as_ref().map(Counted::read).transpose()?;
         Ok(counted.map_or_else(ClientUsage::default, Counted::client_usage))
+    }
+
+    async fn steps(
+        &self,
+        _key: &RecordKey,
+        operation_id: crate::OperationId,
+        _now: UnixMillis,
+    ) -> Result<Vec<Step>, StoreError> {
+        self.read_steps(operation_id).await
+    }
+
+    async fn write_step(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        write: &StepWrite,
+        _now: UnixMillis,
+    ) -> Result<Step, StoreError> {
+        self.write_one_step(key, token, write).await
     }
 }

@@ -36,6 +36,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "idem_client_budget",
         sql: include_str!("../../../../migrations/postgres/0003_idem_client_budget.sql"),
     },
+    Migration {
+        version: 4,
+        name: "idem_steps",
+        sql: include_str!("../../../../migrations/postgres/0004_idem_steps.sql"),
+    },
 ];
 
 /// The advisory lock key that serialises idem's migrations across instances (the bytes

@@ -53,7 +53,7 @@ async fn migrations_are_idempotent_and_concurrent() {
             .fetch_all(&pool)
             .await
             .unwrap();
-    assert_eq!(versions, [1, 2, 3]);
+    assert_eq!(versions, [1, 2, 3, 4]);
     let store = PostgresStore::without_migrations(pool);
     let k = key("after-migrations");
     let new = new_record("sha256:a", T0);

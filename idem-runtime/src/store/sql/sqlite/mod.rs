@@ -97,6 +97,18 @@ const SCHEMA: &[&str] = &[
         PRIMARY KEY (operation, client, key)
     )",
     "CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at)",
+    // The step journal (`crate::Journal`), as in PostgreSQL's migration 4.
+    "CREATE TABLE IF NOT EXISTS idem_steps (
+        operation_id TEXT    NOT NULL,
+        idx          INTEGER NOT NULL,
+        name         TEXT    NOT NULL,
+        state        TEXT    NOT NULL,
+        value        TEXT,
+        calls        INTEGER NOT NULL,
+        expires_at   INTEGER NOT NULL,
+        PRIMARY KEY (operation_id, idx)
+    )",
+    "CREATE INDEX IF NOT EXISTS idem_steps_expires_at ON idem_steps (expires_at)",
 ];
 
 /// The columns that tables made by older versions lack, and the statement that adds each.

@@ -208,7 +208,7 @@ async fn shares_a_database_with_other_tables() {
             .fetch_all(again.pool())
             .await
             .unwrap();
-    assert_eq!(tables, ["idem_records", "orders"]);
+    assert_eq!(tables, ["idem_records", "idem_steps", "orders"]);
 }
 
 /// A table made by an older version, before the transactional mode and the history: its
