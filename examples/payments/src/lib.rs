@@ -14,6 +14,7 @@
 
 pub mod api;
 pub mod db;
+pub mod provider;
 
 use std::sync::Arc;
 use std::time::Duration;
