@@ -218,6 +218,7 @@ pub async fn create_payment(
             source: &body.source,
             currency: &body.currency,
             amount_minor: body.amount_minor,
+            charge_id: None,
             now: unix_millis(),
         },
     )
