@@ -1,6 +1,6 @@
 //! The payment provider's client over real sockets on 127.0.0.1: against the tests' own
 //! provider (which counts charges and misbehaves when told to), against servers that
-//! answer badly or not at all.
+//! answer badly or not at all, and the service's in-process provider.
 
 mod support;
 
@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::post;
-use payments::provider::{Charge, ChargeError, ChargeRequest, Decline, Provider, SetupError};
+use payments::provider::{self, Charge, ChargeError, ChargeRequest, Decline, Provider, SetupError};
 use reqwest::Url;
+use serde_json::{Value, json};
 use support::provider::{Fault, TestProvider};
 use tokio::net::TcpListener;
 
@@ -301,4 +302,156 @@ fn a_charge_requests_debug_form_leaves_the_source_out() {
     let debug = format!("{:?}", request(100));
     assert!(!debug.contains(SOURCE), "{debug}");
     assert!(debug.contains("EUR"), "{debug}");
+}
+
+// The service's in-process provider.
+
+/// The in-process provider on a free port, each new charge taking `latency`.
+async fn in_process(latency: Duration) -> Url {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+    tokio::spawn(provider::serve(listener, latency));
+    url
+}
+
+/// `POST {url}/charges` with `key` (when given) and `body`, as raw as reqwest lets it be.
+async fn raw(url: &Url, key: Option<&[u8]>, body: &Value) -> (StatusCode, bool, Value) {
+    let mut request = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .post(format!("{url}charges"))
+        .json(body);
+    if let Some(key) = key {
+        let value = reqwest::header::HeaderValue::from_bytes(key).unwrap();
+        request = request.header("idempotency-key", value);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status();
+    let replayed = response.headers().get("idempotent-replayed").is_some();
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, replayed, body)
+}
+
+fn body(amount_minor: i64, source: &str) -> Value {
+    json!({ "amount_minor": amount_minor, "currency": "EUR", "source": source })
+}
+
+#[tokio::test]
+async fn the_in_process_provider_deduplicates_on_the_key() {
+    let (url, task) = provider::spawn_in_process().await.unwrap();
+    assert_eq!(url.host_str(), Some("127.0.0.1"));
+    let (first, replayed, charge) = raw(&url, Some(b"k-1"), &body(100, SOURCE)).await;
+    assert_eq!((first, replayed), (StatusCode::CREATED, false));
+    let id = charge["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("ch_"), "{id}");
+    let (again, replayed, same) = raw(&url, Some(b"k-1"), &body(100, SOURCE)).await;
+    assert_eq!((again, replayed), (StatusCode::OK, true));
+    assert_eq!(same["id"], id.as_str());
+    // Through the client: the same charge.
+    let provider = client(url.clone(), TEST_BOUND);
+    assert_eq!(provider.charge(&request(100), "k-1").await.unwrap().id, id);
+    let other = provider.charge(&request(100), "k-2").await.unwrap();
+    assert_ne!(other.id, id);
+    task.abort();
+}
+
+#[tokio::test]
+async fn the_in_process_provider_answers_another_request_under_a_key_with_422() {
+    let url = in_process(Duration::ZERO).await;
+    let (status, ..) = raw(&url, Some(b"k-reuse"), &body(100, SOURCE)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _, problem) = raw(&url, Some(b"k-reuse"), &body(101, SOURCE)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(problem["code"], "idempotency_key_reused");
+    let sentence = unknown(
+        client(url, TEST_BOUND)
+            .charge(&request(999), "k-reuse")
+            .await,
+    );
+    assert!(sentence.contains("422"), "{sentence}");
+}
+
+#[tokio::test]
+async fn the_in_process_provider_refuses_a_bad_key_or_body_with_400() {
+    let url = in_process(Duration::ZERO).await;
+    let long = vec![b'k'; 256];
+    let keys: [Option<&[u8]>; 5] = [
+        None,
+        Some(b""),
+        Some(b"a b"),
+        Some(&long),
+        Some(b"cl\xc3\xa9"),
+    ];
+    for key in keys {
+        let (status, _, problem) = raw(&url, key, &body(100, SOURCE)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{key:?}");
+        assert_eq!(problem["code"], "invalid_idempotency_key");
+    }
+    let (status, ..) = raw(&url, Some(&[b'k'; 255][..]), &body(100, SOURCE)).await;
+    assert_eq!(status, StatusCode::CREATED, "255 characters is a key");
+    for bad in [
+        body(0, SOURCE),
+        body(100, ""),
+        json!({ "amount_minor": 1, "currency": "eur", "source": SOURCE }),
+        json!({ "amount_minor": 1, "currency": "EUR" }),
+        json!("not a charge"),
+    ] {
+        let (status, _, problem) = raw(&url, Some(b"k-body"), &bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(problem["code"], "invalid_request");
+    }
+}
+
+#[tokio::test]
+async fn the_in_process_provider_replays_a_decline() {
+    let url = in_process(Duration::ZERO).await;
+    let declined_body = body(100, "card_declined");
+    let (status, replayed, decline) = raw(&url, Some(b"k-no"), &declined_body).await;
+    assert_eq!((status, replayed), (StatusCode::PAYMENT_REQUIRED, false));
+    assert_eq!(decline["code"], "card_declined");
+    let (status, replayed, again) = raw(&url, Some(b"k-no"), &declined_body).await;
+    assert_eq!((status, replayed), (StatusCode::PAYMENT_REQUIRED, true));
+    assert_eq!(again, decline);
+    let provider = client(url, TEST_BOUND);
+    let decline = declined(provider.charge(&declined_request(), "k-no-2").await);
+    assert_eq!(decline.code, "card_declined");
+    assert_eq!(
+        declined(provider.charge(&declined_request(), "k-no-2").await),
+        decline
+    );
+}
+
+#[tokio::test]
+async fn the_in_process_provider_answers_a_key_in_flight_with_409() {
+    // The first request holds its key for 1.5 s; the others come while it does.
+    let url = in_process(Duration::from_millis(1500)).await;
+    let provider = client(url.clone(), TEST_BOUND);
+    let first = tokio::spawn({
+        let provider = provider.clone();
+        async move { provider.charge(&request(100), "k-busy").await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, _, problem) = raw(&url, Some(b"k-busy"), &body(100, SOURCE)).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(problem["code"], "request_in_progress");
+    let sentence = unknown(provider.charge(&request(100), "k-busy").await);
+    assert!(sentence.contains("409"), "{sentence}");
+    let charge = first.await.unwrap().unwrap();
+    assert_eq!(
+        provider.charge(&request(100), "k-busy").await.unwrap(),
+        charge
+    );
+}
+
+#[tokio::test]
+async fn the_in_process_provider_keeps_a_charge_whose_client_gave_up() {
+    // The charge takes 1 s; its client gives up after 300 ms.
+    let url = in_process(Duration::from_secs(1)).await;
+    let impatient = client(url.clone(), Duration::from_millis(300));
+    let sentence = unknown(impatient.charge(&request(100), "k-gone").await);
+    assert!(sentence.contains("did not answer within"), "{sentence}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (status, replayed, charge) = raw(&url, Some(b"k-gone"), &body(100, SOURCE)).await;
+    assert_eq!((status, replayed), (StatusCode::OK, true), "{charge}");
 }
