@@ -16,6 +16,7 @@ use serde_json::json;
 use sqlx::PgPool;
 
 use crate::db::{self, NewPayment, Payment};
+use crate::provider::Provider;
 
 /// The header that says who the client is: a stand-in for real authentication.
 pub const CLIENT_ID_HEADER: &str = "x-client-id";
@@ -31,6 +32,8 @@ pub const MAX_AMOUNT_MINOR: i64 = 1_000_000_000_000;
 pub struct App {
     /// The database of payments (and of idem's records), for reads.
     pub db: PgPool,
+    /// The payment provider's client, for charging a payment.
+    pub provider: Provider,
     /// Demo settings that make the failure cases visible from a terminal.
     pub demo: Arc<Demo>,
 }
@@ -218,6 +221,7 @@ pub async fn create_payment(
             source: &body.source,
             currency: &body.currency,
             amount_minor: body.amount_minor,
+            charge_id: None,
             now: unix_millis(),
         },
     )

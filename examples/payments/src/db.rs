@@ -2,7 +2,9 @@
 //!
 //! A payment is written in the attempt's transaction ([`idem::PgTx`]) and linked to the
 //! operation that made it (`operation_id`, unique): a key reused after its TTL names a
-//! new operation and never finds an older payment.
+//! new operation and never finds an older payment. `charge_id` is the provider's id of
+//! the charge behind the payment (nullable: payments made before the provider was called
+//! have none).
 
 use serde::Serialize;
 use sqlx::{PgConnection, PgPool, Row};
@@ -30,11 +32,16 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
             source          TEXT   NOT NULL,
             currency        TEXT   NOT NULL,
             amount_minor    BIGINT NOT NULL CHECK (amount_minor > 0),
-            created_at      BIGINT NOT NULL
+            created_at      BIGINT NOT NULL,
+            charge_id       TEXT
         )",
     )
     .execute(&mut *tx)
     .await?;
+    // A table made before the column existed gets it.
+    sqlx::query("ALTER TABLE payments ADD COLUMN IF NOT EXISTS charge_id TEXT")
+        .execute(&mut *tx)
+        .await?;
     tx.commit().await
 }
 
@@ -53,6 +60,9 @@ pub struct Payment {
     pub status: &'static str,
     /// When the payment was made, in unix milliseconds.
     pub created_at: i64,
+    /// The provider's id of the charge, such as `ch_0192…`; absent when none is recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub charge_id: Option<String>,
 }
 
 fn payment_from_row(row: &sqlx::postgres::PgRow) -> Result<Payment, sqlx::Error> {
@@ -63,6 +73,7 @@ fn payment_from_row(row: &sqlx::postgres::PgRow) -> Result<Payment, sqlx::Error>
         amount_minor: row.try_get("amount_minor")?,
         status: "captured",
         created_at: row.try_get("created_at")?,
+        charge_id: row.try_get("charge_id")?,
     })
 }
 
@@ -81,6 +92,8 @@ pub struct NewPayment<'a> {
     pub currency: &'a str,
     /// The amount in minor units.
     pub amount_minor: i64,
+    /// The provider's id of the charge ([`crate::provider::Charge::id`]), if any.
+    pub charge_id: Option<&'a str>,
     /// Unix milliseconds.
     pub now: i64,
 }
@@ -93,8 +106,8 @@ pub struct NewPayment<'a> {
 pub async fn insert(conn: &mut PgConnection, new: NewPayment<'_>) -> Result<Payment, sqlx::Error> {
     let id = format!("pay_{}", uuid::Uuid::now_v7().simple());
     let row = sqlx::query(
-        "INSERT INTO payments (id, operation_id, client_id, idempotency_key, source, currency, amount_minor, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+        "INSERT INTO payments (id, operation_id, client_id, idempotency_key, source, currency, amount_minor, created_at, charge_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
          RETURNING *",
     )
     .bind(&id)
@@ -105,6 +118,7 @@ pub async fn insert(conn: &mut PgConnection, new: NewPayment<'_>) -> Result<Paym
     .bind(new.currency)
     .bind(new.amount_minor)
     .bind(new.now)
+    .bind(new.charge_id)
     .fetch_one(&mut *conn)
     .await?;
     payment_from_row(&row)

@@ -8,12 +8,16 @@
 //! is the contract's status lookup; `GET /openapi.json` is the OpenAPI document utoipa
 //! builds, with the contract merged in ([`api::openapi`]).
 //!
+//! Payments are charged at a payment provider ([`provider`]): the one at
+//! `--provider-url`, or, without it, an in-process one on a free port of 127.0.0.1.
+//!
 //! Run it with `DATABASE_URL=postgres://… cargo run -p payments`; `--help` lists the
 //! options.
 #![forbid(unsafe_code)]
 
 pub mod api;
 pub mod db;
+pub mod provider;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +25,11 @@ use std::time::Duration;
 use axum::Router;
 
 use crate::api::{App, CLIENT_ID_HEADER, Demo};
+use crate::provider::Provider;
+
+/// How long a charge at the provider may take, from its start to its answer's last byte,
+/// as the `payments` command sets it: well inside the contract's 10 s per attempt.
+pub const PROVIDER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the service needs to start.
 #[derive(Clone, Debug)]
@@ -32,6 +41,8 @@ pub struct Config {
     pub delay: Duration,
     /// See [`Demo::outage`].
     pub outage: u32,
+    /// The payment provider's client ([`Provider::new`]).
+    pub provider: Provider,
 }
 
 /// A service ready to serve.
@@ -60,6 +71,7 @@ impl Service {
         let idem = idem::Idem::transactional(store, idem::identity::header(CLIENT_ID_HEADER));
         let app = App {
             db: pool,
+            provider: config.provider.clone(),
             demo: Arc::new(Demo {
                 delay: config.delay,
                 outage: config.outage.into(),

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use payments::{Config, Service};
+use payments::provider::{self, Provider};
+use payments::{Config, PROVIDER_TIMEOUT, Service};
+use reqwest::Url;
 
 /// A payment service whose `POST /payments` writes the payment and its idempotency
 /// record in one PostgreSQL transaction.
@@ -30,6 +32,10 @@ struct Args {
     /// payment row is written: 503, the row rolls back, and a retry runs again.
     #[arg(long, value_name = "N", default_value_t = 0)]
     outage: u32,
+    /// The payment provider's base URL: charges are POST {URL}/charges. Without it, an
+    /// in-process provider starts on a free port of 127.0.0.1 (its URL is logged).
+    #[arg(long, env = "PROVIDER_URL", value_name = "URL", value_parser = parse_provider_url)]
+    provider_url: Option<Url>,
 }
 
 const AFTER_HELP: &str = "\
@@ -37,7 +43,8 @@ Examples:
   DATABASE_URL='postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable' payments
   payments --database-url 'postgres://app@db.internal/payments' --addr 0.0.0.0:8080
   payments --outage 1          the next payment is written, then answered 503 and rolled back
-  payments --delay 5s          every payment waits 5 s before its commit: kill -9 it meanwhile";
+  payments --delay 5s          every payment waits 5 s before its commit: kill -9 it meanwhile
+  payments --provider-url http://127.0.0.1:4000   charge at that provider, not an in-process one";
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
     if text == "0s" || text == "0" {
@@ -47,6 +54,34 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         .map(|d| d.to_std())
         .map_err(|e| e.to_string())
 }
+
+fn parse_provider_url(text: &str) -> Result<Url, String> {
+    let url = Url::parse(text).map_err(|e| e.to_string())?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err("must start with http:// or https://".into());
+    }
+    Ok(url)
+}
+
+/// The provider's client: the one at `url`, or a provider started in this process.
+async fn start_provider(url: Option<Url>) -> Result<(Provider, Option<ProviderTask>), String> {
+    let (url, in_process) = match url {
+        Some(url) => (url, None),
+        None => {
+            let (url, task) = provider::spawn_in_process()
+                .await
+                .map_err(|e| format!("cannot start the in-process provider: {e}"))?;
+            tracing::info!(%url, "payments: no --provider-url; an in-process provider listens");
+            (url, Some(task))
+        }
+    };
+    let client = Provider::new(url.clone(), PROVIDER_TIMEOUT)
+        .map_err(|e| format!("cannot use the provider at {url}: {e}"))?;
+    Ok((client, in_process))
+}
+
+/// The in-process provider's task.
+type ProviderTask = tokio::task::JoinHandle<std::io::Result<()>>;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -59,10 +94,18 @@ async fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = Args::parse();
+    let (provider, in_process) = match start_provider(args.provider_url).await {
+        Ok(provider) => provider,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     let config = Config {
         database_url: args.database_url,
         delay: args.delay,
         outage: args.outage,
+        provider,
     };
     let service = match Service::open(&config).await {
         Ok(service) => service,
@@ -97,6 +140,9 @@ async fn main() -> ExitCode {
         .with_graceful_shutdown(shutdown)
         .await;
     purger.abort();
+    if let Some(in_process) = in_process {
+        in_process.abort();
+    }
     service.app.db.close().await;
     match served {
         Ok(()) => ExitCode::SUCCESS,

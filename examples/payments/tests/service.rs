@@ -284,6 +284,53 @@ async fn killed_after_the_commit_the_retry_is_the_replay() {
     assert_eq!(payments_in(&url).await, 1, "no second payment");
 }
 
+/// Without `--provider-url` the service starts a provider of its own and logs its URL;
+/// with one, it takes that provider and starts none (the handler does not charge yet, so a
+/// provider that is not there changes nothing today).
+#[tokio::test]
+async fn the_provider_is_in_process_unless_a_url_is_given() {
+    let Some(url) = scratch_url("payments provider").await else {
+        return;
+    };
+    let service = Service::start(&url, &[], &[("RUST_LOG", "info")]);
+    service.wait_for_stderr("an in-process provider listens url=http://127.0.0.1:");
+    let first = post(&service, "pay-provider", &payment(100)).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.json());
+    drop(service);
+
+    let service = Service::start(
+        &url,
+        &["--provider-url", "http://127.0.0.1:9/"],
+        &[("RUST_LOG", "info")],
+    );
+    let second = post(&service, "pay-provider-2", &payment(100)).await;
+    assert_eq!(second.status, StatusCode::CREATED, "{:?}", second.json());
+    let logged: Vec<String> = service.stderr.try_iter().collect();
+    assert!(
+        !logged
+            .iter()
+            .any(|line| line.contains("in-process provider")),
+        "{logged:?}"
+    );
+}
+
+/// A provider URL that is not http or https is refused before anything starts.
+#[test]
+fn a_provider_url_that_is_not_http_is_refused() {
+    let refused = Command::new(env!("CARGO_BIN_EXE_payments"))
+        .args(["--provider-url", "ftp://provider.example/"])
+        .env(
+            "DATABASE_URL",
+            "postgres://idem@127.0.0.1:9/none?sslmode=disable",
+        )
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("--provider-url"), "{stderr}");
+    assert!(stderr.contains("http:// or https://"), "{stderr}");
+}
+
 /// No `DATABASE_URL`, or a server that cannot be reached: a message that says so, and a
 /// failing exit status, not a panic.
 #[test]

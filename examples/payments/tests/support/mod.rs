@@ -1,0 +1,7 @@
+//! What the tests of the payments service share: a payment provider of the tests' own
+//! ([`provider::TestProvider`]).
+//!
+//! Each test file uses a part of it.
+#![allow(dead_code, reason = "each test binary uses a part of the helpers")]
+
+pub mod provider;
