@@ -8,7 +8,7 @@ use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 use http::{HeaderValue, StatusCode, header};
-use idem_contract::KeyError;
+use idem_contract::{Contract, KeyError};
 
 use crate::answer;
 use crate::enforce::admit;
@@ -16,7 +16,7 @@ use crate::operation::{Contracted, Recover};
 use crate::problem::{Problem, ProblemType};
 use crate::reconcile::Recoverer;
 use crate::recovery::{Recovered, recover};
-use crate::store::{Record, RecordKey, RecordState, UnixMillis};
+use crate::store::{Record, RecordKey, RecordState, Step, UnixMillis};
 use crate::{Idem, OperationId};
 
 /// The extractor of a status lookup handler for the contracted operation `C`: the
@@ -86,7 +86,9 @@ impl<C: Contracted> Lookup<C> {
     /// An operation whose lease has ended without an outcome is recovered first, exactly
     /// as a retry would recover it (see [`crate::recovery`]), except that "not applied"
     /// releases the key instead of running the handler, so that the client's next request
-    /// with the key runs it.
+    /// with the key runs it. An operation under `recovery = resume` is not recovered here
+    /// (only a retry can run its handler again): it is reported `processing` until the
+    /// retry resumes it, with its step journal ([`OperationReport::steps`]).
     pub async fn status(self, key: &str) -> OperationStatus {
         let contract = C::CONTRACT;
         // The key as the client meant it: bare, or quoted as in its header.
@@ -121,8 +123,8 @@ impl<C: Contracted> Lookup<C> {
             let ended = record
                 .lease()
                 .is_some_and(|l| !self.idem.running().holds(l, now));
-            if !ended || recoverer.is_none() {
-                return OperationStatus::Found(OperationReport::new(&key, record, now));
+            if !ended || recoverer.is_none() || resumes(contract) {
+                return Self::found(&self.idem, contract, &key, record, now).await;
             }
             match recover(&self.idem, contract, &key, &record, &mut recoverer).await {
                 Recovered::Run(attempt) => {
@@ -138,11 +140,44 @@ impl<C: Contracted> Lookup<C> {
         match last {
             Some(record) => {
                 let now = self.idem.now().await;
-                OperationStatus::Found(OperationReport::new(&key, record, now))
+                Self::found(&self.idem, contract, &key, record, now).await
             }
             None => OperationStatus::NotFound,
         }
     }
+
+    /// The report of `record`, with its step journal under `recovery = resume` (a journal
+    /// that cannot be read is reported as the store being unavailable).
+    async fn found(
+        idem: &Idem,
+        contract: &Contract,
+        key: &RecordKey,
+        record: Record,
+        now: UnixMillis,
+    ) -> OperationStatus {
+        let mut report = OperationReport::new(key, record, now);
+        if resumes(contract) {
+            match idem
+                .store()
+                .steps(key, report.record.operation_id, now)
+                .await
+            {
+                Ok(steps) => report.steps = steps,
+                Err(error) => {
+                    tracing::error!(operation = %contract.operation, error = %error, "idem: the status lookup cannot read the step journal");
+                    return OperationStatus::Unavailable {
+                        retry_after_secs: idem.unavailable_retry_after_secs(),
+                    };
+                }
+            }
+        }
+        OperationStatus::Found(report)
+    }
+}
+
+/// Whether the contract resumes its operations (`recovery = resume`).
+fn resumes(contract: &Contract) -> bool {
+    matches!(contract.recovery, idem_contract::Recovery::Resume)
 }
 
 /// The answer of a status lookup. As a response:
@@ -182,6 +217,9 @@ pub struct OperationReport {
     pub record: Record,
     /// When the report was made, in unix milliseconds.
     pub at: UnixMillis,
+    /// The operation's step journal under `recovery = resume` (empty otherwise): which
+    /// calls to other systems are done, failed, or pending.
+    pub steps: Vec<Step>,
 }
 
 impl OperationReport {
@@ -191,6 +229,7 @@ impl OperationReport {
             key: key.key.clone(),
             record,
             at,
+            steps: Vec::new(),
         }
     }
 
@@ -218,7 +257,10 @@ impl OperationReport {
     /// `completed`; its `body` is the stored body parsed as JSON when it is JSON, and left
     /// out otherwise; repeated headers are joined with `, `. `reason` is there when the
     /// state is `unknown`, and `retry_after` (whole seconds until the lease ends) when it
-    /// is `processing`. `new_key_safe` is true only for `released`.
+    /// is `processing`. `steps` is there when the operation has a step journal: each
+    /// step's `name`, `state` (`pending`, `done` or `failed`) and `calls`, never its
+    /// value. `new_key_safe` is true only for `released` without a step journal (a
+    /// released operation that called another system resumes under the same key).
     pub fn to_json(&self) -> serde_json::Value {
         let r = &self.record;
         let mut out = serde_json::json!({
@@ -229,8 +271,21 @@ impl OperationReport {
             "attempt": r.attempt,
             "created_at": rfc3339(r.created_at),
             "expires_at": rfc3339(r.expires_at),
-            "new_key_safe": matches!(r.state, RecordState::Released),
+            "new_key_safe": matches!(r.state, RecordState::Released) && self.steps.is_empty(),
         });
+        if !self.steps.is_empty() {
+            out["steps"] = self
+                .steps
+                .iter()
+                .map(|step| {
+                    serde_json::json!({
+                        "name": step.name,
+                        "state": step.state.as_str(),
+                        "calls": step.calls,
+                    })
+                })
+                .collect();
+        }
         match &r.state {
             RecordState::Completed { response } => {
                 let mut headers = serde_json::Map::new();

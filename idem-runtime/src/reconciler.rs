@@ -65,6 +65,14 @@ impl Idem {
     pub async fn reconcile(&self) -> Result<ReconcilerPass, StoreError> {
         let mut done = ReconcilerPass::default();
         for registered in self.recoverers().iter() {
+            if matches!(
+                registered.contract.recovery,
+                idem_contract::Recovery::Resume
+            ) {
+                // Only the client's retry can run the handler again (the request is not
+                // stored): its operations wait for it, never released behind its back.
+                continue;
+            }
             let mut after = None;
             loop {
                 let now = self.now().await;

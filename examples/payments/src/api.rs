@@ -3,7 +3,6 @@
 //! document `GET /openapi.json`, built by utoipa with the contract merged in.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{Path, State};
@@ -16,7 +15,9 @@ use serde_json::json;
 use sqlx::PgPool;
 
 use crate::db::{self, NewPayment, Payment};
-use crate::provider::Provider;
+use idem::journal::{CallError, Interrupted, StepError};
+
+use crate::provider::{ChargeError, ChargeRequest, Decline, Provider};
 
 /// The header that says who the client is: a stand-in for real authentication.
 pub const CLIENT_ID_HEADER: &str = "x-client-id";
@@ -41,13 +42,10 @@ pub struct App {
 /// Settings that make the failure cases visible. All off by default.
 #[derive(Debug, Default)]
 pub struct Demo {
-    /// Every `POST /payments` waits this long after writing the payment (inside its
-    /// transaction, not committed yet) before answering: the moment to kill the process.
+    /// Every `POST /payments` waits this long after the provider charged the card and the
+    /// payment is written (inside its transaction, not committed yet) before answering:
+    /// the moment to kill the process.
     pub delay: Duration,
-    /// For the next N `POST /payments` the payment network is unavailable *after* the
-    /// payment row is written: 503, which the contract declares retryable, so the
-    /// transaction (the row with it) rolls back and the key is released.
-    pub outage: AtomicU32,
 }
 
 /// The body of `POST /payments`.
@@ -91,8 +89,12 @@ impl CreatePayment {
 pub enum ApiError {
     /// The payment breaks a rule: 422, final, stored and replayed.
     Invalid(Vec<(&'static str, String)>),
-    /// The payment network is unavailable for now: 503 (retryable), rolled back.
-    NetworkUnavailable,
+    /// The provider declined the charge: 402, final, stored and replayed.
+    Declined(Decline),
+    /// The charge's outcome is unknown (idem's 503 `step-outcome-unknown`): the
+    /// operation keeps its key and resumes on the retry, which sends the charge again
+    /// under the same downstream key.
+    Interrupted(Interrupted),
     /// No such payment for this client: 404.
     NotFound,
     /// The database failed: 500, rolled back.
@@ -108,17 +110,13 @@ impl From<sqlx::Error> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, slug, title, errors) = match self {
+            ApiError::Interrupted(interrupted) => return interrupted.into_response(),
+            ApiError::Declined(decline) => return declined(&decline),
             ApiError::Invalid(errors) => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid-payment",
                 "The payment breaks a rule",
                 errors,
-            ),
-            ApiError::NetworkUnavailable => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "network-unavailable",
-                "The payment network is unavailable; retry with the same key",
-                Vec::new(),
             ),
             ApiError::NotFound => (
                 StatusCode::NOT_FOUND,
@@ -161,6 +159,32 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// 402 `card-declined`, with the provider's code and message.
+fn declined(decline: &Decline) -> Response {
+    let body = json!({
+        "type": format!("{PROBLEM_BASE}card-declined"),
+        "title": "The card was declined",
+        "status": 402,
+        "detail": decline.message,
+        "code": decline.code,
+    });
+    let mut response = (StatusCode::PAYMENT_REQUIRED, Json(body)).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}
+
+impl From<StepError<Decline>> for ApiError {
+    fn from(error: StepError<Decline>) -> ApiError {
+        match error {
+            StepError::Definite(decline) => ApiError::Declined(decline),
+            StepError::Interrupted(interrupted) => ApiError::Interrupted(interrupted),
+        }
+    }
+}
+
 fn unix_millis() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -176,9 +200,13 @@ fn created(payment: Payment) -> Response {
     response
 }
 
-/// `POST /payments`: captures a payment, at most once per idempotency key.
+/// `POST /payments`: charges the card at the provider and captures the payment, at most
+/// once per idempotency key.
 ///
-/// The payment is written in `tx`; idem commits it with the key's final state.
+/// The charge is the journal's step `charge`: its intent is recorded before the call
+/// and its outcome after, outside the transaction, and the provider deduplicates on the
+/// step's downstream key, so a retry, a crash or a takeover never charges twice. The
+/// payment is written in `tx`; idem commits it with the key's final state.
 // utoipa's attribute comes first, so that it reads the function as written.
 #[utoipa::path(
     post,
@@ -199,11 +227,12 @@ fn created(payment: Payment) -> Response {
     retryable     = [429, 503, 504, timeout, connection_reset],
     concurrency   = conflict,
     status_lookup = payment_operation_status(path = "/payments/operations/{key}"),
-    recovery      = reconcile_create_payment,
+    recovery      = resume,
 )]
 pub async fn create_payment(
     State(app): State<App>,
     attempt: idem::Attempt,
+    mut journal: idem::Journal,
     tx: idem::PgTx,
     Json(body): Json<CreatePayment>,
 ) -> Result<Response, ApiError> {
@@ -211,6 +240,23 @@ pub async fn create_payment(
     if !problems.is_empty() {
         return Err(ApiError::Invalid(problems));
     }
+    let request = ChargeRequest {
+        amount_minor: body.amount_minor,
+        currency: body.currency.clone(),
+        source: body.source.clone(),
+    };
+    let provider = &app.provider;
+    let charge = journal
+        .step("charge", |key| async move {
+            provider
+                .charge(&request, key.as_str())
+                .await
+                .map_err(|error| match error {
+                    ChargeError::Declined(decline) => CallError::Definite(decline),
+                    ChargeError::Unknown(why) => CallError::Unknown(why),
+                })
+        })
+        .await?;
     let operation_id = attempt.operation_id.to_string();
     let payment = db::insert(
         &mut *tx.conn().await?,
@@ -221,19 +267,11 @@ pub async fn create_payment(
             source: &body.source,
             currency: &body.currency,
             amount_minor: body.amount_minor,
-            charge_id: None,
+            charge_id: Some(&charge.id),
             now: unix_millis(),
         },
     )
     .await?;
-    let outage = app
-        .demo
-        .outage
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-    if outage.is_ok() {
-        // Written, then the network is down: the row rolls back with the transaction.
-        return Err(ApiError::NetworkUnavailable);
-    }
     if !app.demo.delay.is_zero() {
         tokio::time::sleep(app.demo.delay).await;
     }
@@ -281,18 +319,6 @@ pub async fn payment_operation_status(
     Path(key): Path<String>,
 ) -> idem::OperationStatus {
     lookup.status(&key).await
-}
-
-/// Decides a `create_payment` whose attempt died without an outcome: the operation's
-/// payment exists (committed with its record, so this is rare), or it does not.
-pub async fn reconcile_create_payment(app: App, op: idem::UnknownOperation) -> idem::Decision {
-    match db::by_operation(&app.db, &op.operation_id.to_string()).await {
-        Ok(Some(payment)) => idem::Decision::applied(created(payment)),
-        Ok(None) => idem::Decision::NotApplied,
-        Err(error) => idem::Decision::cannot_decide_now(format!(
-            "the payments table could not be read: {error}"
-        )),
-    }
 }
 
 /// The OpenAPI document utoipa builds from the attributes above.

@@ -39,8 +39,6 @@ pub struct Config {
     pub database_url: String,
     /// See [`Demo::delay`].
     pub delay: Duration,
-    /// See [`Demo::outage`].
-    pub outage: u32,
     /// The payment provider's client ([`Provider::new`]).
     pub provider: Provider,
 }
@@ -74,7 +72,6 @@ impl Service {
             provider: config.provider.clone(),
             demo: Arc::new(Demo {
                 delay: config.delay,
-                outage: config.outage.into(),
             }),
         };
         let router = api::router(&idem, api::openapi()?).with_state(app.clone());

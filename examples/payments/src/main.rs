@@ -24,14 +24,11 @@ struct Args {
     /// (`postgres://user@host:5432/db?sslmode=disable`).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: String,
-    /// Demo: every POST /payments waits this long after writing the payment, before
-    /// committing and answering (such as `5s`): the moment to kill the process.
+    /// Demo: every POST /payments waits this long after the provider charged the card and
+    /// the payment is written, before committing and answering (such as `5s`): the moment
+    /// to kill the process (the retry finds the charge in the journal, not a second one).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "0s")]
     delay: Duration,
-    /// Demo: for the next N POST /payments the payment network is unavailable after the
-    /// payment row is written: 503, the row rolls back, and a retry runs again.
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    outage: u32,
     /// The payment provider's base URL: charges are POST {URL}/charges. Without it, an
     /// in-process provider starts on a free port of 127.0.0.1 (its URL is logged).
     #[arg(long, env = "PROVIDER_URL", value_name = "URL", value_parser = parse_provider_url)]
@@ -42,8 +39,7 @@ const AFTER_HELP: &str = "\
 Examples:
   DATABASE_URL='postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable' payments
   payments --database-url 'postgres://app@db.internal/payments' --addr 0.0.0.0:8080
-  payments --outage 1          the next payment is written, then answered 503 and rolled back
-  payments --delay 5s          every payment waits 5 s before its commit: kill -9 it meanwhile
+  payments --delay 5s          every payment waits 5 s after its charge, before its commit: kill -9 it meanwhile
   payments --provider-url http://127.0.0.1:4000   charge at that provider, not an in-process one";
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -104,7 +100,6 @@ async fn main() -> ExitCode {
     let config = Config {
         database_url: args.database_url,
         delay: args.delay,
-        outage: args.outage,
         provider,
     };
     let service = match Service::open(&config).await {

@@ -5,6 +5,8 @@
 //! Without a server these tests say they were skipped and why; under `CI=true` a skip is
 //! a failure.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -13,6 +15,7 @@ use std::time::{Duration, Instant};
 use idem_runtime::store::conformance::postgres::scratch_url;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use support::provider::{Fault, TestProvider};
 
 /// The service binary on a free port of 127.0.0.1; killed when dropped.
 struct Service {
@@ -190,38 +193,88 @@ async fn a_payment_is_captured_once_and_replayed_after_a_restart() {
     );
 }
 
-/// Written, then declined with 503: the row rolls back with the transaction, the key is
-/// released, and the retry writes the one payment, under the same operation.
+/// The provider charges, and its answer is lost: 503 `step-outcome-unknown` with
+/// `Retry-After`, nothing written; the retry resumes the same operation, sends the charge
+/// again under the same downstream key, and captures the one payment with the one charge.
 #[tokio::test]
-async fn a_503_after_the_write_leaves_no_row_and_the_retry_writes_one() {
+async fn a_lost_answer_from_the_provider_resumes_with_one_charge() {
+    let Some(url) = scratch_url("payments lost answer").await else {
+        return;
+    };
+    let provider = TestProvider::start().await;
+    provider.fail_next(Fault::LoseAnswer, 1);
+    let service = Service::start(&url, &["--provider-url", provider.url().as_str()], &[]);
+    let lost = post(&service, "pay-lost", &payment(700)).await;
+    assert_eq!(
+        lost.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        lost.json()
+    );
+    assert!(
+        lost.problem_type().ends_with(":step-outcome-unknown"),
+        "{:?}",
+        lost.json()
+    );
+    assert_eq!(lost.header("retry-after"), Some("1"));
+    assert_eq!(payments_in(&url).await, 0, "nothing committed");
+    let key = format!("{}:charge", lost.header("operation-id").unwrap());
+    assert_eq!(
+        provider.charges(&key),
+        1,
+        "the provider charged under the derived key"
+    );
+    let retry = post(&service, "pay-lost", &payment(700)).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.json());
+    assert_eq!(retry.header("operation-id"), lost.header("operation-id"));
+    assert_eq!(provider.requests(&key), 2, "sent again under the same key");
+    assert_eq!(provider.total_charges(), 1);
+    assert_eq!(payments_in(&url).await, 1);
+    assert!(
+        retry.json()["charge_id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("ch_"))
+    );
+}
+
+/// A declined card is the final answer: 402, stored and replayed, one call.
+#[tokio::test]
+async fn a_declined_card_is_402_and_replayed() {
     let Some(url) = scratch_url("payments declined").await else {
         return;
     };
-    let service = Service::start(&url, &["--outage", "1"], &[]);
-    let declined = post(&service, "pay-declined", &payment(700)).await;
-    assert_eq!(declined.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(declined.header("retry-after"), Some("1"));
-    assert_eq!(payments_in(&url).await, 0, "the written row rolled back");
-    let retry = post(&service, "pay-declined", &payment(700)).await;
-    assert_eq!(retry.status, StatusCode::CREATED);
-    assert!(!retry.replayed());
+    let provider = TestProvider::start().await;
+    provider.fail_next(Fault::Decline, 1);
+    let service = Service::start(&url, &["--provider-url", provider.url().as_str()], &[]);
+    let declined = post(&service, "pay-declined", &payment(900)).await;
     assert_eq!(
-        retry.header("operation-id"),
-        declined.header("operation-id")
+        declined.status,
+        StatusCode::PAYMENT_REQUIRED,
+        "{:?}",
+        declined.json()
     );
-    assert_eq!(payments_in(&url).await, 1);
+    assert!(declined.problem_type().ends_with("card-declined"));
+    let again = post(&service, "pay-declined", &payment(900)).await;
+    assert_eq!(again.status, StatusCode::PAYMENT_REQUIRED);
+    assert!(again.replayed());
+    assert_eq!(provider.total_charges(), 0);
+    assert_eq!(payments_in(&url).await, 0);
 }
 
-/// SIGKILL between the payment's write and the commit: PostgreSQL rolls the transaction
-/// back with the dead connection. After the lease, recovery finds no payment and the
-/// retry captures the one payment.
+/// SIGKILL after the charge and the payment's write, before the commit: PostgreSQL rolls
+/// the transaction back with the dead connection, and the journal keeps the charge. After
+/// the lease, the retry on a new instance resumes: the charge comes from the journal (no
+/// second call), and the one payment is captured.
 #[cfg(feature = "fault-points")]
 #[tokio::test]
 async fn killed_before_the_commit_no_payment_exists_and_the_retry_runs() {
     let Some(url) = scratch_url("payments killed before commit").await else {
         return;
     };
-    let doomed = Service::start(&url, &[], &[("IDEM_FAULT_POINT", "before_commit")]);
+    let provider = TestProvider::start().await;
+    let provider_url = provider.url();
+    let at_provider = ["--provider-url", provider_url.as_str()];
+    let doomed = Service::start(&url, &at_provider, &[("IDEM_FAULT_POINT", "before_commit")]);
     let sent = Instant::now();
     let in_flight = tokio::spawn(request(&doomed, "pay-crash-before", &payment(1234)).send());
     tokio::task::spawn_blocking(move || {
@@ -238,7 +291,7 @@ async fn killed_before_the_commit_no_payment_exists_and_the_retry_runs() {
 
     let _ = sent;
     let killed = Instant::now();
-    let service = Service::start(&url, &[], &[]);
+    let service = Service::start(&url, &at_provider, &[]);
     // Told to wait until the dead attempt's 2 s heartbeat lease ends, then decided.
     let until = killed + Duration::from_secs(6);
     while post(&service, "pay-crash-before", &payment(1234))
@@ -257,6 +310,7 @@ async fn killed_before_the_commit_no_payment_exists_and_the_retry_runs() {
         "the retry that was decided ran it; this one replays"
     );
     assert_eq!(payments_in(&url).await, 1);
+    assert_eq!(provider.total_charges(), 1, "one charge for one intent");
 }
 
 /// SIGKILL after the commit, before the answer: the payment and its record exist, and
@@ -285,8 +339,8 @@ async fn killed_after_the_commit_the_retry_is_the_replay() {
 }
 
 /// Without `--provider-url` the service starts a provider of its own and logs its URL;
-/// with one, it takes that provider and starts none (the handler does not charge yet, so a
-/// provider that is not there changes nothing today).
+/// with one, it takes that provider and starts none: a provider that is not there is an
+/// unknown outcome (503 `step-outcome-unknown`), never a payment without a charge.
 #[tokio::test]
 async fn the_provider_is_in_process_unless_a_url_is_given() {
     let Some(url) = scratch_url("payments provider").await else {
@@ -304,7 +358,14 @@ async fn the_provider_is_in_process_unless_a_url_is_given() {
         &[("RUST_LOG", "info")],
     );
     let second = post(&service, "pay-provider-2", &payment(100)).await;
-    assert_eq!(second.status, StatusCode::CREATED, "{:?}", second.json());
+    assert_eq!(
+        second.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{:?}",
+        second.json()
+    );
+    assert!(second.problem_type().ends_with(":step-outcome-unknown"));
+    assert_eq!(payments_in(&url).await, 1, "only the first payment");
     let logged: Vec<String> = service.stderr.try_iter().collect();
     assert!(
         !logged

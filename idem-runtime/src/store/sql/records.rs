@@ -195,7 +195,10 @@ impl<DB: Dialect> SqlStore<DB> {
     /// the client has room or there is no budget.
     #[cfg_attr(
         not(feature = "sqlite"),
-        allow(dead_code, reason = "only SQLite's registration counts the budget apart")
+        allow(
+            dead_code,
+            reason = "only SQLite's registration counts the budget apart"
+        )
     )]
     pub(super) async fn over_budget(
         &self,
