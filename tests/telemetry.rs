@@ -22,10 +22,11 @@ use axum::routing::post;
 use axum::{Json, Router};
 use common::answer::{Answer, send};
 use common::server::TestServer;
+use idem::journal::CallError;
 use idem::telemetry;
 use idem::{Idem, MemoryStore};
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
 use tracing::field::{Field, Visit};
@@ -980,6 +981,80 @@ async fn a_result_too_large_to_keep_is_recorded() {
     assert_eq!(
         finals[0].fields[telemetry::FIELD_OPERATION_OUTCOME],
         "completed"
+    );
+    telemetry.assert_clean(key);
+}
+
+// ---------------------------------------------------------------------------------------
+
+#[derive(Serialize, Deserialize)]
+struct Charged {
+    card: String,
+}
+
+#[idem::contract(
+    key_scope = client,
+    fingerprint = [amount, card],
+    ttl = "1h",
+    deadline = "10s",
+    max_attempts = 4,
+    retryable = [503],
+    concurrency = conflict,
+    status_lookup = order_status(path = "/orders/operations/{key}"),
+    recovery = resume,
+)]
+async fn create_charged_order(
+    mut journal: idem::Journal,
+    Json(order): Json<CreateOrder>,
+) -> impl IntoResponse {
+    let card = order.card.clone();
+    let charged = journal
+        .step("charge", |_key| async move {
+            Ok::<_, CallError<Charged>>(Charged { card })
+        })
+        .await;
+    match charged {
+        Ok(_) => (StatusCode::CREATED, Json(json!({ "amount": order.amount }))).into_response(),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
+
+/// A journal step is one `idem.step` span inside its attempt's span, with the step's
+/// name, position and call number, and never its value (here the card, a secret).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_is_a_span_without_its_value() {
+    let telemetry = installed();
+    let idem = Idem::new(MemoryStore::new(), identity);
+    let router = Router::new()
+        .route("/charged-orders", post(create_charged_order))
+        .layer(idem.layer());
+    let server = TestServer::start(router).await;
+    let key = "key-KEY-SECRET-step";
+    let sent = post_order(&server, "/charged-orders", Some(key), 5).await;
+    assert_eq!(sent.status, 201);
+    server.stop().await;
+
+    let attempts = telemetry.attempts("create_charged_order");
+    assert_eq!(attempts.len(), 1, "{attempts:#?}");
+    let (attempt_index, _) = attempts[0];
+    let steps: Vec<SpanData> = telemetry
+        .captured
+        .spans
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.name == telemetry::SPAN_STEP)
+        .filter(|s| s.parent == Some(attempt_index))
+        .cloned()
+        .collect();
+    assert_eq!(steps.len(), 1, "one step span inside the attempt's");
+    let step = &steps[0];
+    assert_eq!(field(step, telemetry::FIELD_STEP_NAME), Some("charge"));
+    assert_eq!(field(step, telemetry::FIELD_STEP_INDEX), Some("0"));
+    assert_eq!(field(step, telemetry::FIELD_STEP_CALL), Some("1"));
+    assert_eq!(
+        field(step, telemetry::FIELD_OPERATION_ID),
+        sent.header("operation-id")
     );
     telemetry.assert_clean(key);
 }

@@ -20,8 +20,8 @@ use http::{HeaderName, HeaderValue};
 use idem_runtime::Idem;
 use idem_runtime::store::{
     AttemptEnd, DEFAULT_MAX_RESULT, Inspection, ListQuery, Listed, OperationState, Record,
-    RecordKey, RecordState, Resolution, ResolutionOutcome, StoreError, StoredResponse, UnixMillis,
-    store_now,
+    RecordKey, RecordState, Resolution, ResolutionOutcome, Step, StoreError, StoredResponse,
+    UnixMillis, store_now,
 };
 use serde_json::{Value, json};
 
@@ -300,8 +300,14 @@ async fn show(args: ShowArgs) -> Result<(), Errors> {
         .await
         .map_err(|e| read_failed(&args.store, &e))?
         .ok_or_else(|| not_found(&key))?;
+    let steps = store
+        .steps(&key, shown.record.operation_id, now)
+        .await
+        .map_err(|e| read_failed(&args.store, &e))?;
     if args.json {
-        println!("{}", inspection_json(&shown));
+        let mut out = inspection_json(&shown);
+        out["steps"] = steps.iter().map(step_json).collect();
+        println!("{out}");
         return Ok(());
     }
     let record = &shown.record;
@@ -340,6 +346,7 @@ async fn show(args: ShowArgs) -> Result<(), Errors> {
         };
         println!("  #{:<3} began {began}  {how}", a.attempt);
     }
+    print_steps(&steps);
     if shown.resolutions.is_empty() {
         println!("resolutions:  none");
     } else {
@@ -815,6 +822,45 @@ fn ended(end: &AttemptEnd, now: UnixMillis) -> String {
         AttemptEnd::NotRecorded => "(not recorded: the history keeps the last events)".to_owned(),
         _ => "(unknown)".to_owned(),
     }
+}
+
+/// The operation's step journal, when it has one: each call to another system, where it
+/// stands, how many times it was sent, and its recorded value or error.
+fn print_steps(steps: &[Step]) {
+    if steps.is_empty() {
+        return;
+    }
+    println!(
+        "steps (the step journal; a pending step is sent again, under the same downstream key, when the operation resumes):"
+    );
+    for step in steps {
+        let value = step
+            .state
+            .value()
+            .map(|v| format!("  {}", v.escape_debug()))
+            .unwrap_or_default();
+        println!(
+            "  {:<3} {:<24} {:<8} sent {}×{value}",
+            step.index + 1,
+            step.name,
+            step.state.as_str(),
+            step.calls
+        );
+    }
+}
+
+fn step_json(step: &Step) -> Value {
+    let value = step
+        .state
+        .value()
+        .map(|v| serde_json::from_str::<Value>(v).unwrap_or_else(|_| Value::String(v.to_owned())));
+    json!({
+        "index": step.index,
+        "name": step.name,
+        "state": step.state.as_str(),
+        "calls": step.calls,
+        "value": value,
+    })
 }
 
 fn end_json(end: &AttemptEnd) -> Value {

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use idem_runtime::store::conformance::{self, new_record};
 use idem_runtime::store::{
-    PostgresStore, RecordKey, RecordState, RecordStore, RedisStore, SqliteStore, Store,
-    StoredResponse, unix_now,
+    PostgresStore, RecordKey, RecordState, RecordStore, RedisStore, SqliteStore, StepState,
+    StepWrite, Store, StoredResponse, unix_now,
 };
 
 fn idem<S: AsRef<OsStr>>(args: &[S]) -> Output {
@@ -69,6 +69,19 @@ async fn seed(store: &dyn Store) {
     for name in ["parked", "parked-2", "running", "done"] {
         let new = new_record("sha256:a", now);
         store.begin(&k(name), &new, now).await.unwrap();
+        if name == "parked" {
+            // A charge at a provider, done before the attempt died.
+            let step = StepWrite {
+                operation_id: new.operation_id,
+                index: 0,
+                name: "charge".into(),
+                state: StepState::Done(r#"{"id":"ch_1"}"#.into()),
+            };
+            store
+                .write_step(&k(name), new.lease.token, &step, now)
+                .await
+                .unwrap();
+        }
         match name {
             "parked" | "parked-2" => store
                 .park_unknown(&k(name), new.lease.token, "no answer from the ledger", now)
@@ -154,6 +167,17 @@ async fn operate(store_args: &[&str], store: Arc<dyn Store>) {
         "{shown}"
     );
     assert!(shown.contains("--expect-attempt 1"), "{shown}");
+    assert!(shown.contains("steps (the step journal"), "{shown}");
+    assert!(
+        shown.contains("charge") && shown.contains("done") && shown.contains("ch_1"),
+        "{shown}"
+    );
+    show.push("--json".into());
+    let shown: serde_json::Value = serde_json::from_str(&succeeds(&as_refs(&show))).unwrap();
+    assert_eq!(
+        shown["steps"],
+        serde_json::json!([{"index": 0, "name": "charge", "state": "done", "calls": 1, "value": {"id": "ch_1"}}])
+    );
 
     // bad input: each refused with its message, nothing changed
     let dir = tempfile::tempdir().unwrap();

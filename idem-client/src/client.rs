@@ -306,8 +306,9 @@ impl<T: Transport> Client<T> {
     /// - 2xx and 3xx complete it (a replay is flagged); a 4xx the contract does not
     ///   declare retryable fails it for good (400, 401, 403, 404, 422, ...);
     /// - a declared retryable status or transport failure, idem's 409
-    ///   `operation-in-progress` (or 202 of `concurrency = accepted`) and idem's 408
-    ///   `request-timeout` (nothing was registered), are retried after
+    ///   `operation-in-progress` (or 202 of `concurrency = accepted`), idem's 408
+    ///   `request-timeout` (nothing was registered) and idem's 503
+    ///   `step-outcome-unknown` (the server resumes the operation), are retried after
     ///   the backoff, never sooner than the server's `Retry-After`; a `Retry-After`
     ///   longer than what is left of the deadline stops at once;
     /// - a retry needs the client's retry budget; a spent budget stops the retries;
@@ -936,7 +937,8 @@ fn failure_name(error: &TransportError) -> &'static str {
 /// the contract's retry list says, and if so whether it counts as a failure for the retry
 /// budget: `operation-in-progress` and `client-budget-exhausted` (nothing ran, nothing
 /// was registered: safe after `Retry-After`), `request-timeout` (the body came too slowly;
-/// nothing was registered), and the 202 of `concurrency = accepted` (a `Location` to
+/// nothing was registered), `step-outcome-unknown` (the server keeps the key and resumes
+/// the operation on the retry, whose calls to other systems are deduplicated), and the 202 of `concurrency = accepted` (a `Location` to
 /// poll and a `Retry-After`, not a replay).
 fn retried_whatever_the_list(
     intent: &Intent,
@@ -947,7 +949,7 @@ fn retried_whatever_the_list(
         Some(ProblemType::OperationInProgress | ProblemType::ClientBudgetExhausted) => {
             return Some(false);
         }
-        Some(ProblemType::RequestTimeout) => return Some(true),
+        Some(ProblemType::RequestTimeout | ProblemType::StepOutcomeUnknown) => return Some(true),
         _ => {}
     }
     let accepted = answer.status == StatusCode::ACCEPTED

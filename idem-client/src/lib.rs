@@ -48,8 +48,9 @@
 //!   than the server's `Retry-After` (all RFC 9110 forms, [`retry_after::parse`]); a
 //!   `Retry-After` longer than the time left stops at once, with an unknown outcome.
 //! - **What is retried.** The statuses and transport failures the contract declares
-//!   retryable, idem's 409 `operation-in-progress` (after its `Retry-After`) and idem's
-//!   408 `request-timeout` (the body came too slowly; nothing was registered). Any
+//!   retryable, idem's 409 `operation-in-progress` (after its `Retry-After`), idem's
+//!   408 `request-timeout` (the body came too slowly; nothing was registered) and idem's
+//!   503 `step-outcome-unknown` (the server resumes the operation on the retry). Any
 //!   other 4xx is final ([`Outcome::Failed`]); any other 5xx, and a failure the contract
 //!   does not declare, leave the outcome unknown, and the status lookup is asked.
 //!

@@ -180,6 +180,35 @@ async fn idems_request_timeout_is_retried_with_the_same_key() {
     assert!(matches!(outcome, Outcome::Failed(_)), "{outcome:?}");
 }
 
+/// idem's 503 `step-outcome-unknown` is retried with the same key after its
+/// `Retry-After`, even when the contract does not list 503: the server resumes.
+#[tokio::test(start_paused = true)]
+async fn a_step_outcome_unknown_is_resumed_with_the_same_key() {
+    let script = Script::new([problem(503, "step-outcome-unknown", "2"), status(201)]);
+    let policy = RetryPolicy::builder("create_payment")
+        .max_attempts(4)
+        .deadline(Duration::from_secs(30))
+        .retryable([Retryable::Status(idem_contract::StatusCode(429))])
+        .build()
+        .unwrap();
+    let t0 = Instant::now();
+    let outcome = client(&script)
+        .execute(Intent::new(policy), &call())
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, Outcome::Completed(ref c) if c.attempts == 2),
+        "{outcome:?}"
+    );
+    let posts = script.posts();
+    let key = |i: usize| posts[i].1.headers()["idempotency-key"].clone();
+    assert_eq!(key(0), key(1), "one key");
+    assert!(
+        posts[1].0 - t0 >= Duration::from_secs(2),
+        "after Retry-After"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_outcome_the_server_does_not_know_stops_and_says_so() {
     let script = Script::new([problem(409, "operation-outcome-unknown", "1"), status(201)]);

@@ -26,6 +26,15 @@ use crate::problem::Problem;
 pub const SPAN_ATTEMPT: &str = "idem.attempt";
 /// The event at the end of each attempt, in its span.
 pub const EVENT_ATTEMPT_END: &str = "idem.attempt.end";
+/// The span of one call of a journal step ([`crate::Journal::step`]), inside its
+/// attempt's span: the step's name, position and call number, never its value.
+pub const SPAN_STEP: &str = "idem.step";
+/// A step's name, as the handler gave it.
+pub const FIELD_STEP_NAME: &str = "idem.step.name";
+/// A step's position in the handler's sequence, from 0.
+pub const FIELD_STEP_INDEX: &str = "idem.step.index";
+/// How many times the step's call has been sent, this one included (1 for the first).
+pub const FIELD_STEP_CALL: &str = "idem.step.call";
 /// The event when an operation reaches its final state.
 pub const EVENT_OPERATION_END: &str = "idem.operation.end";
 

@@ -15,6 +15,10 @@ use tracing::Instrument;
 
 use crate::problem::{Problem, ProblemType};
 use crate::store::{OperationState, OwnerToken, RecordKey, Step, StepState, StepWrite, StoreError};
+use crate::telemetry::{
+    FIELD_ATTEMPT, FIELD_OPERATION_ID, FIELD_STEP_CALL, FIELD_STEP_INDEX, FIELD_STEP_NAME,
+    SPAN_STEP,
+};
 use crate::{Idem, OperationId};
 
 /// The key a step sends to the other system, for it to deduplicate on (its
@@ -341,12 +345,12 @@ impl Journal {
         }
         let key = DownstreamKey::derive(self.shared.operation_id, name, occurrence);
         let span = tracing::info_span!(
-            "idem.step",
-            idem.step.name = name,
-            idem.step.index = index,
-            idem.step.call = intent.calls,
-            idem.operation_id = %self.shared.operation_id,
-            idem.attempt = self.shared.attempt,
+            SPAN_STEP,
+            { FIELD_STEP_NAME } = name,
+            { FIELD_STEP_INDEX } = index,
+            { FIELD_STEP_CALL } = intent.calls,
+            { FIELD_OPERATION_ID } = %self.shared.operation_id,
+            { FIELD_ATTEMPT } = self.shared.attempt,
         );
         match call(key).instrument(span).await {
             Ok(value) => {
