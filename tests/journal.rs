@@ -281,6 +281,47 @@ async fn a_lost_answer_resumes_with_the_same_downstream_key() {
     setup.provider_server.stop().await;
 }
 
+/// The status lookup of a resumable operation reports its journal (names, states and
+/// calls, never values) and does not recover it: only the retry can run the handler.
+#[tokio::test]
+async fn the_status_lookup_shows_the_journal() {
+    let setup = start(MemoryStore::new(), Duration::ZERO, false).await;
+    setup.provider.lose.store(1, SeqCst);
+    pay_with(&setup, "k1", 1250)
+        .await
+        .problem(503, "step-outcome-unknown");
+    let status = send(setup.service.get("/payments/operations/k1")).await;
+    assert_eq!(status.status, 200, "{status:?}");
+    let report = status.json();
+    assert_eq!(report["state"], "processing");
+    assert_eq!(report["new_key_safe"], false);
+    assert_eq!(
+        report["steps"],
+        json!([{ "name": "charge", "state": "pending", "calls": 1 }])
+    );
+    // Asked again: still not recovered behind the client's back.
+    let again = send(setup.service.get("/payments/operations/k1"))
+        .await
+        .json();
+    assert_eq!(again["state"], "processing");
+    assert_eq!(setup.provider.requests.get(), 1);
+    assert_eq!(pay_with(&setup, "k1", 1250).await.status, 201);
+    let done = send(setup.service.get("/payments/operations/k1"))
+        .await
+        .json();
+    assert_eq!(done["state"], "completed");
+    assert_eq!(
+        done["steps"],
+        json!([{ "name": "charge", "state": "done", "calls": 2 }])
+    );
+    assert!(
+        done["steps"][0].get("value").is_none(),
+        "no step value: {done}"
+    );
+    setup.service.stop().await;
+    setup.provider_server.stop().await;
+}
+
 /// The attempt runs out of its time after the charge: the retry resumes, the charge is
 /// replayed from the journal without a call, and the handler answers.
 #[tokio::test]
