@@ -96,6 +96,7 @@ macro_rules! guide_links {
             "[operations]: crate::guide::operations\n",
             "[publishing]: crate::guide::publishing\n",
             "[stores]: crate::guide::stores\n",
+            "[steps]: crate::guide::steps\n",
             "[your-own-service]: crate::guide::your_own_service\n",
             server_links!(),
             transaction_links!(),
@@ -233,6 +234,9 @@ pub mod guide {
     #[doc = guide_links!()]
     #[doc = include_str!("../docs/stores.md")]
     pub mod stores {}
+    #[doc = guide_links!()]
+    #[doc = include_str!("../docs/steps.md")]
+    pub mod steps {}
     #[doc = guide_links!()]
     #[doc = include_str!("../docs/conformance.md")]
     pub mod conformance {}
