@@ -94,6 +94,21 @@ async fn on_sqlite(tx: idem::SqliteTx, Json(r): Json<Renew>) -> StatusCode {
     StatusCode::CREATED
 }
 
+/// Takes SQLite's transaction and the step journal.
+#[idem::contract(
+    key_scope = client, fingerprint = [plan], ttl = "1h", deadline = "10s",
+    max_attempts = 3, retryable = [503], concurrency = conflict, status_lookup = status,
+    recovery = resume,
+)]
+async fn journal_on_sqlite(
+    journal: idem::Journal,
+    tx: idem::SqliteTx,
+    Json(r): Json<Renew>,
+) -> StatusCode {
+    let _ = (journal, tx, r.plan);
+    StatusCode::CREATED
+}
+
 mod other {
     use super::{Json, Renew, StatusCode, status};
 
@@ -169,6 +184,15 @@ async fn the_start_up_check_says_what_each_handler_needs_of_the_handle() {
             "`generic` takes the transaction of PostgreSQL, but this handle is transactional over a SQLite store: build it with `Idem::transactional(store, ..)` over the PostgreSQL `idem::PostgresStore` that holds the business data",
             "two contracted handlers are named `plain` (the other is `configuration::other::plain::Operation`): they would share every idempotency key; rename one of them",
         ]
+    );
+    let error = on_sqlite_handle
+        .check_handlers::<journal_on_sqlite::Operation>()
+        .unwrap_err();
+    assert!(
+        error.problems()[0].starts_with(
+            "`journal_on_sqlite` takes SQLite's transaction and the step journal (`recovery = resume`)"
+        ),
+        "{error}"
     );
 }
 
