@@ -21,7 +21,7 @@ use common::counter::Counter;
 use common::faults::{Call, FaultyStore};
 use common::server::TestServer;
 use idem::journal::{CallError, StepError};
-use idem::store::{MemoryStore, Store};
+use idem::store::{MemoryStore, RecordStore, Store};
 use idem::{Idem, identity};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -140,7 +140,31 @@ struct Pay {
     status_lookup = pay_status,
     recovery = resume,
 )]
-async fn pay(State(app): State<App>, mut journal: idem::Journal, Json(req): Json<Pay>) -> Response {
+async fn pay(State(app): State<App>, journal: idem::Journal, Json(req): Json<Pay>) -> Response {
+    charge_and_answer(app, journal, req).await
+}
+
+/// The same, under a short deadline: its client gives up within 2 s.
+#[idem::contract(
+    key_scope = client,
+    fingerprint = body,
+    ttl = "1h",
+    deadline = ("2s", per_attempt = "300ms"),
+    max_attempts = 3,
+    retryable = [503, timeout],
+    concurrency = conflict,
+    status_lookup = pay_status,
+    recovery = resume,
+)]
+async fn pay_briefly(
+    State(app): State<App>,
+    journal: idem::Journal,
+    Json(req): Json<Pay>,
+) -> Response {
+    charge_and_answer(app, journal, req).await
+}
+
+async fn charge_and_answer(app: App, mut journal: idem::Journal, req: Pay) -> Response {
     let run = app.runs.bump();
     let name = if app.renames {
         format!("charge-{run}")
@@ -179,6 +203,7 @@ struct Setup {
     provider_server: TestServer,
     service: TestServer,
     app: App,
+    idem: Idem,
 }
 
 async fn start(store: impl Store, stall_first: Duration, renames: bool) -> Setup {
@@ -199,10 +224,14 @@ async fn start(store: impl Store, stall_first: Duration, renames: bool) -> Setup
         stall_first,
         renames,
     };
-    let idem = Idem::new(store, identity::header("x-client-id"));
+    let idem = Idem::builder(store, identity::header("x-client-id"))
+        .recover_with::<pay::Operation, _>(&app)
+        .recover_with::<pay_briefly::Operation, _>(&app)
+        .build();
     let service = TestServer::start(
         Router::new()
             .route("/payments", post(pay))
+            .route("/brief-payments", post(pay_briefly))
             .route("/payments/operations/{key}", get(pay_status))
             .with_state(app.clone())
             .layer(idem.layer()),
@@ -213,6 +242,7 @@ async fn start(store: impl Store, stall_first: Duration, renames: bool) -> Setup
         provider_server,
         service,
         app,
+        idem,
     }
 }
 
@@ -445,4 +475,65 @@ async fn concurrent_retries_charge_once() {
         "{finals:?}"
     );
     assert_eq!(setup.provider.charges.get(), 1);
+}
+
+/// The reconciler leaves a resumable operation to its client's retry within the
+/// contract's deadline; after it, an operation whose journal holds a step that may have
+/// taken effect is parked for an operator (its steps named), and one whose journal is
+/// empty is released (nothing happened outside the database).
+#[tokio::test]
+async fn the_reconciler_settles_operations_their_client_abandoned() {
+    let store = FaultyStore::memory();
+    let setup = start(store.clone(), Duration::ZERO, false).await;
+    setup.provider.lose.store(1, SeqCst);
+    let brief = |key: &'static str| {
+        send(
+            setup
+                .service
+                .post("/brief-payments", key)
+                .json(&json!({ "amount": 10 })),
+        )
+    };
+    brief("charged").await.problem(503, "step-outcome-unknown");
+    store.fail(Call::WriteStep);
+    brief("nothing-sent")
+        .await
+        .problem(503, "step-outcome-unknown");
+    store.heal(Call::WriteStep);
+    assert_eq!(setup.provider.requests.get(), 1);
+
+    let pass = setup.idem.reconcile().await.unwrap();
+    assert_eq!((pass.waiting, pass.recovered), (2, 0), "{pass:?}");
+    tokio::time::sleep(Duration::from_millis(2400)).await;
+    let pass = setup.idem.reconcile().await.unwrap();
+    assert_eq!((pass.waiting, pass.recovered), (0, 2), "{pass:?}");
+
+    let record = |key: &str| {
+        let key = idem::store::RecordKey::new("pay_briefly", common::server::CLIENT, key);
+        let store = store.clone();
+        async move {
+            store
+                .get(&key, idem::store::unix_now())
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    match record("charged").await.state {
+        idem::store::RecordState::Unknown { reason } => {
+            assert!(reason.contains("`charge` pending"), "{reason}");
+        }
+        other => panic!("parked for an operator, got {other:?}"),
+    }
+    assert_eq!(
+        record("nothing-sent").await.state,
+        idem::store::RecordState::Released
+    );
+    assert_eq!(
+        setup.provider.requests.get(),
+        1,
+        "the reconciler sends nothing"
+    );
+    setup.service.stop().await;
+    setup.provider_server.stop().await;
 }

@@ -181,6 +181,10 @@ pub struct ReconcilerPass {
     pub lost: u64,
     /// Left alone: an attempt still alive in this process holds them.
     pub alive: u64,
+    /// Left alone: operations under `recovery = resume` whose contract's deadline has
+    /// not passed, which the client's retry resumes (after the deadline the reconciler
+    /// releases one without steps and parks one with steps for an operator).
+    pub waiting: u64,
     /// The store failed while recovering them; the next pass tries again.
     pub failed: u64,
 }

@@ -4,16 +4,64 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_contract::{Contract, Recovery};
+
 use crate::Idem;
+use crate::attempt::Held;
 use crate::idem::IdemBuilder;
 use crate::operation::Recover;
 use crate::reconcile::ReconcilerPass;
 use crate::reconcile::Recoverer;
 use crate::recovery::{Recovered, recover};
-use crate::store::{ListQuery, RecordKey, StoreError};
+use crate::store::{ListQuery, Listed, Record, RecordKey, StoreError, UnixMillis};
 
 /// How many records one listing of a pass asks for.
 const PAGE: u32 = 100;
+
+/// Whether the contract's deadline (all attempts together, counted from the operation's
+/// first registration) has passed at `now`, with a margin of one per-attempt lease: the
+/// client has stopped retrying by its own contract.
+fn past_deadline(contract: &Contract, record: &Record, now: UnixMillis) -> bool {
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let deadline = ms(contract.deadline.total.to_std());
+    let margin = ms(contract.lease().to_std());
+    now >= record
+        .created_at
+        .saturating_add(deadline)
+        .saturating_add(margin)
+}
+
+/// A resumable operation whose client did not come back within the deadline, taken over
+/// as `attempt`: released when its journal is empty (no call to another system was made,
+/// so nothing happened outside the database: a later retry runs it afresh), else parked
+/// for an operator, with its steps in the reason (`idem ops show` lists them with their
+/// values).
+async fn abandoned(idem: &Idem, attempt: Held) -> Result<(), StoreError> {
+    let now = idem.now().await;
+    let steps = idem
+        .store()
+        .steps(&attempt.key, attempt.operation_id, now)
+        .await?;
+    if steps.is_empty() {
+        return attempt.release().await;
+    }
+    let listed: Vec<String> = steps
+        .iter()
+        .map(|step| format!("`{}` {}", step.name, step.state.as_str()))
+        .collect();
+    let reason = format!(
+        "the client did not come back to resume it within the contract's deadline, and its step journal holds {}: settle each step with the other system, then resolve it",
+        listed.join(", ")
+    );
+    attempt.store_park(&reason).await?;
+    tracing::warn!(
+        operation = %attempt.contract.operation,
+        operation_id = %attempt.operation_id,
+        reason = %reason,
+        "idem: a resumable operation was abandoned by its client; parked for an operator"
+    );
+    Ok(())
+}
 
 /// One operation's recoverer, registered with [`IdemBuilder::recover_with`](crate::IdemBuilder::recover_with).
 #[derive(Clone)]
@@ -65,14 +113,6 @@ impl Idem {
     pub async fn reconcile(&self) -> Result<ReconcilerPass, StoreError> {
         let mut done = ReconcilerPass::default();
         for registered in self.recoverers().iter() {
-            if matches!(
-                registered.contract.recovery,
-                idem_contract::Recovery::Resume
-            ) {
-                // Only the client's retry can run the handler again (the request is not
-                // stored): its operations wait for it, never released behind its back.
-                continue;
-            }
             let mut after = None;
             loop {
                 let now = self.now().await;
@@ -88,40 +128,7 @@ impl Idem {
                 for listed in page {
                     after = Some(listed.key.clone());
                     done.found += 1;
-                    let Some(lease) = listed.record.lease() else {
-                        continue;
-                    };
-                    if self.running().holds(lease, self.now().await) {
-                        done.alive += 1;
-                        continue;
-                    }
-                    let key: Arc<RecordKey> = Arc::new(listed.key);
-                    let make = Arc::clone(&registered.make);
-                    let mut recoverer = Some(move || make());
-                    match recover(
-                        self,
-                        registered.contract,
-                        &key,
-                        &listed.record,
-                        &mut recoverer,
-                    )
-                    .await
-                    {
-                        Recovered::Run(attempt) => match attempt.release().await {
-                            Ok(()) => done.recovered += 1,
-                            Err(_) => done.failed += 1,
-                        },
-                        Recovered::Answer(_) => done.recovered += 1,
-                        Recovered::Lost => done.lost += 1,
-                        Recovered::Failed(error) => {
-                            tracing::warn!(
-                                operation = %registered.contract.operation,
-                                error = %error,
-                                "idem: the reconciler could not recover an operation; the next pass tries again"
-                            );
-                            done.failed += 1;
-                        }
-                    }
+                    self.reconcile_one(registered, listed, &mut done).await;
                 }
                 if !full {
                     break;
@@ -129,6 +136,54 @@ impl Idem {
             }
         }
         Ok(done)
+    }
+
+    /// Recovers one record whose lease has ended, counting what came of it in `done`.
+    async fn reconcile_one(
+        &self,
+        registered: &Registered,
+        listed: Listed,
+        done: &mut ReconcilerPass,
+    ) {
+        let Some(lease) = listed.record.lease() else {
+            return;
+        };
+        let now = self.now().await;
+        if self.running().holds(lease, now) {
+            done.alive += 1;
+            return;
+        }
+        let contract = registered.contract;
+        let resumes = matches!(contract.recovery, Recovery::Resume);
+        if resumes && !past_deadline(contract, &listed.record, now) {
+            // Only the client's retry can run the handler again (the request is not
+            // kept): within the contract's deadline, it may still come.
+            done.waiting += 1;
+            return;
+        }
+        let key: Arc<RecordKey> = Arc::new(listed.key);
+        let make = Arc::clone(&registered.make);
+        let mut recoverer = Some(move || make());
+        match recover(self, contract, &key, &listed.record, &mut recoverer).await {
+            Recovered::Run(attempt) if resumes => match abandoned(self, attempt).await {
+                Ok(()) => done.recovered += 1,
+                Err(_) => done.failed += 1,
+            },
+            Recovered::Run(attempt) => match attempt.release().await {
+                Ok(()) => done.recovered += 1,
+                Err(_) => done.failed += 1,
+            },
+            Recovered::Answer(_) => done.recovered += 1,
+            Recovered::Lost => done.lost += 1,
+            Recovered::Failed(error) => {
+                tracing::warn!(
+                    operation = %contract.operation,
+                    error = %error,
+                    "idem: the reconciler could not recover an operation; the next pass tries again"
+                );
+                done.failed += 1;
+            }
+        }
     }
 
     /// Spawns a tokio task that runs [`Idem::reconcile`] every `every` (the first time
@@ -153,6 +208,7 @@ impl Idem {
                         recovered = done.recovered,
                         lost = done.lost,
                         alive = done.alive,
+                        waiting = done.waiting,
                         failed = done.failed,
                         "idem: reconciled operations whose lease had ended"
                     ),

@@ -72,7 +72,10 @@
 //! a status lookup does (the table above): applied is stored as the result, not applied
 //! releases the key (the client's next retry runs the handler), unknown parks it for an
 //! operator (`idem ops resolve`), and "cannot decide now" leaves it for the next pass. An
-//! attempt still alive in this process is left alone.
+//! attempt still alive in this process is left alone. An operation under
+//! `recovery = resume` is left to the client's retry until the contract's deadline (plus
+//! one attempt's time) has passed; then it is released when its step journal is empty,
+//! and parked for an operator, its steps named, when not.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;

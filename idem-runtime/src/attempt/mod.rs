@@ -247,7 +247,8 @@ impl Held {
         self.idem.store().release(&self.key, self.token, now).await
     }
 
-    async fn store_park(&self, reason: &str) -> Result<(), StoreError> {
+    /// Parks the operation as unknown with `reason`, under this attempt's lease.
+    pub(crate) async fn store_park(&self, reason: &str) -> Result<(), StoreError> {
         let now = self.idem.now().await;
         self.idem
             .store()
