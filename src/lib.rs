@@ -176,7 +176,7 @@ pub use idem_runtime::{
     OperationId, OperationReport, OperationStatus, Operations, Serve, serve,
 };
 #[cfg(feature = "server")]
-pub use idem_runtime::{enforce, identity, journal, problem, recovery, store};
+pub use idem_runtime::{enforce, identity, journal, outbox, problem, recovery, store};
 #[cfg(feature = "server")]
 #[doc(no_inline)]
 pub use idem_runtime::{

@@ -119,6 +119,7 @@ mod lookup;
 mod mode;
 mod operation;
 mod operation_id;
+pub mod outbox;
 pub mod problem;
 mod reconcile;
 mod reconciler;

@@ -290,13 +290,16 @@ impl Journal {
             }
         };
         if let Some(step) = &recorded
-            && step.name != name
+            && (step.name != name || step.state.is_delivery())
         {
             let why =
                 crate::store::step_changed(step, &self.write(index, name, StepState::Pending));
             return Err(self.broken(name, why.to_string()));
         }
         match recorded.map(|step| step.state) {
+            Some(StepState::Staged(_) | StepState::Delivered(_) | StepState::GivenUp(_)) => {
+                Err(self.broken(name, "a delivery is recorded at this step".into()))
+            }
             Some(StepState::Done(value)) => {
                 self.decoded(name, &value).map_err(StepError::Interrupted)
             }
@@ -308,6 +311,68 @@ impl Journal {
                 self.send(index, name, occurrence, call).await
             }
         }
+    }
+
+    /// Stages the step `name` (as for [`Journal::step`]) for delivery after the operation
+    /// completes, with `payload` (serialised as JSON, at most [`Step::MAX_VALUE`] bytes):
+    /// the outbox's worker sends it, under the step's [`DownstreamKey`], once the
+    /// operation's record is completed with a success (2xx) — in the transactional mode,
+    /// once the business writes committed — with the deliverer registered for it
+    /// ([`IdemBuilder::deliver`](crate::IdemBuilder::deliver); see [`crate::outbox`]).
+    /// Staged by an earlier attempt of the operation: nothing more is staged.
+    ///
+    /// # Errors
+    ///
+    /// [`Interrupted`] as for [`Journal::step`]: the journal cannot be written or read,
+    /// the payload does not serialise or is too large, `name` is not a valid step name,
+    /// or the journal holds another step at this position.
+    pub async fn after_commit<P: Serialize>(
+        &mut self,
+        name: &str,
+        payload: &P,
+    ) -> Result<(), Interrupted> {
+        if let Some(earlier) = self.shared.interruption() {
+            let (Interruption::Unknown(earlier) | Interruption::Broken(earlier)) = earlier;
+            return Err(earlier.clone());
+        }
+        let index = self.next;
+        self.next += 1;
+        if let Some(why) = self.shared.refused {
+            return Err(self.broken_as(name, why.to_owned()));
+        }
+        if let Err(why) = Step::check_name(name) {
+            return Err(self.broken_as(name, why));
+        }
+        self.names.push(name.to_owned());
+        let recorded = match self.recorded().await {
+            Ok(recorded) => recorded.get(index as usize).cloned(),
+            Err(error) => {
+                return Err(
+                    self.unknown_as(name, format!("the journal could not be read: {error}"))
+                );
+            }
+        };
+        match recorded {
+            Some(step) if step.name == name && step.state.is_delivery() => return Ok(()),
+            Some(step) => {
+                let write = self.write(index, name, StepState::Staged(String::new()));
+                let why = crate::store::step_changed(&step, &write);
+                return Err(self.broken_as(name, why.to_string()));
+            }
+            None => {}
+        }
+        let json = match serde_json::to_string(payload) {
+            Ok(json) => json,
+            Err(error) => {
+                return Err(self.broken_as(
+                    name,
+                    format!("its payload does not serialise as JSON: {error}"),
+                ));
+            }
+        };
+        self.record(self.write(index, name, StepState::Staged(json)))
+            .await
+            .map(|_| ())
     }
 
     /// Records the intent of step `index`, sends the call and records its outcome.
@@ -340,6 +405,9 @@ impl Journal {
                 return Err(self
                     .decoded(name, &error)
                     .map_or_else(StepError::Interrupted, StepError::Definite));
+            }
+            StepState::Staged(_) | StepState::Delivered(_) | StepState::GivenUp(_) => {
+                return Err(self.broken(name, "a delivery is recorded at this step".into()));
             }
             StepState::Pending => {}
         }

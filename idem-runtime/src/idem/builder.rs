@@ -55,6 +55,7 @@ impl IdemBuilder {
                 running: Arc::default(),
                 names: Arc::default(),
                 recoverers: Vec::new(),
+                outbox: crate::outbox::Deliverers::default(),
                 test_faults: false,
             },
         }
@@ -146,6 +147,11 @@ impl IdemBuilder {
     /// The recoverers the reconciler will run.
     pub(crate) fn recoverers_mut(&mut self) -> &mut Vec<crate::reconciler::Registered> {
         &mut self.inner.recoverers
+    }
+
+    /// The deliverers of staged steps, and their policy.
+    pub(crate) fn deliverers_mut(&mut self) -> &mut crate::outbox::Deliverers {
+        &mut self.inner.outbox
     }
 
     /// The handle, with these settings for good.

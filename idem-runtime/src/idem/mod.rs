@@ -90,6 +90,9 @@ struct Inner {
     names: Arc<Names>,
     /// The recoverers the reconciler runs ([`IdemBuilder::recover_with`](crate::IdemBuilder::recover_with)).
     recoverers: Vec<crate::reconciler::Registered>,
+    /// The deliverers of staged steps ([`IdemBuilder::deliver`](crate::IdemBuilder::deliver)),
+    /// and how they are retried.
+    outbox: crate::outbox::Deliverers,
     /// Whether requests may ask for a fault of the test-fault protocol (only ever set
     /// with the feature `testing`).
     test_faults: bool,
@@ -235,6 +238,11 @@ impl Idem {
     /// The operation names claimed under this handle.
     pub(crate) fn names(&self) -> &Names {
         &self.inner.names
+    }
+
+    /// The deliverers of staged steps, and their policy.
+    pub(crate) fn deliverers(&self) -> &crate::outbox::Deliverers {
+        &self.inner.outbox
     }
 
     /// The recoverers registered for the reconciler.

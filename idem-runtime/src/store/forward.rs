@@ -111,6 +111,14 @@ macro_rules! forward_store {
             {resolve [key: &$crate::store::RecordKey, resolve: &$crate::store::Resolution,
                 now: $crate::store::UnixMillis] [$crate::store::Record]}
             {purge_expired [now: $crate::store::UnixMillis] [u64]}
+            {due_deliveries [limit: u32, now: $crate::store::UnixMillis]
+                [::std::vec::Vec<$crate::store::Due>]}
+            {claim_delivery [key: &$crate::store::RecordKey, operation_id: $crate::OperationId,
+                index: u32, until: $crate::store::UnixMillis, now: $crate::store::UnixMillis]
+                [$crate::store::Step]}
+            {settle_delivery [key: &$crate::store::RecordKey, operation_id: $crate::OperationId,
+                index: u32, claim: u32, delivery: $crate::store::Delivery,
+                now: $crate::store::UnixMillis] [$crate::store::Step]}
         ]);
     };
 
@@ -169,6 +177,15 @@ macro_rules! forward_store {
         $crate::forward_store!(@each $($k)*);
     };
     (@written {purge_expired $($_s:tt)*} [purge_expired $($_n:tt)*] $($k:tt)*) => {
+        $crate::forward_store!(@each $($k)*);
+    };
+    (@written {due_deliveries $($_s:tt)*} [due_deliveries $($_n:tt)*] $($k:tt)*) => {
+        $crate::forward_store!(@each $($k)*);
+    };
+    (@written {claim_delivery $($_s:tt)*} [claim_delivery $($_n:tt)*] $($k:tt)*) => {
+        $crate::forward_store!(@each $($k)*);
+    };
+    (@written {settle_delivery $($_s:tt)*} [settle_delivery $($_n:tt)*] $($k:tt)*) => {
         $crate::forward_store!(@each $($k)*);
     };
     (@written $method:tt [$_name:ident $($names:ident)*] $($k:tt)*) => {

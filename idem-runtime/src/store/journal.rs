@@ -8,13 +8,19 @@
 //! outcome is unknown: the call is sent again with the same downstream key, which the
 //! other system deduplicates on.
 //!
+//! A step can also be *staged* for delivery after the operation completes
+//! ([`StepState::Staged`], the transactional outbox): a worker delivers it once the
+//! operation's record is completed with a success (2xx), claiming it first
+//! ([`Step::claimed`]) so that one worker at a time sends it, and settles it
+//! ([`Step::settled`]): delivered, given up, or due again later (backoff).
+//!
 //! The journal lives as long as the operation's record and is purged with it. Losing it
 //! costs a call at most, never a second effect: a step that is not in the journal is sent
 //! again with the same downstream key.
 
 use crate::OperationId;
 
-use super::StoreError;
+use super::{RecordKey, StoreError, UnixMillis};
 
 /// Where a step stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,24 +33,49 @@ pub enum StepState {
     /// The call failed definitely (a decline) with this error (JSON text): the same error
     /// is returned to every later attempt, without calling again.
     Failed(String),
+    /// Staged for delivery after the operation completes, with this payload (JSON text):
+    /// due at [`Step::next_at`], once the record is completed with a 2xx status.
+    Staged(String),
+    /// Delivered after the operation completed (the payload kept).
+    Delivered(String),
+    /// Given up: its deliveries failed definitely, or too many times (the payload kept,
+    /// for an operator).
+    GivenUp(String),
 }
 
 impl StepState {
-    /// The state's name as the SQL stores keep it: `pending`, `done` or `failed`.
+    /// The state's name as the SQL stores keep it: `pending`, `done`, `failed`, `staged`,
+    /// `delivered` or `given_up`.
     pub const fn as_str(&self) -> &'static str {
         match self {
             StepState::Pending => "pending",
             StepState::Done(_) => "done",
             StepState::Failed(_) => "failed",
+            StepState::Staged(_) => "staged",
+            StepState::Delivered(_) => "delivered",
+            StepState::GivenUp(_) => "given_up",
         }
     }
 
-    /// The JSON value of a `done` or `failed` step; `None` for a pending one.
+    /// The JSON value of a step (its value, error or payload); `None` for a pending one.
     pub fn value(&self) -> Option<&str> {
         match self {
             StepState::Pending => None,
-            StepState::Done(value) | StepState::Failed(value) => Some(value),
+            StepState::Done(value)
+            | StepState::Failed(value)
+            | StepState::Staged(value)
+            | StepState::Delivered(value)
+            | StepState::GivenUp(value) => Some(value),
         }
+    }
+
+    /// Whether the step is a delivery after the commit (staged, delivered or given up)
+    /// rather than a call made during the attempt.
+    pub const fn is_delivery(&self) -> bool {
+        matches!(
+            self,
+            StepState::Staged(_) | StepState::Delivered(_) | StepState::GivenUp(_)
+        )
     }
 
     /// The state named `name` ([`StepState::as_str`]) with `value`.
@@ -58,6 +89,9 @@ impl StepState {
             ("pending", _) => Ok(StepState::Pending),
             ("done", Some(value)) => Ok(StepState::Done(value)),
             ("failed", Some(value)) => Ok(StepState::Failed(value)),
+            ("staged", Some(value)) => Ok(StepState::Staged(value)),
+            ("delivered", Some(value)) => Ok(StepState::Delivered(value)),
+            ("given_up", Some(value)) => Ok(StepState::GivenUp(value)),
             (other, _) => Err(StoreError::Corrupt(format!(
                 "a journal step in the state `{other}` without its value, or in no known state"
             ))),
@@ -75,8 +109,12 @@ pub struct Step {
     /// Where it stands.
     pub state: StepState,
     /// How many times its intent was recorded: the number of times the call was sent, as
-    /// far as the journal knows (1 for a call sent once).
+    /// far as the journal knows (1 for a call sent once). For a delivery: how many times
+    /// it was claimed for delivery (0 while none was tried).
     pub calls: u32,
+    /// For a staged delivery: when it is next due, in unix milliseconds (0: at once);
+    /// while a worker holds its claim, the claim's end. 0 for other steps.
+    pub next_at: UnixMillis,
 }
 
 impl Step {
@@ -136,10 +174,12 @@ impl Step {
                 index: write.index,
                 name: write.name.clone(),
                 state: write.state.clone(),
-                calls: 1,
+                calls: u32::from(!write.state.is_delivery()),
+                next_at: 0,
             }));
         };
-        if existing.name != write.name {
+        if existing.name != write.name || existing.state.is_delivery() != write.state.is_delivery()
+        {
             return Err(step_changed(existing, write));
         }
         match (&existing.state, &write.state) {
@@ -156,15 +196,85 @@ impl Step {
     }
 }
 
-/// The error of a write whose position holds a step of another name.
+impl Step {
+    /// The step claimed for a delivery until `until` (unix milliseconds), if it is staged
+    /// and due at `now`: one more delivery counted, and not due again before `until`, so
+    /// that one worker at a time sends it. `None` when it is not staged, or not due.
+    pub fn claimed(&self, until: UnixMillis, now: UnixMillis) -> Option<Step> {
+        (matches!(self.state, StepState::Staged(_)) && self.next_at <= now).then(|| Step {
+            calls: self.calls.saturating_add(1),
+            next_at: until,
+            ..self.clone()
+        })
+    }
+
+    /// The step as `delivery` settles the claim numbered `claim` ([`Step::calls`] after
+    /// the claim), if it is still staged under that claim; `None` otherwise (another
+    /// worker claimed it since, or it was settled).
+    pub fn settled(&self, claim: u32, delivery: Delivery) -> Option<Step> {
+        let StepState::Staged(payload) = &self.state else {
+            return None;
+        };
+        if self.calls != claim {
+            return None;
+        }
+        let (state, next_at) = match delivery {
+            Delivery::Delivered => (StepState::Delivered(payload.clone()), 0),
+            Delivery::GiveUp => (StepState::GivenUp(payload.clone()), 0),
+            Delivery::RetryAt(at) => (StepState::Staged(payload.clone()), at),
+        };
+        Some(Step {
+            state,
+            next_at,
+            ..self.clone()
+        })
+    }
+}
+
+/// How a claimed delivery ended ([`crate::store::RecordStore::settle_delivery`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// The other system took it: delivered, never sent again.
+    Delivered,
+    /// It failed with an unknown outcome: due again at this time (unix milliseconds),
+    /// under the same downstream key.
+    RetryAt(UnixMillis),
+    /// It failed definitely, or too many times: given up, left for an operator.
+    GiveUp,
+}
+
+/// A staged delivery that is due ([`crate::store::RecordStore::due_deliveries`]): its
+/// operation's key and id, and the step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Due {
+    /// The operation's record key.
+    pub key: RecordKey,
+    /// The operation's id.
+    pub operation_id: OperationId,
+    /// The staged step.
+    pub step: Step,
+}
+
+/// The error of a write whose position holds a step of another name (or a call where a
+/// delivery was staged, or the reverse).
 pub fn step_changed(existing: &Step, write: &StepWrite) -> StoreError {
     StoreError::Changed(format!(
-        "step {} of the operation is `{}` in its journal, and this attempt's step {} is `{}`: the handler's steps changed between attempts",
+        "step {} of the operation is `{}` ({}) in its journal, and this attempt's step {} is `{}` ({}): the handler's steps changed between attempts",
         existing.index + 1,
         existing.name,
+        kind(&existing.state),
         write.index + 1,
-        write.name
+        write.name,
+        kind(&write.state),
     ))
+}
+
+fn kind(state: &StepState) -> &'static str {
+    if state.is_delivery() {
+        "a delivery after the commit"
+    } else {
+        "a call"
+    }
 }
 
 /// A write to the journal: a step's intent ([`StepState::Pending`]) or its outcome.

@@ -21,9 +21,10 @@ use http::{HeaderName, HeaderValue};
 use super::budget::{ClientUsage, OverBudget, Tallies};
 use super::ops::{self, Event};
 use super::{
-    Begin, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord, OperatorStore,
-    OwnerToken, Record, RecordKey, RecordState, RecordStore, Resolution, ResolutionOutcome, Step,
-    StepWrite, StoreError, StoredResponse, UnixMillis, check_size,
+    Begin, DEFAULT_MAX_RESULT, Delivery, Due, Inspection, Lease, ListQuery, Listed, NewRecord,
+    OperatorStore, OwnerToken, Record, RecordKey, RecordState, RecordStore, Resolution,
+    ResolutionOutcome, Step, StepState, StepWrite, StoreError, StoredResponse, UnixMillis,
+    check_size,
 };
 use crate::OperationId;
 
@@ -54,11 +55,16 @@ pub struct MemoryStore {
     /// The step journals ([`super::journal`]), by operation id; an entry is locked only
     /// while its record's shard is (tables first), or by a purge.
     journals: DashMap<OperationId, Journal>,
+    /// The operations with a staged delivery ([`StepState::Staged`]); locked only when
+    /// no journal is.
+    outbox: DashMap<OperationId, ()>,
 }
 
-/// One operation's step journal, with the end of its record's TTL when last written.
+/// One operation's step journal, with its record's key and the end of its record's TTL
+/// when last written.
 #[derive(Debug, Default)]
 struct Journal {
+    key: Option<RecordKey>,
     expires_at: UnixMillis,
     steps: Vec<Step>,
 }
@@ -77,6 +83,7 @@ impl Default for MemoryStore {
             history: DashMap::new(),
             tallies: Tallies::default(),
             journals: DashMap::new(),
+            outbox: DashMap::new(),
         }
     }
 }
@@ -346,26 +353,95 @@ impl RecordStore for MemoryStore {
             {
                 return Err(StoreError::LeaseLost);
             }
-            let mut journal = self.journals.entry(write.operation_id).or_default();
-            journal.expires_at = journal.expires_at.max(slot.expires_at);
-            let at = usize::try_from(write.index).unwrap_or(usize::MAX);
-            if at > journal.steps.len() {
-                return Err(StoreError::Changed(format!(
-                    "step {} was written before step {}",
-                    at + 1,
-                    journal.steps.len() + 1
-                )));
+            let step = self.journal_write(key, slot.expires_at, write)?;
+            // After the journal's lock is let go: the outbox is never locked while a
+            // journal is (see `purge_expired`).
+            if matches!(step.state, StepState::Staged(_)) {
+                self.outbox.insert(write.operation_id, ());
             }
-            let existing = journal.steps.get(at).cloned();
-            match Step::apply(existing.as_ref(), write)? {
-                Some(step) if at < journal.steps.len() => journal.steps[at] = step,
-                Some(step) => journal.steps.push(step),
-                None => {}
-            }
-            journal.steps.get(at).cloned().ok_or_else(|| {
-                StoreError::Corrupt("a journal step vanished while it was written".into())
-            })
+            Ok(step)
         })
+    }
+}
+
+impl MemoryStore {
+    /// Applies `write` to its journal (called under the record's shard lock); the step
+    /// as it stands.
+    fn journal_write(
+        &self,
+        key: &RecordKey,
+        expires_at: UnixMillis,
+        write: &StepWrite,
+    ) -> Result<Step, StoreError> {
+        let mut journal = self.journals.entry(write.operation_id).or_default();
+        journal.expires_at = journal.expires_at.max(expires_at);
+        if journal.key.is_none() {
+            journal.key = Some(key.clone());
+        }
+        let at = usize::try_from(write.index).unwrap_or(usize::MAX);
+        if at > journal.steps.len() {
+            return Err(StoreError::Changed(format!(
+                "step {} was written before step {}",
+                at + 1,
+                journal.steps.len() + 1
+            )));
+        }
+        let existing = journal.steps.get(at).cloned();
+        match Step::apply(existing.as_ref(), write)? {
+            Some(step) if at < journal.steps.len() => journal.steps[at] = step,
+            Some(step) => journal.steps.push(step),
+            None => {}
+        }
+        journal.steps.get(at).cloned().ok_or_else(|| {
+            StoreError::Corrupt("a journal step vanished while it was written".into())
+        })
+    }
+
+    /// Whether `key`'s record is the operation `id`, completed with a 2xx status and
+    /// within its TTL at `now`: its staged deliveries may go.
+    fn completed_ok(&self, key: &RecordKey, id: OperationId, now: UnixMillis) -> bool {
+        let Some(table) = self.table(&key.operation) else {
+            return false;
+        };
+        let Some(slot) = table.get(&*compact_key(key)) else {
+            return false;
+        };
+        if slot.operation_id != id || slot.is_expired(now) {
+            return false;
+        }
+        match &slot.state {
+            SlotState::Completed(encoded) => {
+                decode_response(encoded).is_ok_and(|r| (200..300).contains(&r.status))
+            }
+            _ => false,
+        }
+    }
+
+    /// Applies `change` to step `index` of the journal of `id`; `LeaseLost` when there is
+    /// no such step or `change` declines. The outbox forgets the operation once none of
+    /// its steps is staged.
+    fn change_delivery(
+        &self,
+        id: OperationId,
+        index: u32,
+        change: impl FnOnce(&Step) -> Option<Step>,
+    ) -> Result<Step, StoreError> {
+        let (step, staged_left) = {
+            let mut journal = self.journals.get_mut(&id).ok_or(StoreError::LeaseLost)?;
+            let at = usize::try_from(index).unwrap_or(usize::MAX);
+            let current = journal.steps.get(at).ok_or(StoreError::LeaseLost)?;
+            let step = change(current).ok_or(StoreError::LeaseLost)?;
+            journal.steps[at] = step.clone();
+            let left = journal
+                .steps
+                .iter()
+                .any(|s| matches!(s.state, StepState::Staged(_)));
+            (step, left)
+        };
+        if !staged_left {
+            self.outbox.remove(&id);
+        }
+        Ok(step)
     }
 }
 
@@ -392,6 +468,8 @@ impl OperatorStore for MemoryStore {
         }
         self.tallies.purge(now);
         self.journals.retain(|_, journal| journal.expires_at > now);
+        // The outbox's lock, then a journal's: never the other way round.
+        self.outbox.retain(|id, ()| self.journals.contains_key(id));
         Ok(purged)
     }
 
@@ -481,6 +559,60 @@ impl OperatorStore for MemoryStore {
             Err(StoreError::LeaseLost) => Err(StoreError::NotFound),
             Err(error) => Err(error),
         }
+    }
+
+    async fn due_deliveries(&self, limit: u32, now: UnixMillis) -> Result<Vec<Due>, StoreError> {
+        // Each map's lock is let go before the next is taken.
+        let ids: Vec<OperationId> = self.outbox.iter().map(|entry| *entry.key()).collect();
+        let mut due = Vec::new();
+        for id in ids {
+            let Some((key, steps)) = self
+                .journals
+                .get(&id)
+                .and_then(|j| j.key.clone().map(|key| (key, j.steps.clone())))
+            else {
+                continue;
+            };
+            if !self.completed_ok(&key, id, now) {
+                continue;
+            }
+            due.extend(
+                steps
+                    .into_iter()
+                    .filter(|s| matches!(s.state, StepState::Staged(_)) && s.next_at <= now)
+                    .map(|step| Due {
+                        key: key.clone(),
+                        operation_id: id,
+                        step,
+                    }),
+            );
+        }
+        due.sort_by_key(|d| (d.step.next_at, d.operation_id, d.step.index));
+        due.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        Ok(due)
+    }
+
+    async fn claim_delivery(
+        &self,
+        _key: &RecordKey,
+        operation_id: OperationId,
+        index: u32,
+        until: UnixMillis,
+        now: UnixMillis,
+    ) -> Result<Step, StoreError> {
+        self.change_delivery(operation_id, index, |step| step.claimed(until, now))
+    }
+
+    async fn settle_delivery(
+        &self,
+        _key: &RecordKey,
+        operation_id: OperationId,
+        index: u32,
+        claim: u32,
+        delivery: Delivery,
+        _now: UnixMillis,
+    ) -> Result<Step, StoreError> {
+        self.change_delivery(operation_id, index, |step| step.settled(claim, delivery))
     }
 }
 

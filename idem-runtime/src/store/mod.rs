@@ -112,7 +112,7 @@ pub mod conformance;
 
 pub use budget::{ClientBudget, ClientUsage, OverBudget, Usage};
 pub use clock::{ClockSample, StoreClock, sample_clock, store_now};
-pub use journal::{Step, StepState, StepWrite, step_changed};
+pub use journal::{Delivery, Due, Step, StepState, StepWrite, step_changed};
 pub use memory::MemoryStore;
 pub use open::{MAX_URL_LEN, OpenError, OpenOptions, open, redact_url};
 pub use ops::{

@@ -110,6 +110,7 @@ use super::{
     OperationState, OperatorStore, OverBudget, OwnerToken, Record, RecordKey, RecordState,
     RecordStore, Resolution, ResolutionOutcome, Step, StepWrite, StoreError, StoredResponse,
     UnixMillis, Usage, check_size,
+    journal::{Delivery, Due},
 };
 use crate::OperationId;
 
@@ -291,6 +292,18 @@ if redis.call('ZSCORE', KEYS[2], KEYS[1]) then
   redis.call('HINCRBY', KEYS[3], '*', tonumber(ARGV[6]) - old)
   budget_expire(ARGV[7])
 end
+-- The operation's staged deliveries (its journal's `staged` positions) become due with
+-- a success; after anything else they never go.
+local staged = redis.call('HGET', KEYS[1], 'staged')
+if staged then
+  local status = tonumber(ARGV[3])
+  if status >= 200 and status < 300 then
+    for index in string.gmatch(staged, '%d+') do
+      redis.call('ZADD', KEYS[4], 0, index .. ':' .. KEYS[1])
+    end
+  end
+  redis.call('HDEL', KEYS[1], 'staged')
+end
 return 1
 ";
 
@@ -373,7 +386,7 @@ struct Scripts {
     purge: Script,
     resolve: Script,
     usage: Script,
-    write_step: Script,
+    journal: journal::JournalScripts,
 }
 
 impl Scripts {
@@ -389,7 +402,7 @@ impl Scripts {
             purge: with(&[PURGE]),
             resolve: with(&[HISTORY, RESOLVE]),
             usage: with(&[USAGE]),
-            write_step: with(&[journal::WRITE_STEP]),
+            journal: journal::JournalScripts::new(),
         }
     }
 }
@@ -879,6 +892,7 @@ impl RecordStore for RedisStore {
         invocation
             .key(records)
             .key(bytes)
+            .key(self.outbox_name())
             .arg(now)
             .arg(token.to_string())
             .arg(response.status)
@@ -1167,6 +1181,33 @@ impl OperatorStore for RedisStore {
                 "the resolution script answered in an unexpected shape".into(),
             )),
         }
+    }
+
+    async fn due_deliveries(&self, limit: u32, now: UnixMillis) -> Result<Vec<Due>, StoreError> {
+        self.due(limit, now).await
+    }
+
+    async fn claim_delivery(
+        &self,
+        key: &RecordKey,
+        operation_id: OperationId,
+        index: u32,
+        until: UnixMillis,
+        now: UnixMillis,
+    ) -> Result<Step, StoreError> {
+        self.claim(key, operation_id, index, until, now).await
+    }
+
+    async fn settle_delivery(
+        &self,
+        key: &RecordKey,
+        operation_id: OperationId,
+        index: u32,
+        claim: u32,
+        delivery: Delivery,
+        _now: UnixMillis,
+    ) -> Result<Step, StoreError> {
+        self.settle(key, operation_id, index, claim, delivery).await
     }
 }
 

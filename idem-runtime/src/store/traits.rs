@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use super::{
     Begin, ClientUsage, Inspection, Lease, ListQuery, Listed, NewRecord, OwnerToken, Record,
     RecordKey, Resolution, Step, StepWrite, StoreError, StoredResponse, UnixMillis,
+    journal::{Delivery, Due},
 };
 
 /// The record calls of the request path: register a key, read its record, and end,
@@ -275,6 +276,55 @@ pub trait OperatorStore: Send + Sync + 'static {
     ///
     /// Only [`StoreError::Unavailable`] and [`StoreError::Corrupt`].
     async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError>;
+
+    /// At most `limit` staged deliveries ([`StepState::Staged`](super::StepState::Staged))
+    /// that are due at `now` (their [`Step::next_at`] has come) and whose operation's
+    /// record is completed with a success (status 200 to 299) and its TTL not passed, the
+    /// longest due first. Reads only; a delivery whose operation is not completed (yet,
+    /// or ever) is not listed.
+    ///
+    /// # Errors
+    ///
+    /// Only [`StoreError::Unavailable`] and [`StoreError::Corrupt`].
+    async fn due_deliveries(&self, limit: u32, now: UnixMillis) -> Result<Vec<Due>, StoreError>;
+
+    /// Claims the staged delivery at position `index` of the journal of `operation_id`
+    /// under `key` until `until` (unix milliseconds), as [`Step::claimed`] says, as one
+    /// compare-and-set, so that one of many workers sends it. Returns the step as
+    /// claimed; its [`Step::calls`] numbers the claim.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when it is not staged or not due at `now` (another worker
+    /// claimed or settled it), or there is no such step.
+    async fn claim_delivery(
+        &self,
+        key: &RecordKey,
+        operation_id: crate::OperationId,
+        index: u32,
+        until: UnixMillis,
+        now: UnixMillis,
+    ) -> Result<Step, StoreError>;
+
+    /// Settles the claim numbered `claim` of the delivery at position `index`, as
+    /// [`Step::settled`] says, as one compare-and-set. Returns the step as written.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::LeaseLost`] when the step is no longer staged under that claim.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one delivery's coordinates and outcome"
+    )]
+    async fn settle_delivery(
+        &self,
+        key: &RecordKey,
+        operation_id: crate::OperationId,
+        index: u32,
+        claim: u32,
+        delivery: Delivery,
+        now: UnixMillis,
+    ) -> Result<Step, StoreError>;
 }
 
 /// A backend that keeps idempotency records: both halves, [`RecordStore`] (the request

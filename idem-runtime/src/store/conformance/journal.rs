@@ -1,11 +1,13 @@
-//! The step journal's checks ([`crate::store::RecordStore::steps`] and
-//! [`crate::store::RecordStore::write_step`]).
+//! The step journal's checks ([`crate::store::RecordStore::steps`],
+//! [`crate::store::RecordStore::write_step`] and the outbox's delivery calls).
 
 use std::sync::Arc;
 
 use super::{LEASE, T0, TTL, key, lease_lost, new_record, started};
 use crate::OperationId;
-use crate::store::{Lease, OwnerToken, Step, StepState, StepWrite, Store, StoreError};
+use crate::store::{
+    Delivery, Lease, OwnerToken, Step, StepState, StepWrite, Store, StoreError, StoredResponse,
+};
 
 fn write(operation_id: OperationId, index: u32, name: &str, state: StepState) -> StepWrite {
     StepWrite {
@@ -220,5 +222,182 @@ pub async fn steps_expire_with_their_record(store: Arc<dyn Store>) {
         store.steps(&k, next.operation_id, later).await.unwrap(),
         vec![],
         "purged with the record"
+    );
+}
+
+fn staged(payload: &str) -> StepState {
+    StepState::Staged(payload.into())
+}
+
+/// A staged delivery is due only once its operation is completed with a success (2xx):
+/// not while it runs, not after a 4xx; a call step where a delivery was staged (or the
+/// reverse) is refused as a changed step.
+pub async fn staged_deliveries_wait_for_a_completed_success(store: Arc<dyn Store>) {
+    let (ok, refused) = (key("outbox-ok"), key("outbox-422"));
+    let (first, second) = (new_record("sha256:a", T0), new_record("sha256:a", T0));
+    started(&*store, &ok, &first, T0).await;
+    started(&*store, &refused, &second, T0).await;
+    for (k, new) in [(&ok, &first), (&refused, &second)] {
+        let write = write(
+            new.operation_id,
+            0,
+            "receipt",
+            staged(r#"{"to":"ana@example.com"}"#),
+        );
+        let step = store
+            .write_step(k, new.lease.token, &write, T0)
+            .await
+            .unwrap();
+        assert_eq!((step.calls, step.next_at), (0, 0), "nothing sent yet");
+        let again = store
+            .write_step(k, new.lease.token, &write, T0)
+            .await
+            .unwrap();
+        assert_eq!(again, step, "staged once");
+    }
+    let call = write(first.operation_id, 0, "receipt", StepState::Pending);
+    let changed = store.write_step(&ok, first.lease.token, &call, T0).await;
+    assert!(
+        matches!(changed, Err(StoreError::Changed(_))),
+        "a call over a delivery: {changed:?}"
+    );
+    assert_eq!(
+        store.due_deliveries(10, T0 + 1).await.unwrap(),
+        vec![],
+        "not while processing"
+    );
+
+    store
+        .complete(&ok, first.lease.token, &super::created(), T0 + 2)
+        .await
+        .unwrap();
+    let unprocessable = StoredResponse {
+        status: 422,
+        ..super::created()
+    };
+    store
+        .complete(&refused, second.lease.token, &unprocessable, T0 + 2)
+        .await
+        .unwrap();
+    let due = store.due_deliveries(10, T0 + 3).await.unwrap();
+    assert_eq!(due.len(), 1, "only the completed success: {due:?}");
+    assert_eq!(
+        (&due[0].key, due[0].operation_id),
+        (&ok, first.operation_id)
+    );
+    assert_eq!(due[0].step.name, "receipt");
+    assert_eq!(due[0].step.state, staged(r#"{"to":"ana@example.com"}"#));
+    assert_eq!(
+        store.due_deliveries(10, T0 + TTL + 1).await.unwrap(),
+        vec![],
+        "nor after the TTL"
+    );
+}
+
+/// A due delivery is claimed by one worker at a time, until its claim ends; only that
+/// claim settles it: delivered, due again at a later time, or given up.
+pub async fn a_delivery_is_claimed_once_and_settled(store: Arc<dyn Store>) {
+    let k = key("outbox-claims");
+    let new = new_record("sha256:a", T0);
+    started(&*store, &k, &new, T0).await;
+    let id = new.operation_id;
+    for (i, name) in ["mail", "hook"].iter().enumerate() {
+        let write = write(id, u32::try_from(i).unwrap(), name, staged("1"));
+        store
+            .write_step(&k, new.lease.token, &write, T0)
+            .await
+            .unwrap();
+    }
+    store
+        .complete(&k, new.lease.token, &super::created(), T0)
+        .await
+        .unwrap();
+    let now = T0 + 10;
+    let claimed = store
+        .claim_delivery(&k, id, 0, now + 5_000, now)
+        .await
+        .unwrap();
+    assert_eq!((claimed.calls, claimed.next_at), (1, now + 5_000));
+    lease_lost(
+        store.claim_delivery(&k, id, 0, now + 5_000, now + 1).await,
+        "a second claim",
+    );
+    let due: Vec<u32> = store
+        .due_deliveries(10, now + 1)
+        .await
+        .unwrap()
+        .iter()
+        .map(|d| d.step.index)
+        .collect();
+    assert_eq!(due, [1], "a claimed delivery is not due");
+    lease_lost(
+        store
+            .settle_delivery(&k, id, 0, 2, Delivery::Delivered, now + 2)
+            .await,
+        "another claim's settlement",
+    );
+
+    let retry = store
+        .settle_delivery(&k, id, 0, 1, Delivery::RetryAt(now + 60_000), now + 2)
+        .await
+        .unwrap();
+    assert_eq!(
+        (retry.state.as_str(), retry.next_at),
+        ("staged", now + 60_000)
+    );
+    lease_lost(
+        store
+            .claim_delivery(&k, id, 0, now + 70_000, now + 59_999)
+            .await,
+        "a claim before it is due again",
+    );
+    let claimed = store
+        .claim_delivery(&k, id, 0, now + 90_000, now + 60_000)
+        .await
+        .unwrap();
+    assert_eq!(claimed.calls, 2);
+    let delivered = store
+        .settle_delivery(&k, id, 0, 2, Delivery::Delivered, now + 60_001)
+        .await
+        .unwrap();
+    assert_eq!(delivered.state, StepState::Delivered("1".into()));
+    lease_lost(
+        store
+            .claim_delivery(&k, id, 0, now + 90_000, now + 90_000)
+            .await,
+        "a claim of a delivered step",
+    );
+
+    let claimed = store
+        .claim_delivery(&k, id, 1, now + 5_000, now)
+        .await
+        .unwrap();
+    let given_up = store
+        .settle_delivery(&k, id, 1, claimed.calls, Delivery::GiveUp, now + 1)
+        .await
+        .unwrap();
+    assert_eq!(given_up.state, StepState::GivenUp("1".into()));
+    assert_eq!(
+        store.due_deliveries(10, now + 100_000).await.unwrap(),
+        vec![],
+        "nothing left due"
+    );
+    let states: Vec<_> = store
+        .steps(&k, id, now)
+        .await
+        .unwrap()
+        .iter()
+        .map(|s| s.state.as_str())
+        .collect();
+    assert_eq!(
+        states,
+        ["delivered", "given_up"],
+        "kept in the journal for operators"
+    );
+    lease_lost(
+        store
+            .claim_delivery(&key("none"), OperationId::new(), 0, now, now)
+            .await,
+        "a claim of no step",
     );
 }

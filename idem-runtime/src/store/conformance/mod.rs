@@ -189,6 +189,12 @@ pub const CHECKS: &[Check] = &[
     ("steps_expire_with_their_record", |s| {
         Box::pin(journal::steps_expire_with_their_record(s))
     }),
+    ("staged_deliveries_wait_for_a_completed_success", |s| {
+        Box::pin(journal::staged_deliveries_wait_for_a_completed_success(s))
+    }),
+    ("a_delivery_is_claimed_once_and_settled", |s| {
+        Box::pin(journal::a_delivery_is_claimed_once_and_settled(s))
+    }),
 ];
 
 /// Runs every check in [`CHECKS`], each against a fresh store from `new_store`.

@@ -3,38 +3,62 @@
 //! that it lives, expires and is purged with the record, shares its hash slot, and is
 //! written under the same fence by one script. A field whose `op` is another operation's
 //! (the key's earlier operation, before its TTL passed) is not this journal's.
+//!
+//! A staged delivery's position is kept in the record's field `staged` (a list) until the
+//! record completes; a completion with a success makes each a member
+//! `<position>:<hash name>` of the sorted set `<prefix>/outbox`, scored by when it is next
+//! due, outside the prefix's records so that listing and purging never meet it. A member
+//! whose record is gone is removed when the outbox's worker meets it.
 
 use std::collections::HashMap;
 
-use redis::Value;
+use redis::{Script, Value};
 use serde::{Deserialize, Serialize};
 
-use super::{RedisStore, fields};
+use super::{RedisStore, fields, segment};
 use crate::OperationId;
-use crate::store::{OwnerToken, RecordKey, Step, StepState, StepWrite, StoreError, step_changed};
+use crate::store::{
+    Delivery, Due, OwnerToken, RecordKey, RecordState, Step, StepState, StepWrite, StoreError,
+    UnixMillis, step_changed,
+};
 
 /// The prefix of a step's field in the record's hash.
 const FIELD: &str = "step:";
 
-/// A write ([`Step::apply`]): KEYS[1] the record; ARGV: token, operation id, position,
-/// name, state, value (empty when pending). Answers `{1, step}` with the step as written
-/// (or as it stands), `{2, step}` when the position holds another name, `{0}` when the
-/// record is not this operation's, processing under the token.
-pub(super) const WRITE_STEP: &str = r"
+/// Lua helpers of the journal's scripts: a step's field, read for operation `op`.
+const STEP: &str = r"
+local function is_delivery(state)
+  return state == 'staged' or state == 'delivered' or state == 'given_up'
+end
+local function load(key, field, op)
+  local raw = redis.call('HGET', key, field)
+  if not raw then return false, raw end
+  local ok, decoded = pcall(cjson.decode, raw)
+  if ok and type(decoded) == 'table' and decoded.op == op then return decoded, raw end
+  return false, raw
+end
+";
+
+/// A write ([`Step::apply`]): KEYS[1] the record; ARGV: token,
+/// operation id, position, name, state, value (empty when pending), calls of a new step.
+/// Answers `{1, step}` with the step as written (or as it stands), `{2, step}` when the
+/// position holds another name (or kind), `{0}` when the record is not this operation's,
+/// processing under the token.
+const WRITE: &str = r"
 local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'operation_id')
 if cur[1] ~= 'processing' or cur[2] ~= ARGV[1] or cur[3] ~= ARGV[2] then
   return {0}
 end
 local field = 'step:' .. ARGV[3]
-local raw = redis.call('HGET', KEYS[1], field)
-local step = false
-if raw then
-  local ok, decoded = pcall(cjson.decode, raw)
-  if ok and type(decoded) == 'table' and decoded.op == ARGV[2] then step = decoded end
-end
+local step, raw = load(KEYS[1], field, ARGV[2])
 if not step then
-  step = {op = ARGV[2], name = ARGV[4], state = ARGV[5], value = ARGV[6], calls = 1}
-elseif step.name ~= ARGV[4] then
+  step = {op = ARGV[2], name = ARGV[4], state = ARGV[5], value = ARGV[6],
+    calls = tonumber(ARGV[7]), next_at = 0}
+  if ARGV[5] == 'staged' then
+    local staged = redis.call('HGET', KEYS[1], 'staged')
+    redis.call('HSET', KEYS[1], 'staged', (staged and (staged .. ',') or '') .. ARGV[3])
+  end
+elseif step.name ~= ARGV[4] or is_delivery(step.state) ~= is_delivery(ARGV[5]) then
   return {2, raw}
 elseif step.state == 'pending' then
   if ARGV[5] == 'pending' then
@@ -51,6 +75,63 @@ redis.call('HSET', KEYS[1], field, encoded)
 return {1, encoded}
 ";
 
+/// A claim ([`Step::claimed`]): KEYS[1] the record, KEYS[2] the outbox; ARGV: operation
+/// id, position, the claim's end, now. `{1, step}`, or `{0}` when it is not staged or not
+/// due.
+const CLAIM: &str = r"
+local field = 'step:' .. ARGV[2]
+local step = load(KEYS[1], field, ARGV[1])
+if not step or step.state ~= 'staged' or tonumber(step.next_at or 0) > tonumber(ARGV[4]) then
+  return {0}
+end
+step.calls = step.calls + 1
+step.next_at = tonumber(ARGV[3])
+local encoded = cjson.encode(step)
+redis.call('HSET', KEYS[1], field, encoded)
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2] .. ':' .. KEYS[1])
+return {1, encoded}
+";
+
+/// A settlement ([`Step::settled`]): KEYS[1] the record, KEYS[2] the outbox; ARGV:
+/// operation id, position, the claim, the new state, when it is next due. `{1, step}`, or
+/// `{0}` when it is no longer staged under that claim.
+const SETTLE: &str = r"
+local field = 'step:' .. ARGV[2]
+local step = load(KEYS[1], field, ARGV[1])
+if not step or step.state ~= 'staged' or tonumber(step.calls) ~= tonumber(ARGV[3]) then
+  return {0}
+end
+step.state = ARGV[4]
+step.next_at = tonumber(ARGV[5])
+local encoded = cjson.encode(step)
+redis.call('HSET', KEYS[1], field, encoded)
+local member = ARGV[2] .. ':' .. KEYS[1]
+if ARGV[4] == 'staged' then
+  redis.call('ZADD', KEYS[2], ARGV[5], member)
+else
+  redis.call('ZREM', KEYS[2], member)
+end
+return {1, encoded}
+";
+
+/// The journal's scripts.
+pub(super) struct JournalScripts {
+    write: Script,
+    claim: Script,
+    settle: Script,
+}
+
+impl JournalScripts {
+    pub(super) fn new() -> JournalScripts {
+        let with = |body: &str| Script::new(&[STEP, body].concat());
+        JournalScripts {
+            write: with(WRITE),
+            claim: with(CLAIM),
+            settle: with(SETTLE),
+        }
+    }
+}
+
 /// A step's field, as the script writes it.
 #[derive(Debug, Serialize, Deserialize)]
 struct Stored {
@@ -60,6 +141,8 @@ struct Stored {
     #[serde(default)]
     value: String,
     calls: u32,
+    #[serde(default)]
+    next_at: u64,
 }
 
 impl Stored {
@@ -74,6 +157,7 @@ impl Stored {
             name: self.name,
             state: StepState::from_parts(&self.state, value)?,
             calls: self.calls,
+            next_at: self.next_at,
         }))
     }
 }
@@ -133,14 +217,30 @@ impl RedisStore {
     ) -> Result<Step, StoreError> {
         write.check()?;
         let id = write.operation_id.to_string();
-        let mut invocation = self.scripts.write_step.key(self.hash_name(key));
+        let mut invocation = self.scripts.journal.write.key(self.hash_name(key));
         invocation
             .arg(token.to_string())
             .arg(&id)
             .arg(write.index)
             .arg(&write.name)
             .arg(write.state.as_str())
-            .arg(write.state.value().unwrap_or(""));
+            .arg(write.state.value().unwrap_or(""))
+            .arg(u32::from(!write.state.is_delivery()));
+        match self.step_script(invocation, write.index, &id).await? {
+            (1, Some(step)) => Ok(step),
+            (2, Some(step)) => Err(step_changed(&step, write)),
+            _ => Err(StoreError::LeaseLost),
+        }
+    }
+
+    /// Runs a journal script that answers `{flag}` or `{flag, step}`: the flag, and the
+    /// step at `index` of `id`'s journal.
+    async fn step_script(
+        &self,
+        invocation: redis::ScriptInvocation<'_>,
+        index: u32,
+        id: &str,
+    ) -> Result<(i64, Option<Step>), StoreError> {
         let mut conn = self.conn.clone();
         let answer: Vec<Value> = self.bounded(invocation.invoke_async(&mut conn)).await?;
         let shape =
@@ -150,21 +250,170 @@ impl RedisStore {
             Some(Value::Int(flag)) => flag,
             _ => return Err(shape()),
         };
-        let raw = match answer.next() {
-            Some(Value::BulkString(raw)) => Some(raw),
-            None => None,
-            Some(_) => return Err(shape()),
-        };
-        match (flag, raw) {
-            (0, None) => Err(StoreError::LeaseLost),
-            (flag @ (1 | 2), Some(raw)) => {
-                let step = parse(&raw, write.index, &id)?.ok_or_else(shape)?;
-                if flag == 2 {
-                    return Err(step_changed(&step, write));
-                }
-                Ok(step)
+        match answer.next() {
+            Some(Value::BulkString(raw)) => {
+                let step = parse(&raw, index, id)?.ok_or_else(shape)?;
+                Ok((flag, Some(step)))
             }
-            _ => Err(shape()),
+            None => Ok((flag, None)),
+            Some(_) => Err(shape()),
         }
     }
+
+    /// The sorted set of staged deliveries: `<prefix>/outbox`, outside the prefix's
+    /// records (`<prefix>:…`).
+    pub(super) fn outbox_name(&self) -> String {
+        format!("{}/outbox", segment(&self.prefix))
+    }
+
+    /// [`crate::store::OperatorStore::claim_delivery`].
+    pub(super) async fn claim(
+        &self,
+        key: &RecordKey,
+        operation_id: OperationId,
+        index: u32,
+        until: UnixMillis,
+        now: UnixMillis,
+    ) -> Result<Step, StoreError> {
+        let id = operation_id.to_string();
+        let mut invocation = self.scripts.journal.claim.key(self.hash_name(key));
+        invocation
+            .key(self.outbox_name())
+            .arg(&id)
+            .arg(index)
+            .arg(until)
+            .arg(now);
+        match self.step_script(invocation, index, &id).await? {
+            (1, Some(step)) => Ok(step),
+            _ => Err(StoreError::LeaseLost),
+        }
+    }
+
+    /// [`crate::store::OperatorStore::settle_delivery`].
+    pub(super) async fn settle(
+        &self,
+        key: &RecordKey,
+        operation_id: OperationId,
+        index: u32,
+        claim: u32,
+        delivery: Delivery,
+    ) -> Result<Step, StoreError> {
+        let (state, next_at) = match delivery {
+            Delivery::Delivered => ("delivered", 0),
+            Delivery::GiveUp => ("given_up", 0),
+            Delivery::RetryAt(at) => ("staged", at),
+        };
+        let id = operation_id.to_string();
+        let mut invocation = self.scripts.journal.settle.key(self.hash_name(key));
+        invocation
+            .key(self.outbox_name())
+            .arg(&id)
+            .arg(index)
+            .arg(claim)
+            .arg(state)
+            .arg(next_at);
+        match self.step_script(invocation, index, &id).await? {
+            (1, Some(step)) => Ok(step),
+            _ => Err(StoreError::LeaseLost),
+        }
+    }
+
+    /// [`crate::store::OperatorStore::due_deliveries`]: the outbox's members due at `now`
+    /// (up to four times `limit` of them), each checked against its record. A member
+    /// whose record is gone (or is another operation's now), or whose step is no longer
+    /// staged, is removed; one claimed meanwhile is left.
+    pub(super) async fn due(&self, limit: u32, now: UnixMillis) -> Result<Vec<Due>, StoreError> {
+        let mut conn = self.conn.clone();
+        let outbox = self.outbox_name();
+        let members: Vec<Vec<u8>> = self
+            .bounded(
+                redis::cmd("ZRANGEBYSCORE")
+                    .arg(&outbox)
+                    .arg("-inf")
+                    .arg(now)
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(limit.saturating_mul(4))
+                    .query_async(&mut conn),
+            )
+            .await?;
+        let mut due = Vec::new();
+        for member in members {
+            if due.len() >= usize::try_from(limit).unwrap_or(usize::MAX) {
+                break;
+            }
+            match self.due_member(&member, now).await? {
+                Member::Due(found) => due.push(*found),
+                Member::NotYet => {}
+                Member::Gone => self.outbox_remove(&outbox, &member).await?,
+            }
+        }
+        Ok(due)
+    }
+
+    /// What the outbox's `member` stands for at `now`.
+    async fn due_member(&self, member: &[u8], now: UnixMillis) -> Result<Member, StoreError> {
+        let parsed = std::str::from_utf8(member)
+            .ok()
+            .and_then(|m| m.split_once(':'))
+            .and_then(|(index, name)| Some((index.parse::<u32>().ok()?, name)));
+        let Some((index, name)) = parsed else {
+            tracing::warn!(member = %String::from_utf8_lossy(member), "idem: a member of the Redis outbox is not one of idem's; removed");
+            return Ok(Member::Gone);
+        };
+        let Some(key) = self.key_of(name.as_bytes()) else {
+            return Ok(Member::Gone);
+        };
+        let mut conn = self.conn.clone();
+        let answer: Value = self
+            .bounded(redis::cmd("HGETALL").arg(name).query_async(&mut conn))
+            .await?;
+        let fields = fields(answer)?;
+        let Some(record) = super::decode(&fields)?.filter(|r| !r.is_expired(now)) else {
+            return Ok(Member::Gone);
+        };
+        // A member is made by a completion with a success: a record in another state is
+        // a later operation under the same key (the member is stale).
+        let succeeded = matches!(&record.state, RecordState::Completed { response } if (200..300).contains(&response.status));
+        if !succeeded {
+            return Ok(Member::Gone);
+        }
+        let step = steps_in(&fields, record.operation_id)?
+            .into_iter()
+            .find(|s| s.index == index);
+        match step {
+            Some(step) if matches!(step.state, StepState::Staged(_)) && step.next_at <= now => {
+                Ok(Member::Due(Box::new(Due {
+                    key,
+                    operation_id: record.operation_id,
+                    step,
+                })))
+            }
+            Some(step) if matches!(step.state, StepState::Staged(_)) => Ok(Member::NotYet),
+            _ => Ok(Member::Gone),
+        }
+    }
+
+    async fn outbox_remove(&self, outbox: &str, member: &[u8]) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        let _: Value = self
+            .bounded(
+                redis::cmd("ZREM")
+                    .arg(outbox)
+                    .arg(member)
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// What an outbox member stands for.
+enum Member {
+    /// A delivery due now.
+    Due(Box<Due>),
+    /// Claimed by a worker meanwhile (its score moved on): later.
+    NotYet,
+    /// Its record is gone, or finished without a success, or it is no longer staged.
+    Gone,
 }

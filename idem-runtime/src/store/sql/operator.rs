@@ -6,10 +6,11 @@ use super::SqlStore;
 use super::dialect::Dialect;
 use super::rows::{decode_inspected, decode_listed, resolution_columns, row_name};
 use super::statement::Statement;
+use crate::OperationId;
 use crate::store::ops::{self, Event};
 use crate::store::{
-    Inspection, ListQuery, Listed, OperatorStore, Record, RecordKey, RecordStore, Resolution,
-    StoreError, UnixMillis,
+    Delivery, Due, Inspection, ListQuery, Listed, OperatorStore, Record, RecordKey, RecordStore,
+    Resolution, Step, StoreError, UnixMillis,
 };
 
 /// The record with its history unless its TTL has passed: `$1`..`$3` the key, `$4` now.
@@ -111,5 +112,32 @@ impl<DB: Dialect> OperatorStore for SqlStore<DB> {
                 return Ok(purged);
             }
         }
+    }
+
+    async fn due_deliveries(&self, limit: u32, now: UnixMillis) -> Result<Vec<Due>, StoreError> {
+        self.due(limit, now).await
+    }
+
+    async fn claim_delivery(
+        &self,
+        _key: &RecordKey,
+        operation_id: OperationId,
+        index: u32,
+        until: UnixMillis,
+        now: UnixMillis,
+    ) -> Result<Step, StoreError> {
+        self.claim(operation_id, index, until, now).await
+    }
+
+    async fn settle_delivery(
+        &self,
+        _key: &RecordKey,
+        operation_id: OperationId,
+        index: u32,
+        claim: u32,
+        delivery: Delivery,
+        _now: UnixMillis,
+    ) -> Result<Step, StoreError> {
+        self.settle(operation_id, index, claim, delivery).await
     }
 }

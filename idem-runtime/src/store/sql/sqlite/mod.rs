@@ -101,14 +101,19 @@ const SCHEMA: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS idem_steps (
         operation_id TEXT    NOT NULL,
         idx          INTEGER NOT NULL,
+        operation    TEXT    NOT NULL,
+        client       TEXT    NOT NULL,
+        key          TEXT    NOT NULL,
         name         TEXT    NOT NULL,
         state        TEXT    NOT NULL,
         value        TEXT,
         calls        INTEGER NOT NULL,
+        next_at      INTEGER NOT NULL DEFAULT 0,
         expires_at   INTEGER NOT NULL,
         PRIMARY KEY (operation_id, idx)
     )",
     "CREATE INDEX IF NOT EXISTS idem_steps_expires_at ON idem_steps (expires_at)",
+    "CREATE INDEX IF NOT EXISTS idem_steps_due ON idem_steps (next_at) WHERE state = 'staged'",
 ];
 
 /// The columns that tables made by older versions lack, and the statement that adds each.
