@@ -1,11 +1,12 @@
 //! The PostgreSQL store's own tests, on scratch schemas of a real server: the
-//! conformance suite, the migrations, the schema's own checks, an unreachable server, and
-//! a completion inside a transaction.
+//! conformance suite, the migrations, the schema's own checks, an unreachable server, a
+//! completion inside a transaction, and the bounds on calls and connections.
 
 use std::time::Duration;
 
-use super::PostgresStore;
-use crate::store::conformance::{self, T0, created, key, new_record, postgres::scratch_pool};
+use super::{DEFAULT_CALL_TIMEOUT, PostgresStore};
+use crate::store::conformance::postgres::{scratch_pool, scratch_url};
+use crate::store::conformance::{self, T0, created, key, new_record};
 use crate::store::{Begin, RecordStore, Reservation, StoreError, TransactionalStore};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,4 +137,37 @@ async fn complete_in_commits_with_the_transaction() {
             assert!(store.get(&k, T0).await.unwrap().unwrap().lease().is_some());
         }
     }
+}
+
+/// [`PostgresStore::connect`] asks the server to probe every connection and close one
+/// gone silent ([`super::TCP_SETTINGS`]), unless the URL names a setting itself; its
+/// calls, as those of a store over a pool of the application's, wait at most
+/// [`DEFAULT_CALL_TIMEOUT`] for an answer.
+#[tokio::test]
+async fn connect_asks_the_server_to_probe_silent_connections() {
+    let what = "the TCP settings of PostgresStore::connect";
+    let Some(url) = scratch_url(what).await else {
+        return;
+    };
+    let settings = "SELECT string_agg(name || '=' || setting, ' ' ORDER BY name) FROM pg_settings
+        WHERE name LIKE 'tcp\\_%'";
+    let store = PostgresStore::connect(&url).await.unwrap();
+    assert_eq!(store.call_timeout, Some(DEFAULT_CALL_TIMEOUT));
+    let asked: String = sqlx::query_scalar(settings)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        asked,
+        "tcp_keepalives_count=3 tcp_keepalives_idle=5 tcp_keepalives_interval=5 tcp_user_timeout=20000"
+    );
+    store.close().await;
+    let own = format!("{url}&options[tcp_keepalives_idle]=7");
+    let store = PostgresStore::connect(&own).await.unwrap();
+    let asked: String = sqlx::query_scalar(settings)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert!(asked.contains("tcp_keepalives_idle=7 "), "{asked}");
+    assert!(asked.contains("tcp_user_timeout=20000"), "{asked}");
 }
