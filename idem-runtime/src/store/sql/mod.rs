@@ -82,11 +82,14 @@ impl<DB: Dialect> SqlStore<DB> {
     /// The same store, waiting at most `limit` for the answer to each statement of its
     /// calls, so that no call hangs on a server or a network gone silent: a statement
     /// that was sent and got no answer within it fails with
-    /// [`StoreError::outcome_unknown`] (the server may still carry it out).
+    /// [`StoreError::outcome_unknown`] (the server may still carry it out). Beginning an
+    /// attempt's transaction (the connection, `BEGIN` and its first statement) is bounded
+    /// by it too, and fails with a plain [`StoreError::Unavailable`].
     ///
     /// PostgreSQL's stores wait `postgres::DEFAULT_CALL_TIMEOUT` (5 s) unless this says
     /// otherwise, SQLite's as long as the driver does; `store::OpenOptions::timeout` sets
-    /// it for the store it opens.
+    /// it for the store it opens. The statements of a handler inside its transaction are
+    /// bounded by the attempt's time instead.
     #[must_use]
     pub fn with_call_timeout(mut self, limit: Duration) -> SqlStore<DB> {
         self.call_timeout = Some(limit);
@@ -142,6 +145,21 @@ impl<DB: Dialect> SqlStore<DB> {
                 other => other,
             }
         })
+    }
+
+    /// Awaits `step`, whose statements take no effect unless a later commit makes them
+    /// (beginning a transaction), within the call timeout if the store has one: running
+    /// out of it, or a driver error, is a plain [`StoreError::Unavailable`]
+    /// ([`Dialect::fault`]'s).
+    async fn bounded<T>(
+        &self,
+        step: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, StoreError> {
+        let answer = self
+            .timed(step)
+            .await
+            .map_err(|limit| StoreError::unavailable(no_answer(limit)))?;
+        answer.map_err(|error| DB::fault(self, error))
     }
 
     /// Awaits `sent` within the call timeout, if the store has one; `Err` with the

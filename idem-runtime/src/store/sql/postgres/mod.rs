@@ -48,6 +48,31 @@ use crate::store::StoreError;
 /// Every other change is one `UPDATE` whose `WHERE` names the lease's owner. PostgreSQL's
 /// row locks order two updates of one record, and the second re-reads the row before it
 /// applies its condition, so at most one of two racing owners wins.
+///
+/// # Partitions
+///
+/// No key stays held for long by an instance whose network to the server went silent:
+///
+/// - every call waits at most its call timeout for the server's answer
+///   ([`DEFAULT_CALL_TIMEOUT`], [`SqlStore::with_call_timeout`]), and for a connection
+///   of the pool its acquire timeout;
+/// - an attempt's transaction is bounded on the server by the attempt's time left when
+///   it begins and a grace (a quarter of it, at most 1 s): its `statement_timeout` and
+///   its `idle_in_transaction_session_timeout`, set for that transaction only, in the
+///   statement that reads its marker (no round trip is added). A transaction whose
+///   client went silent while it held a lock (a row it inserted, the record it
+///   completed) is ended by the server then, and another instance that took the key
+///   over goes on;
+/// - on the client, the attempt writes its record and commits by its deadline, or
+///   rolls back in the background and answers; its lease, no longer renewed, ends
+///   meanwhile;
+/// - [`PostgresStore::connect`] asks the server to probe its end of every connection
+///   ([`TCP_SETTINGS`]), so that a connection to a client gone silent is closed within
+///   20 s (sqlx sets no keepalive on the client's end).
+///
+/// A pool the application configured ([`PostgresStore::from_pool`]) keeps its own
+/// connection settings; the call timeout and the transaction's bounds apply to it all the
+/// same. The settings need PostgreSQL 12 or later (`tcp_user_timeout`).
 pub type PostgresStore = SqlStore<Postgres>;
 
 /// How long a call of a PostgreSQL store waits for the server's answer to one statement
