@@ -343,6 +343,11 @@ async fn pg_order(
                 .unwrap();
             created()
         }
+        "slow" => {
+            drop(conn);
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            created()
+        }
         _ => created(),
     }
 }
@@ -368,6 +373,14 @@ async fn pg_status(
 }
 
 async fn pg(what: &str) -> Option<TestServer> {
+    pg_with(what, |store| store).await.map(|(server, _)| server)
+}
+
+/// [`pg`], its store made by `store` from the one over the scratch schema; and the store.
+async fn pg_with(
+    what: &str,
+    store: impl FnOnce(PostgresStore) -> PostgresStore,
+) -> Option<(TestServer, PostgresStore)> {
     let pool = idem_runtime::store::conformance::postgres::scratch_pool(what).await?;
     sqlx::raw_sql(
         "CREATE TABLE orders (operation_id TEXT PRIMARY KEY, ref TEXT UNIQUE);
@@ -376,14 +389,14 @@ async fn pg(what: &str) -> Option<TestServer> {
     .execute(&pool)
     .await
     .unwrap();
-    let store = PostgresStore::from_pool(pool).await.unwrap();
+    let store = store(PostgresStore::from_pool(pool).await.unwrap());
     let idem = Idem::transactional(store.clone(), identity::header("x-client-id"));
     let router = Router::new()
         .route("/orders", post(pg_order))
         .route("/orders/operations/{key}", get(pg_status))
-        .with_state(Pg(store))
+        .with_state(Pg(store.clone()))
         .layer(idem.layer());
-    Some(TestServer::start(router).await)
+    Some((TestServer::start(router).await, store))
 }
 
 /// A permanent answer (422) after a failed statement (a unique violation), which makes
@@ -419,4 +432,78 @@ async fn pg_a_timed_out_attempt_inside_a_statement_is_answered_at_its_time() {
         "answered after {took:?} with state {}",
         problem["state"]
     );
+}
+
+/// The write of the record blocked in the attempt's transaction (another session holds
+/// the record's row, as a session gone silent would): the attempt's time (1 s) holds,
+/// and the attempt answers after one more bounded call (the release, 500 ms here), rather
+/// than wait for the lock and commit past its time. The server cancels the blocked write
+/// at the transaction's bound (its `statement_timeout`, the attempt's time and a grace);
+/// a server gone silent is cut off by the client at the attempt's deadline instead
+/// (`examples/orders/tests/partition.rs`). Once the lock is let go, the key runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_blocked_record_write_is_cut_off_at_the_attempts_time() {
+    let bounded = |store: PostgresStore| store.with_call_timeout(Duration::from_millis(500));
+    let Some((server, store)) = pg_with("a blocked record write", bounded).await else {
+        return;
+    };
+    let key = "k-locked";
+    let sent = Instant::now();
+    let request = server
+        .post("/orders", key)
+        .json(&json!({ "amount": 100, "mode": "slow" }));
+    let answer = tokio::spawn(async move { (send(request).await, sent.elapsed()) });
+    // Once the key is registered, another session takes its row and holds it for 4 s.
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut holder = loop {
+        let mut tx = store.pool().begin().await.unwrap();
+        let held: Option<i32> = sqlx::query_scalar(
+            "SELECT 1 FROM idem_records WHERE key = $1 AND state = 'processing' FOR UPDATE",
+        )
+        .bind(key)
+        .fetch_optional(&mut *tx)
+        .await
+        .unwrap();
+        if held.is_some() {
+            break tx;
+        }
+        assert!(Instant::now() < until, "the key was never registered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let (first, took) = answer.await.unwrap();
+    assert_eq!(
+        first.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    assert!(
+        took < Duration::from_millis(2500),
+        "answered after {took:?}, not at its time"
+    );
+    tokio::time::sleep_until((sent + Duration::from_secs(4)).into()).await;
+    sqlx::query("SELECT 1").execute(&mut *holder).await.unwrap();
+    holder.rollback().await.unwrap();
+
+    let until = Instant::now() + Duration::from_secs(10);
+    let created = loop {
+        let retry = post_order(&server, key, "slow").await;
+        if retry.status == 201 {
+            break retry;
+        }
+        assert!(
+            [409, 503].contains(&retry.status) && Instant::now() < until,
+            "{}: {}",
+            retry.status,
+            String::from_utf8_lossy(&retry.body)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(!created.replayed());
+    let orders: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM orders WHERE operation_id <> 'pre-existing'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(orders, 1, "one order");
 }

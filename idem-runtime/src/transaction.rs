@@ -219,9 +219,10 @@ impl AttemptTx {
         self.0.reserve().await
     }
 
-    /// Begins the transaction (once the key is registered).
-    pub(crate) async fn begin(&self) -> Result<(), StoreError> {
-        self.0.begin().await
+    /// Begins the transaction (once the key is registered), for an attempt whose time
+    /// ends at `until`.
+    pub(crate) async fn begin(&self, until: Instant) -> Result<(), StoreError> {
+        self.0.begin(until).await
     }
 
     /// Whether the open transaction holds the database's only write lock (SQLite).
@@ -275,11 +276,17 @@ pub(crate) trait TxControl: Send + Sync {
     /// [`TransactionalStore::fences_by_lock`] of the store.
     fn fences_by_lock(&self) -> bool;
 
-    /// Begins the transaction (once the key is registered).
-    async fn begin(&self) -> Result<(), StoreError>;
+    /// Begins the transaction (once the key is registered), for an attempt whose time
+    /// ends at `until`: the store bounds it on its server by the time left
+    /// ([`TransactionalStore::begin_transaction`]).
+    async fn begin(&self, until: Instant) -> Result<(), StoreError>;
 
     /// Writes `response` as the result of `key` in the transaction, fenced by `token`,
-    /// and commits; waits for the handler's hold on the connection until `until`.
+    /// and commits, all by `until` (the attempt's deadline), so that a statement blocked
+    /// or a server gone silent does not hold the attempt past it: waits for the handler's
+    /// hold on the connection, the write of the record and the commit until then. A write
+    /// cut off is rolled back in the background (nothing was committed); a commit cut off
+    /// is [`CommitError::Commit`] with an outcome unknown.
     async fn commit_completed(
         self: Arc<Self>,
         key: &RecordKey,
@@ -332,6 +339,39 @@ impl<DB: Database> Cell<DB> {
 }
 
 impl<DB: Database> Cell<DB> {
+    /// Writes `response` as the result of `key` in `open`
+    /// ([`TransactionalStore::complete_in`]); a result larger than the store keeps is
+    /// written as [`StoredResponse::body_not_kept`] says.
+    async fn complete_in(
+        &self,
+        open: &mut OpenTransaction<DB>,
+        key: &RecordKey,
+        token: OwnerToken,
+        response: &StoredResponse,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        match self
+            .store
+            .complete_in(open, key, token, response, now)
+            .await
+        {
+            // Refused before anything was written: what is kept of it fits.
+            Err(StoreError::TooLarge { limit, .. }) => {
+                let kept = response.body_not_kept(limit);
+                self.store.complete_in(open, key, token, &kept, now).await
+            }
+            other => other,
+        }
+    }
+
+    /// [`Cell::rollback`], waited for until `until`: past it, the transaction rolls back
+    /// in the background, and its reservation is let go.
+    async fn rollback_by(&self, open: OpenTransaction<DB>, until: Instant) -> Reservation {
+        tokio::time::timeout_at(until, self.rollback(open))
+            .await
+            .unwrap_or_default()
+    }
+
     /// Rolls `open` back, and gives back its reservation; a rollback that fails leaves
     /// the connection suspect, and the store replaces it.
     async fn rollback(&self, open: OpenTransaction<DB>) -> Reservation {
@@ -368,13 +408,14 @@ impl<DB: Database> TxControl for Cell<DB> {
         }
     }
 
-    async fn begin(&self) -> Result<(), StoreError> {
+    async fn begin(&self, until: Instant) -> Result<(), StoreError> {
         let mut state = self.state.lock().await;
         let reservation = match std::mem::replace(&mut *state, State::Ended) {
             State::Reserved(reservation) => reservation,
             _ => Reservation::default(),
         };
-        *state = State::Open(self.store.begin_transaction(reservation).await?);
+        let within = until.saturating_duration_since(Instant::now());
+        *state = State::Open(self.store.begin_transaction(reservation, within).await?);
         Ok(())
     }
 
@@ -396,27 +437,33 @@ impl<DB: Database> TxControl for Cell<DB> {
             ));
         };
         fault::point("before_commit");
-        let completed = match self
-            .store
-            .complete_in(&mut open, key, token, response, now)
-            .await
-        {
-            // Refused before anything was written: what is kept of it fits.
-            Err(StoreError::TooLarge { limit, .. }) => {
-                let kept = response.body_not_kept(limit);
-                self.store
-                    .complete_in(&mut open, key, token, &kept, now)
-                    .await
+        let completed = self.complete_in(&mut open, key, token, response, now);
+        match tokio::time::timeout_at(until, completed).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                let writer = self.rollback_by(open, until).await;
+                return Err(CommitError::RolledBack(error, writer));
             }
-            other => other,
-        };
-        if let Err(error) = completed {
-            let writer = self.rollback(open).await;
-            return Err(CommitError::RolledBack(error, writer));
+            // Dropped, the transaction rolls back in the background (sqlx's
+            // `Transaction`), once the connection hears from the server again.
+            Err(_elapsed) => {
+                return Err(CommitError::RolledBack(
+                    StoreError::unavailable(
+                        "the database did not answer the write of the record within the attempt's time",
+                    ),
+                    Reservation::default(),
+                ));
+            }
         }
-        if let Err(error) = open.tx.commit().await {
+        match tokio::time::timeout_at(until, open.tx.commit()).await {
+            Ok(Ok(())) => {}
             // sqlx counts a transaction whose commit failed as still open.
-            return Err(CommitError::Commit(self.store.rollback_failed(error)));
+            Ok(Err(error)) => return Err(CommitError::Commit(self.store.rollback_failed(error))),
+            Err(_elapsed) => {
+                return Err(CommitError::Commit(StoreError::outcome_unknown(
+                    "the database did not answer the commit within the attempt's time",
+                )));
+            }
         }
         fault::point("after_commit");
         Ok(())

@@ -58,7 +58,7 @@ pub(crate) async fn begin(
     let Mode::Transactional(tx) = mode else {
         return Ok(held);
     };
-    if let Err(error) = tx.begin().await {
+    if let Err(error) = tx.begin(held.deadline).await {
         let _ = held.release().await;
         let id = Some(held.operation_id);
         return Err(answer::store_unavailable(&held.idem, contract, id, &error).into());

@@ -23,7 +23,7 @@ impl AttemptTx {
         match *self {}
     }
 
-    pub(crate) async fn begin(&self) -> Result<(), StoreError> {
+    pub(crate) async fn begin(&self, _until: tokio::time::Instant) -> Result<(), StoreError> {
         match *self {}
     }
 

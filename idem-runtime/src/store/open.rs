@@ -201,8 +201,9 @@ impl OpenOptions {
     ///   and (on Linux) closes when data it sent stays unacknowledged that long; a
     ///   PostgreSQL server is asked to probe its end of the connection after `timeout`
     ///   idle, every `timeout`, three times (`tcp_keepalives_idle`,
-    ///   `tcp_keepalives_interval`, `tcp_keepalives_count`, in whole seconds, at least 1);
-    ///   sqlx sets no keepalive on the client's end.
+    ///   `tcp_keepalives_interval`, `tcp_keepalives_count`, in whole seconds, at least 1),
+    ///   and to close it when what it sent stays unacknowledged for four times that
+    ///   (`tcp_user_timeout`); sqlx sets no keepalive on the client's end.
     ///
     /// A call cut off after it was sent, or whose connection broke before its answer
     /// came, fails with
@@ -434,19 +435,25 @@ async fn postgres(url: &str, options: &OpenOptions) -> Result<Arc<dyn Store>, Op
 }
 
 /// `connect` with the server's side of `bounds`: its `statement_timeout`, and keepalive
-/// probes of the client's end of the connection (see [`OpenOptions::timeout`]).
+/// probes of the client's end of the connection, which is closed when they (or anything
+/// else sent) go unacknowledged for as long as the probes take (see
+/// [`OpenOptions::timeout`]).
 #[cfg(feature = "postgres")]
 fn postgres_bounded(
     connect: sqlx::postgres::PgConnectOptions,
     bounds: Bounds,
 ) -> sqlx::postgres::PgConnectOptions {
     let ms = bounds.limit.as_millis().to_string();
-    let secs = bounds.limit.as_secs().max(1).to_string();
+    let probes = bounds.limit.as_secs().max(1);
+    let secs = probes.to_string();
+    // Idle, then three probes: within 4 × 24 h, which `tcp_user_timeout`'s 32 bits hold.
+    let unacknowledged = (probes * 4 * 1000).to_string();
     connect.options([
         ("statement_timeout", ms.as_str()),
         ("tcp_keepalives_idle", secs.as_str()),
         ("tcp_keepalives_interval", secs.as_str()),
         ("tcp_keepalives_count", "3"),
+        ("tcp_user_timeout", unacknowledged.as_str()),
     ])
 }
 

@@ -1,6 +1,8 @@
 //! Stores that can write a record inside the business transaction (the transactional
 //! mode, [`crate::transaction`]).
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use sqlx::{Database, Transaction};
 use tokio::sync::OwnedSemaphorePermit;
@@ -78,16 +80,23 @@ pub trait TransactionalStore: Store {
     /// The right to begin one transaction if it is free now, without waiting.
     fn try_reserve(&self) -> Option<Reservation>;
 
-    /// A connection of the store's pool with a transaction begun on it, for one attempt,
-    /// and a marker of that transaction.
+    /// A connection of the store's pool with a transaction begun on it, for one attempt
+    /// whose time ends `within` from now, and a marker of that transaction.
+    ///
+    /// A store on a server bounds the transaction there by `within` (and a grace), so
+    /// that a session whose client went silent, a partition, holds no lock for much
+    /// longer than the attempt could have used it: `PostgresStore` sets the
+    /// transaction's `statement_timeout` and `idle_in_transaction_session_timeout`
+    /// (`store::postgres`). SQLite, a file on this machine, has no use for it.
     ///
     /// # Errors
     ///
     /// [`StoreError::Unavailable`] when no connection can be had or the transaction
-    /// cannot begin.
+    /// cannot begin (in time).
     async fn begin_transaction(
         &self,
         reservation: Reservation,
+        within: Duration,
     ) -> Result<OpenTransaction<Self::Database>, StoreError>;
 
     /// Writes `response` as the operation's result inside `tx`, if `token` owns a lease

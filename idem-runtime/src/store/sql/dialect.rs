@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 
@@ -122,10 +123,12 @@ pub trait TxDialect: Dialect {
         Some(Reservation::default())
     }
 
-    /// A transaction begun on a connection of the pool, and its marker.
+    /// A transaction begun on a connection of the pool, and its marker, for an attempt
+    /// whose time ends `within` from now.
     fn begin_transaction(
         store: &SqlStore<Self>,
         reservation: Reservation,
+        within: Duration,
     ) -> impl Future<Output = Result<OpenTransaction<Self>, StoreError>> + Send;
 
     /// `Ok(false)` unless said otherwise.

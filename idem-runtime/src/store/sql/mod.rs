@@ -64,7 +64,7 @@ pub struct SqlStore<DB: Dialect> {
     state: DB::State,
     max_result: usize,
     /// How long the client waits for one statement's answer; `None`: as long as the
-    /// driver does.
+    /// driver does (SQLite's default; PostgreSQL's is `postgres::DEFAULT_CALL_TIMEOUT`).
     call_timeout: Option<Duration>,
 }
 
@@ -80,10 +80,19 @@ impl<DB: Dialect> SqlStore<DB> {
         }
     }
 
-    /// The same store, waiting at most `limit` for the answer to each statement (the
-    /// client's bound of `store::OpenOptions::timeout`): a statement that was sent and
-    /// got no answer within it fails with [`StoreError::outcome_unknown`].
-    pub(crate) fn with_call_timeout(mut self, limit: Duration) -> SqlStore<DB> {
+    /// The same store, waiting at most `limit` for the answer to each statement of its
+    /// calls, so that no call hangs on a server or a network gone silent: a statement
+    /// that was sent and got no answer within it fails with
+    /// [`StoreError::outcome_unknown`] (the server may still carry it out). Beginning an
+    /// attempt's transaction (the connection, `BEGIN` and its first statement) is bounded
+    /// by it too, and fails with a plain [`StoreError::Unavailable`].
+    ///
+    /// PostgreSQL's stores wait `postgres::DEFAULT_CALL_TIMEOUT` (5 s) unless this says
+    /// otherwise, SQLite's as long as the driver does; `store::OpenOptions::timeout` sets
+    /// it for the store it opens. The statements of a handler inside its transaction are
+    /// bounded by the attempt's time instead.
+    #[must_use]
+    pub fn with_call_timeout(mut self, limit: Duration) -> SqlStore<DB> {
         self.call_timeout = Some(limit);
         self
     }
@@ -126,15 +135,10 @@ impl<DB: Dialect> SqlStore<DB> {
         &self,
         sent: impl Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T, StoreError> {
-        let answer = match self.call_timeout {
-            Some(limit) => tokio::time::timeout(limit, sent).await.map_err(|_| {
-                StoreError::outcome_unknown(format!(
-                    "the database did not answer within {} ms",
-                    limit.as_millis()
-                ))
-            })?,
-            None => sent.await,
-        };
+        let answer = self
+            .timed(sent)
+            .await
+            .map_err(|limit| StoreError::outcome_unknown(no_answer(limit)))?;
         answer.map_err(|error| {
             let lost = answer_lost(&error);
             match DB::fault(self, error) {
@@ -142,6 +146,30 @@ impl<DB: Dialect> SqlStore<DB> {
                 other => other,
             }
         })
+    }
+
+    /// Awaits `step`, whose statements take no effect unless a later commit makes them
+    /// (beginning a transaction), within the call timeout if the store has one: running
+    /// out of it, or a driver error, is a plain [`StoreError::Unavailable`]
+    /// ([`Dialect::fault`]'s).
+    async fn bounded<T>(
+        &self,
+        step: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, StoreError> {
+        let answer = self
+            .timed(step)
+            .await
+            .map_err(|limit| StoreError::unavailable(no_answer(limit)))?;
+        answer.map_err(|error| DB::fault(self, error))
+    }
+
+    /// Awaits `sent` within the call timeout, if the store has one; `Err` with the
+    /// timeout when it ran out first.
+    async fn timed<T>(&self, sent: impl Future<Output = T>) -> Result<T, Duration> {
+        match self.call_timeout {
+            Some(limit) => tokio::time::timeout(limit, sent).await.map_err(|_| limit),
+            None => Ok(sent.await),
+        }
     }
 
     /// Runs `statement` on `conn`; how many rows it changed.
@@ -169,6 +197,14 @@ impl<DB: Dialect> SqlStore<DB> {
         let row = self.run(statement.fetch_optional(conn)).await?;
         row.as_ref().map(rows::decode).transpose()
     }
+}
+
+/// Why a call failed when the database did not answer within `limit`.
+fn no_answer(limit: Duration) -> String {
+    format!(
+        "the database did not answer within {} ms",
+        limit.as_millis()
+    )
 }
 
 /// A driver error as a [`StoreError::Unavailable`], marked [`StoreError::full`] when the

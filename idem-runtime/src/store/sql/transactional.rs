@@ -1,6 +1,8 @@
 //! [`TransactionalStore`] for [`SqlStore`], once for every database: what differs is the
 //! database's ([`TxDialect`]).
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 
 use super::SqlStore;
@@ -25,8 +27,9 @@ impl<DB: TxDialect> TransactionalStore for SqlStore<DB> {
     async fn begin_transaction(
         &self,
         reservation: Reservation,
+        within: Duration,
     ) -> Result<OpenTransaction<DB>, StoreError> {
-        DB::begin_transaction(self, reservation).await
+        DB::begin_transaction(self, reservation, within).await
     }
 
     async fn complete_in(

@@ -1,11 +1,15 @@
 //! The PostgreSQL store's own tests, on scratch schemas of a real server: the
-//! conformance suite, the migrations, the schema's own checks, an unreachable server, and
-//! a completion inside a transaction.
+//! conformance suite, the migrations, the schema's own checks, an unreachable server, a
+//! completion inside a transaction, and the bounds that hold through a partition.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::PostgresStore;
-use crate::store::conformance::{self, T0, created, key, new_record, postgres::scratch_pool};
+use sqlx::postgres::PgPoolOptions;
+
+use super::transactional::server_limit;
+use super::{DEFAULT_CALL_TIMEOUT, PostgresStore};
+use crate::store::conformance::postgres::{scratch_pool, scratch_url};
+use crate::store::conformance::{self, T0, created, key, new_record};
 use crate::store::{Begin, RecordStore, Reservation, StoreError, TransactionalStore};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -117,7 +121,7 @@ async fn complete_in_commits_with_the_transaction() {
         let new = new_record("sha256:a", T0);
         store.begin(&k, &new, T0).await.unwrap();
         let mut open = store
-            .begin_transaction(Reservation::default())
+            .begin_transaction(Reservation::default(), Duration::from_secs(10))
             .await
             .unwrap();
         store
@@ -136,4 +140,141 @@ async fn complete_in_commits_with_the_transaction() {
             assert!(store.get(&k, T0).await.unwrap().unwrap().lease().is_some());
         }
     }
+}
+
+/// The server's bound on an attempt's transaction: its time left and a grace of a
+/// quarter, at most 1 s; never 0 (no limit), never past what the settings hold.
+#[test]
+fn the_servers_bound_is_the_attempts_time_and_a_grace() {
+    assert_eq!(
+        server_limit(Duration::from_secs(10)),
+        Duration::from_secs(11)
+    );
+    assert_eq!(
+        server_limit(Duration::from_millis(200)),
+        Duration::from_millis(250)
+    );
+    assert_eq!(server_limit(Duration::ZERO), Duration::from_millis(1));
+    assert_eq!(
+        server_limit(Duration::from_secs(40 * 24 * 60 * 60)),
+        Duration::from_secs(24 * 60 * 60)
+    );
+}
+
+/// Inside an attempt's transaction the server's `statement_timeout` and
+/// `idle_in_transaction_session_timeout` are the attempt's bound; once it ends, the
+/// session's own are back (they were set for the transaction only).
+#[tokio::test]
+async fn an_attempts_transaction_is_bounded_on_the_server() {
+    let what = "the bounds of an attempt's transaction";
+    let Some(url) = scratch_url(what).await else {
+        return;
+    };
+    // One connection: the one the transaction ran on is the one asked afterwards.
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
+    let store = PostgresStore::from_pool(pool).await.unwrap();
+    let settings = "SELECT string_agg(name || '=' || setting, ' ' ORDER BY name) FROM pg_settings
+        WHERE name IN ('statement_timeout', 'idle_in_transaction_session_timeout')";
+    let mut open = store
+        .begin_transaction(Reservation::default(), Duration::from_secs(10))
+        .await
+        .unwrap();
+    let inside: String = sqlx::query_scalar(settings)
+        .fetch_one(&mut *open.tx)
+        .await
+        .unwrap();
+    assert_eq!(
+        inside,
+        "idle_in_transaction_session_timeout=11000 statement_timeout=11000"
+    );
+    open.tx.rollback().await.unwrap();
+    let after: String = sqlx::query_scalar(settings)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        after,
+        "idle_in_transaction_session_timeout=0 statement_timeout=0"
+    );
+}
+
+/// A transaction whose client went silent while it held a lock (an inserted row's
+/// unique index entry) is ended by the server at its bound: another session's insert of
+/// the same key waits until then, not for as long as the silence lasts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_ends_a_silent_transaction_at_its_bound() {
+    let Some(pool) = scratch_pool("a silent transaction").await else {
+        return;
+    };
+    sqlx::query("CREATE TABLE effects (id TEXT PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = PostgresStore::from_pool(pool).await.unwrap();
+    let within = Duration::from_millis(300);
+    let mut open = store
+        .begin_transaction(Reservation::default(), within)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO effects (id) VALUES ('one')")
+        .execute(&mut *open.tx)
+        .await
+        .unwrap();
+    // The client says nothing more; another session inserts the same key.
+    let started = Instant::now();
+    let mut other = store.pool().begin().await.unwrap();
+    sqlx::query("INSERT INTO effects (id) VALUES ('one')")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    other.commit().await.unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited < server_limit(within) + Duration::from_secs(2),
+        "the other insert waited {waited:?}"
+    );
+    // The silent transaction's session is gone: nothing more can be written in it.
+    assert!(
+        sqlx::query("SELECT 1")
+            .execute(&mut *open.tx)
+            .await
+            .is_err()
+    );
+}
+
+/// [`PostgresStore::connect`] asks the server to probe every connection and close one
+/// gone silent ([`super::TCP_SETTINGS`]), unless the URL names a setting itself; its
+/// calls, as those of a store over a pool of the application's, wait at most
+/// [`DEFAULT_CALL_TIMEOUT`] for an answer.
+#[tokio::test]
+async fn connect_asks_the_server_to_probe_silent_connections() {
+    let what = "the TCP settings of PostgresStore::connect";
+    let Some(url) = scratch_url(what).await else {
+        return;
+    };
+    let settings = "SELECT string_agg(name || '=' || setting, ' ' ORDER BY name) FROM pg_settings
+        WHERE name LIKE 'tcp\\_%'";
+    let store = PostgresStore::connect(&url).await.unwrap();
+    assert_eq!(store.call_timeout, Some(DEFAULT_CALL_TIMEOUT));
+    let asked: String = sqlx::query_scalar(settings)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        asked,
+        "tcp_keepalives_count=3 tcp_keepalives_idle=5 tcp_keepalives_interval=5 tcp_user_timeout=20000"
+    );
+    store.close().await;
+    let own = format!("{url}&options[tcp_keepalives_idle]=7");
+    let store = PostgresStore::connect(&own).await.unwrap();
+    let asked: String = sqlx::query_scalar(settings)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert!(asked.contains("tcp_keepalives_idle=7 "), "{asked}");
+    assert!(asked.contains("tcp_user_timeout=20000"), "{asked}");
 }

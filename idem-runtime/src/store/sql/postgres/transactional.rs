@@ -1,5 +1,7 @@
 //! PostgreSQL's [`TxDialect`]: many writers, and a transaction marked by its id.
 
+use std::time::Duration;
+
 use sqlx::Postgres;
 
 use crate::store::sql::SqlStore;
@@ -51,17 +53,53 @@ impl TxDialect for Postgres {
         }
     }
 
-    /// `BEGIN` (READ COMMITTED, the server's default) on a connection of the pool; its
-    /// marker is its transaction id (`txid_current()`).
+    /// `BEGIN` (READ COMMITTED, the server's default) on a connection of the pool, then
+    /// [`BEGUN`] in the same transaction: its marker, its transaction id
+    /// (`txid_current()`), read in the statement that bounds it on the server by
+    /// [`server_limit`]`(within)`, the attempt's time left and a grace. Two round trips,
+    /// as many as the marker alone takes, together within the store's call timeout.
     async fn begin_transaction(
         store: &SqlStore<Postgres>,
         reservation: Reservation,
+        within: Duration,
     ) -> Result<OpenTransaction<Postgres>, StoreError> {
-        let mut tx = store.pool.begin().await.map_err(StoreError::unavailable)?;
-        let marker: i64 = sqlx::query_scalar("SELECT txid_current()")
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(StoreError::unavailable)?;
+        let limit = server_limit(within).as_millis().to_string();
+        let begun = async {
+            let mut tx = store.pool.begin().await?;
+            let marker: i64 = sqlx::query_scalar(BEGUN)
+                .bind(&limit)
+                .fetch_one(&mut *tx)
+                .await?;
+            Ok((tx, marker))
+        };
+        let (tx, marker) = store.bounded(begun).await?;
         Ok(OpenTransaction::new(tx, marker, reservation))
     }
 }
+
+/// The transaction's first statement: its marker (`txid_current()`), and `$1` (in
+/// milliseconds) as its `statement_timeout` and `idle_in_transaction_session_timeout`,
+/// set as `SET LOCAL` sets them (`set_config(.., true)`: for this transaction only, so
+/// that a connection handed back to the pool keeps the session's own settings). They
+/// take effect from the next statement on.
+const BEGUN: &str = "SELECT txid_current(),
+    set_config('statement_timeout', $1, true),
+    set_config('idle_in_transaction_session_timeout', $1, true)";
+
+/// The server's bound on an attempt's transaction that has `within` left: `within` and
+/// a grace, a quarter of it at most 1 s ([`TX_GRACE`]), so that the client, which ends
+/// the transaction by the attempt's deadline, is heard first, and the server ends only a
+/// transaction whose client went silent. At least 1 ms (0 would mean no limit), at most
+/// 24 h (the settings are 32-bit counts of milliseconds).
+///
+/// Each statement of the transaction is cancelled past it (`statement_timeout`), and
+/// the session is ended when the transaction sits idle that long
+/// (`idle_in_transaction_session_timeout`): its locks, such as the unique index entry of
+/// a row it inserted, are let go, and another instance that took the key over goes on.
+pub(crate) fn server_limit(within: Duration) -> Duration {
+    let grace = (within / 4).min(TX_GRACE);
+    (within + grace).clamp(Duration::from_millis(1), Duration::from_secs(24 * 60 * 60))
+}
+
+/// The longest grace [`server_limit`] adds to an attempt's time left.
+pub(crate) const TX_GRACE: Duration = Duration::from_secs(1);

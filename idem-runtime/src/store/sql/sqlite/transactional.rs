@@ -84,37 +84,37 @@ impl TxDialect for Sqlite {
     /// `BEGIN IMMEDIATE` on a connection of the pool: the write lock is taken at the
     /// start, so that the transaction never fails halfway because another connection
     /// wrote first. Its marker is a random number written in a temporary table inside
-    /// the transaction: gone if SQLite rolls the transaction back by itself.
+    /// the transaction: gone if SQLite rolls the transaction back by itself. Within the
+    /// store's call timeout, if it has one; the attempt's time (`_within`) bounds nothing
+    /// here: the file is on this machine, and its busy timeout bounds the wait for a lock.
     async fn begin_transaction(
         store: &SqlStore<Sqlite>,
         reservation: Reservation,
+        _within: Duration,
     ) -> Result<OpenTransaction<Sqlite>, StoreError> {
         store.state.health.check_file()?;
-        let mut tx = store
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| Sqlite::fault(store, e))?;
         let marker = i64::from_ne_bytes(
             uuid::Uuid::new_v4().as_bytes()[..8]
                 .try_into()
                 .unwrap_or([0; 8]),
         );
-        sqlx::query("CREATE TEMP TABLE IF NOT EXISTS idem_tx_marker (marker INTEGER NOT NULL)")
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| Sqlite::fault(store, e))?;
-        sqlx::query("INSERT INTO temp.idem_tx_marker (marker) VALUES (?)")
-            .bind(marker)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| Sqlite::fault(store, e))?;
-        // What the handler writes comes after this savepoint, so that it can be undone
-        // while the key is released in the same transaction (`release_in`).
-        sqlx::query("SAVEPOINT idem_business")
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| Sqlite::fault(store, e))?;
+        let begun = async {
+            let mut tx = store.pool.begin_with("BEGIN IMMEDIATE").await?;
+            sqlx::query("CREATE TEMP TABLE IF NOT EXISTS idem_tx_marker (marker INTEGER NOT NULL)")
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("INSERT INTO temp.idem_tx_marker (marker) VALUES (?)")
+                .bind(marker)
+                .execute(&mut *tx)
+                .await?;
+            // What the handler writes comes after this savepoint, so that it can be
+            // undone while the key is released in the same transaction (`release_in`).
+            sqlx::query("SAVEPOINT idem_business")
+                .execute(&mut *tx)
+                .await?;
+            Ok(tx)
+        };
+        let tx = store.bounded(begun).await?;
         Ok(OpenTransaction::new(tx, marker, reservation))
     }
 
