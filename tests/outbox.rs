@@ -9,7 +9,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -30,12 +30,15 @@ struct Receipt {
     amount: i64,
 }
 
+/// What the mail service answers one call.
+type Answer = Result<(), CallError<String>>;
+
 /// The mail service: what it was sent (receipt and key), and how it fails.
 #[derive(Clone, Default)]
 struct Mailer {
     sent: Arc<Mutex<Vec<(Receipt, String)>>>,
     /// Each call pops the next answer; once empty, it succeeds.
-    script: Arc<Mutex<Vec<Result<(), CallError<String>>>>>,
+    script: Arc<Mutex<Vec<Answer>>>,
 }
 
 impl Mailer {

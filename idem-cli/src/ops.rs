@@ -310,42 +310,7 @@ async fn show(args: ShowArgs) -> Result<(), Errors> {
         println!("{out}");
         return Ok(());
     }
-    let record = &shown.record;
-    println!("operation     {}", key.operation);
-    println!("client        {}", key.client);
-    println!("key           {}", key.key);
-    println!("operation id  {}", record.operation_id);
-    println!(
-        "state         {} ({})",
-        record.state.kind(),
-        detail(record, now)
-    );
-    println!("fingerprint   {}", record.fingerprint);
-    println!("created       {}", time(record.created_at));
-    println!("expires       {}", time(record.expires_at));
-    println!("attempts:");
-    for a in &shown.attempts {
-        let began = a.began_at.map_or("(not recorded)".to_owned(), time);
-        let how = match shown
-            .resolutions
-            .iter()
-            .rev()
-            .find(|r| r.attempt == a.attempt)
-        {
-            Some(r) => format!(
-                "parked as unknown: {}; resolved by {} at {} as {}",
-                r.parked,
-                r.by,
-                time(r.at),
-                r.completed_status
-                    .map_or("not applied".to_owned(), |s| format!(
-                        "completed (status {s})"
-                    ))
-            ),
-            None => ended(&a.ended, now),
-        };
-        println!("  #{:<3} began {began}  {how}", a.attempt);
-    }
+    print_inspection(&key, &shown, now);
     print_steps(&steps);
     if shown.resolutions.is_empty() {
         println!("resolutions:  none");
@@ -366,6 +331,7 @@ async fn show(args: ShowArgs) -> Result<(), Errors> {
             );
         }
     }
+    let record = &shown.record;
     if matches!(record.state, RecordState::Unknown { .. }) {
         println!(
             "resolve it with: idem ops resolve --store … --operation {} --client {} --key {} --expect-attempt {} --as completed --response FILE --reason \"…\"  (or --as not-applied)",
@@ -821,6 +787,46 @@ fn ended(end: &AttemptEnd, now: UnixMillis) -> String {
         AttemptEnd::Parked { reason } => format!("parked as unknown: {reason}"),
         AttemptEnd::NotRecorded => "(not recorded: the history keeps the last events)".to_owned(),
         _ => "(unknown)".to_owned(),
+    }
+}
+
+/// The record of `shown` and its attempts, as `idem ops show` prints them.
+fn print_inspection(key: &RecordKey, shown: &Inspection, now: UnixMillis) {
+    let record = &shown.record;
+    println!("operation     {}", key.operation);
+    println!("client        {}", key.client);
+    println!("key           {}", key.key);
+    println!("operation id  {}", record.operation_id);
+    println!(
+        "state         {} ({})",
+        record.state.kind(),
+        detail(record, now)
+    );
+    println!("fingerprint   {}", record.fingerprint);
+    println!("created       {}", time(record.created_at));
+    println!("expires       {}", time(record.expires_at));
+    println!("attempts:");
+    for a in &shown.attempts {
+        let began = a.began_at.map_or("(not recorded)".to_owned(), time);
+        let how = match shown
+            .resolutions
+            .iter()
+            .rev()
+            .find(|r| r.attempt == a.attempt)
+        {
+            Some(r) => format!(
+                "parked as unknown: {}; resolved by {} at {} as {}",
+                r.parked,
+                r.by,
+                time(r.at),
+                r.completed_status
+                    .map_or("not applied".to_owned(), |s| format!(
+                        "completed (status {s})"
+                    ))
+            ),
+            None => ended(&a.ended, now),
+        };
+        println!("  #{:<3} began {began}  {how}", a.attempt);
     }
 }
 

@@ -178,22 +178,7 @@ fn rewrite(paths: &Paths, contract: &Contract, func: ItemFn) -> TokenStream {
     // The last extractor is the last argument that is not the `idem::Attempt` or the
     // `idem::Journal`, which the macro passes in from the guard.
     let last_index = args.iter().rposition(|arg| !is_passed_in(&arg.ty));
-    let mut outer_inputs = Vec::new();
-    let mut call_args = Vec::new();
-    for (i, arg) in args.iter().enumerate() {
-        if is_attempt(&arg.ty) {
-            call_args.push(quote!(#current));
-        } else if is_journal(&arg.ty) {
-            call_args.push(quote!(#journal));
-        } else if Some(i) == last_index {
-            call_args.push(quote!(#last));
-        } else {
-            let name = format_ident!("__idem_arg{}", i, span = Span::mixed_site());
-            let ty = &arg.ty;
-            outer_inputs.push(quote!(#name: #ty));
-            call_args.push(quote!(#name));
-        }
-    }
+    let (mut outer_inputs, call_args) = arguments(&args, last_index, [&current, &journal, &last]);
     let enforced_over = match last_index {
         Some(i) => {
             let ty = &args[i].ty;
@@ -202,21 +187,15 @@ fn rewrite(paths: &Paths, contract: &Contract, func: ItemFn) -> TokenStream {
         None => quote!(()),
     };
     outer_inputs.push(quote!(#enforced: #p::Enforced<#enforced_over, #ident::Operation>));
-    let last_binding = if last_index.is_none() {
-        quote!(_)
-    } else {
-        quote!(#last)
-    };
+    let last_binding = last_index.map_or_else(|| quote!(_), |_| quote!(#last));
 
-    // The attempt is copied out of the guard only for a handler that takes it.
-    let take_current = args
-        .iter()
-        .any(|arg| is_attempt(&arg.ty))
-        .then(|| quote!(let #current = #p::Guard::current(&#guard);));
-    let take_journal = args
-        .iter()
-        .any(|arg| is_journal(&arg.ty))
-        .then(|| quote!(let #journal = #p::Guard::journal(&#guard);));
+    // The attempt and the journal are taken from the guard only for a handler that takes
+    // them.
+    let takes = |is: fn(&syn::Type) -> bool| args.iter().any(|arg| is(&arg.ty));
+    let take_current =
+        takes(is_attempt).then(|| quote!(let #current = #p::Guard::current(&#guard);));
+    let take_journal =
+        takes(is_journal).then(|| quote!(let #journal = #p::Guard::journal(&#guard);));
 
     let asyncness = &sig.asyncness;
     let fn_token = &sig.fn_token;
@@ -233,6 +212,34 @@ fn rewrite(paths: &Paths, contract: &Contract, func: ItemFn) -> TokenStream {
             #p::Guard::run(#guard, #inner_ident(#(#call_args),*)).await
         }
     }
+}
+
+/// The outer handler's inputs (each extractor but the last, which `Enforced` wraps) and
+/// the arguments it calls the inner function with: `passed` are the names of the
+/// `idem::Attempt`, the `idem::Journal` and the last extractor, in that order.
+fn arguments(
+    args: &[&syn::PatType],
+    last_index: Option<usize>,
+    passed: [&syn::Ident; 3],
+) -> (Vec<TokenStream>, Vec<TokenStream>) {
+    let [current, journal, last] = passed;
+    let mut outer_inputs = Vec::new();
+    let mut call_args = Vec::new();
+    for (i, arg) in args.iter().enumerate() {
+        if is_attempt(&arg.ty) {
+            call_args.push(quote!(#current));
+        } else if is_journal(&arg.ty) {
+            call_args.push(quote!(#journal));
+        } else if Some(i) == last_index {
+            call_args.push(quote!(#last));
+        } else {
+            let name = format_ident!("__idem_arg{}", i, span = Span::mixed_site());
+            let ty = &arg.ty;
+            outer_inputs.push(quote!(#name: #ty));
+            call_args.push(quote!(#name));
+        }
+    }
+    (outer_inputs, call_args)
 }
 
 /// The handler of a contract with errors: the same name, visibility and extractors, less

@@ -367,6 +367,35 @@ pub async fn a_delivery_is_claimed_once_and_settled(store: Arc<dyn Store>) {
             .await,
         "a claim of a delivered step",
     );
+}
+
+/// A delivery that fails definitely is given up: never due again, kept in the journal
+/// (with the delivered ones) for operators; no step, no claim.
+pub async fn a_given_up_delivery_stays_for_operators(store: Arc<dyn Store>) {
+    let k = key("outbox-given-up");
+    let new = new_record("sha256:a", T0);
+    started(&*store, &k, &new, T0).await;
+    let id = new.operation_id;
+    for (i, name) in ["mail", "hook"].iter().enumerate() {
+        let write = write(id, u32::try_from(i).unwrap(), name, staged("1"));
+        store
+            .write_step(&k, new.lease.token, &write, T0)
+            .await
+            .unwrap();
+    }
+    store
+        .complete(&k, new.lease.token, &super::created(), T0)
+        .await
+        .unwrap();
+    let now = T0 + 10;
+    let claimed = store
+        .claim_delivery(&k, id, 0, now + 5_000, now)
+        .await
+        .unwrap();
+    store
+        .settle_delivery(&k, id, 0, claimed.calls, Delivery::Delivered, now)
+        .await
+        .unwrap();
 
     let claimed = store
         .claim_delivery(&k, id, 1, now + 5_000, now)

@@ -195,6 +195,9 @@ pub const CHECKS: &[Check] = &[
     ("a_delivery_is_claimed_once_and_settled", |s| {
         Box::pin(journal::a_delivery_is_claimed_once_and_settled(s))
     }),
+    ("a_given_up_delivery_stays_for_operators", |s| {
+        Box::pin(journal::a_given_up_delivery_stays_for_operators(s))
+    }),
 ];
 
 /// Runs every check in [`CHECKS`], each against a fresh store from `new_store`.
