@@ -27,7 +27,9 @@
 //! store's prefix, so that [`OperatorStore::purge_expired`] deletes only its own records:
 //! the names of prefix `a:b` also start with `a:`); `history` once the record was
 //! reclaimed, taken over or resolved (the JSON array of [`super::ops`], written by the
-//! same script).
+//! same script); `step:<position>` for each step of the operation's journal, and `staged`
+//! until a completion moves staged deliveries to the outbox (`<prefix>/outbox`, a sorted
+//! set outside the records' names; see the journal's module, `store/redis/journal.rs`).
 //!
 //! [`OperatorStore::list`] scans the prefix (or the operation's names) and sorts what it
 //! finds: a tool for operators and the reconciler, whose cost grows with the number of

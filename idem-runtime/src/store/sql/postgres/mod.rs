@@ -33,12 +33,14 @@ use crate::store::StoreError;
 ///
 /// # Schema
 ///
-/// One table, `idem_records`, whose primary key `(operation, client, key)` is the last
-/// line of defence against races, and an index on `expires_at` for purging
-/// ([`MIGRATIONS`], also in `idem-runtime/migrations/postgres/` as plain SQL).
-/// [`PostgresStore::connect`] and [`PostgresStore::from_pool`] apply what is missing under
-/// an advisory lock, so that instances starting together do not race, and record it in
-/// `idem_schema_migrations`; both tables live in the connection's `search_path`.
+/// The table `idem_records`, whose primary key `(operation, client, key)` is the last
+/// line of defence against races, with an index on `expires_at` for purging; and
+/// `idem_steps`, the step journal (`crate::Journal`) and the outbox's staged deliveries,
+/// keyed by `(operation_id, idx)` ([`MIGRATIONS`], also in
+/// `idem-runtime/migrations/postgres/` as plain SQL). [`PostgresStore::connect`] and
+/// [`PostgresStore::from_pool`] apply what is missing under an advisory lock, so that
+/// instances starting together do not race, and record it in `idem_schema_migrations`;
+/// the tables live in the connection's `search_path`.
 ///
 /// # Atomicity
 ///

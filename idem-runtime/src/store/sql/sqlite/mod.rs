@@ -34,7 +34,8 @@ const POOL_WAIT: Duration = Duration::from_secs(30);
 /// writes and its record commit in one transaction.
 ///
 /// Records live in the table `idem_records`, primary key `(operation, client, key)`, with
-/// an index on `expires_at` for purging; [`SqliteStore::open`] creates both if missing
+/// an index on `expires_at` for purging, and the step journal in `idem_steps` (as in
+/// PostgreSQL's migration 4); [`SqliteStore::open`] creates them if missing
 /// (`CREATE … IF NOT EXISTS`, no migration table), so the store can share the
 /// application's database. Times are unix milliseconds; results keep their body as a
 /// BLOB, byte for byte, and their headers as JSON (a value that is not UTF-8 is written
