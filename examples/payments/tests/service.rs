@@ -7,147 +7,14 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use idem_runtime::store::conformance::postgres::scratch_url;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::provider::{Fault, TestProvider};
-
-/// The service binary on a free port of 127.0.0.1; killed when dropped.
-struct Service {
-    child: Child,
-    url: String,
-    stderr: mpsc::Receiver<String>,
-}
-
-impl Service {
-    fn start(database_url: &str, extra: &[&str], env: &[(&str, &str)]) -> Service {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_payments"))
-            .args(["--addr", "127.0.0.1:0"])
-            .args(extra)
-            .env("DATABASE_URL", database_url)
-            .env("RUST_LOG", "warn")
-            .env_remove("IDEM_FAULT_POINT")
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the payments binary starts");
-        let (lines, stderr) = mpsc::channel();
-        let pipe = child.stderr.take().expect("stderr is piped");
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                eprintln!("payments: {line}");
-                if lines.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout is piped"))
-            .read_line(&mut line)
-            .expect("the service prints its address");
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .to_owned();
-        Service { child, url, stderr }
-    }
-
-    /// Waits (at most 20 s) for a line of standard error that contains `text`.
-    fn wait_for_stderr(&self, text: &str) {
-        let until = Instant::now() + Duration::from_secs(20);
-        loop {
-            match self
-                .stderr
-                .recv_timeout(until.saturating_duration_since(Instant::now()))
-            {
-                Ok(line) if line.contains(text) => return,
-                Ok(_) => {}
-                Err(_) => panic!("the service never wrote {text:?}"),
-            }
-        }
-    }
-
-    /// SIGKILL, as a crash would.
-    fn crash(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-struct Reply {
-    status: StatusCode,
-    headers: reqwest::header::HeaderMap,
-    body: bytes::Bytes,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
-    fn replayed(&self) -> bool {
-        self.header("idempotent-replayed") == Some("true")
-    }
-
-    fn problem_type(&self) -> String {
-        self.json()["type"].as_str().unwrap_or_default().to_owned()
-    }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .unwrap()
-}
-
-fn payment(amount: i64) -> Value {
-    json!({ "source": "card_visa_4242", "currency": "EUR", "amount_minor": amount })
-}
-
-fn request(service: &Service, key: &str, body: &Value) -> reqwest::RequestBuilder {
-    client()
-        .post(format!("{}/payments", service.url))
-        .header("x-client-id", "acme")
-        .header("idempotency-key", key)
-        .json(body)
-}
-
-async fn post(service: &Service, key: &str, body: &Value) -> Reply {
-    let response = request(service, key, body).send().await.expect("an answer");
-    Reply {
-        status: response.status(),
-        headers: response.headers().clone(),
-        body: response.bytes().await.unwrap(),
-    }
-}
-
-/// How many payments the database holds, read directly.
-async fn payments_in(database_url: &str) -> i64 {
-    let pool = sqlx::PgPool::connect(database_url).await.unwrap();
-    let count = payments::db::count(&pool).await.unwrap();
-    pool.close().await;
-    count
-}
+use support::service::{Service, client, payment, payments_in, post, request};
 
 #[tokio::test]
 async fn a_payment_is_captured_once_and_replayed_after_a_restart() {
