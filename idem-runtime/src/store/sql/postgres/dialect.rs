@@ -6,6 +6,7 @@
 use sqlx::Postgres;
 use sqlx::postgres::PgConnection;
 
+use super::transactional::PostgresState;
 use crate::store::sql::SqlStore;
 use crate::store::sql::dialect::Dialect;
 use crate::store::sql::records::{Counted, Registration};
@@ -78,7 +79,7 @@ const RECLAIM: &str = "UPDATE idem_records SET
               created_at, expires_at, status, headers, body, reason, transactional";
 
 impl Dialect for Postgres {
-    type State = ();
+    type State = PostgresState;
 
     const TAKE_OVER: &'static str = "UPDATE idem_records
     SET token = $6, lease_until = $7, attempt = attempt + 1, expires_at = GREATEST(expires_at, $7),

@@ -13,6 +13,7 @@ use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 pub use self::migrations::{MIGRATIONS, Migration};
+use self::transactional::PostgresState;
 use super::SqlStore;
 use crate::store::StoreError;
 
@@ -149,7 +150,8 @@ impl SqlStore<Postgres> {
     /// applied by the team's own migration tool), with the call timeout of
     /// [`PostgresStore::from_pool`]. Runs no statement.
     pub fn without_migrations(pool: PgPool) -> PostgresStore {
-        SqlStore::new(pool, ()).with_call_timeout(DEFAULT_CALL_TIMEOUT)
+        let state = PostgresState::for_pool(&pool);
+        SqlStore::new(pool, state).with_call_timeout(DEFAULT_CALL_TIMEOUT)
     }
 }
 

@@ -278,3 +278,50 @@ async fn connect_asks_the_server_to_probe_silent_connections() {
     assert!(asked.contains("tcp_keepalives_idle=7 "), "{asked}");
     assert!(asked.contains("tcp_user_timeout=20000"), "{asked}");
 }
+
+/// At most the pool's size less a quarter of it of attempts' transactions are open at
+/// once, so that their own statements outside them always find a connection: a store
+/// over 4 connections gives 3 turns, a fourth waits (as long as the pool waits for a
+/// connection) and is refused, and a turn given back is taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_leave_connections_for_the_attempts_own_statements() {
+    let Some(scratch) = scratch_pool("postgres transactions at once").await else {
+        return;
+    };
+    let connect = (*scratch.connect_options()).clone();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_with(connect)
+        .await
+        .unwrap();
+    let store = PostgresStore::from_pool(pool).await.unwrap();
+    let limit = Duration::from_secs(60);
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let turn = store.try_reserve().expect("a turn");
+        open.push(store.begin_transaction(turn, limit).await.unwrap());
+    }
+    assert!(
+        store.try_reserve().is_none(),
+        "three at once over four connections"
+    );
+    let started = std::time::Instant::now();
+    assert!(matches!(
+        store.reserve().await,
+        Err(StoreError::Unavailable(_))
+    ));
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    // The connection kept back serves the attempts' own statements meanwhile.
+    let k = key("beside-the-transactions");
+    assert!(matches!(
+        store
+            .begin(&k, &new_record("sha256:a", T0), T0)
+            .await
+            .unwrap(),
+        Begin::Started(_)
+    ));
+    drop(open.pop());
+    let turn = store.reserve().await.expect("a turn given back");
+    open.push(store.begin_transaction(turn, limit).await.unwrap());
+}

@@ -1,14 +1,52 @@
-//! PostgreSQL's [`TxDialect`]: many writers, and a transaction marked by its id.
+//! PostgreSQL's [`TxDialect`]: many writers, as many transactions at once as the pool
+//! leaves room for, and a transaction marked by its id.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::Postgres;
+use sqlx::postgres::PgPool;
+use tokio::sync::Semaphore;
 
 use crate::store::sql::SqlStore;
 use crate::store::sql::dialect::TxDialect;
 use crate::store::sql::records::completion_sql;
 use crate::store::sql::statement::Statement;
 use crate::store::{OpenTransaction, Reservation, StoreError};
+
+/// What a PostgreSQL store keeps beside its pool: the right to hold an attempt's
+/// transaction open.
+///
+/// An attempt's transaction holds a connection of the pool for the attempt's whole time,
+/// while the attempt's own statements outside it (its journal's steps, its lease's
+/// renewals) and the registration of other keys each need another one for a moment. As
+/// many attempts as the pool has connections would each hold one and wait for a second
+/// one that only their own ends free: nothing would move until the pool's wait is over
+/// (3 s by default, longer than a lease), their leases would end, other instances would
+/// take them over while they are alive, and their clients would get 503. So at most the
+/// pool's size less a quarter of it (less one at least; one at least) are open at once,
+/// and an attempt waits for its turn before its key is registered, as with SQLite's one
+/// writer.
+#[derive(Clone, Debug)]
+pub struct PostgresState {
+    /// One permit for each transaction that may be open at once.
+    transactions: Arc<Semaphore>,
+    /// How long an attempt waits for its turn: the pool's own wait for a connection.
+    wait: Duration,
+}
+
+impl PostgresState {
+    /// The state of a store over `pool`, sized to it.
+    pub(super) fn for_pool(pool: &PgPool) -> PostgresState {
+        let size = pool.options().get_max_connections();
+        let kept = (size / 4).max(1);
+        let permits = usize::try_from(size.saturating_sub(kept).max(1)).unwrap_or(1);
+        PostgresState {
+            transactions: Arc::new(Semaphore::new(permits)),
+            wait: pool.options().get_acquire_timeout(),
+        }
+    }
+}
 
 impl TxDialect for Postgres {
     /// The completion inside the attempt's transaction, with the values of
@@ -51,6 +89,33 @@ impl TxDialect for Postgres {
                 "the handler ended it (a `COMMIT` or `ROLLBACK` of its own)".into(),
             ))
         }
+    }
+
+    /// The turn to hold a transaction open ([`PostgresState`]), waited for at most as
+    /// long as the pool waits for a connection: the wait holds no connection and happens
+    /// before the key is registered.
+    async fn reserve(store: &SqlStore<Postgres>) -> Result<Reservation, StoreError> {
+        let state = &store.state;
+        let permit = tokio::time::timeout(
+            state.wait,
+            Arc::clone(&state.transactions).acquire_owned(),
+        )
+        .await
+        .map_err(|_| {
+            StoreError::unavailable(format!(
+                "other attempts' transactions held this instance's connections to PostgreSQL for {:?}",
+                state.wait
+            ))
+        })?
+        .map_err(StoreError::unavailable)?;
+        Ok(Reservation::new(Some(permit)))
+    }
+
+    fn try_reserve(store: &SqlStore<Postgres>) -> Option<Reservation> {
+        let permit = Arc::clone(&store.state.transactions)
+            .try_acquire_owned()
+            .ok()?;
+        Some(Reservation::new(Some(permit)))
     }
 
     /// `BEGIN` (READ COMMITTED, the server's default) on a connection of the pool, then
