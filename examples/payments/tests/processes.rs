@@ -459,9 +459,10 @@ const KEYS: usize = 100;
 const KEYS_AT_ONCE: usize = 32;
 
 /// Three instances on one database and a hundred keys, each sent to the three at the same
-/// moment (twenty keys in flight at a time), every 409 retried after `Retry-After`: each
-/// key's handler ran once (one 201 that is not a replay), all its 201 answers have the
-/// same body, and it made one charge and one payment. Within 60 s.
+/// moment ([`KEYS_AT_ONCE`] keys in flight at a time), every 409 retried after
+/// `Retry-After`: each key's handler ran once (one 201 that is not a replay), all its 201
+/// answers have the same body, no answer is a 503 (there is no fault), and each key made
+/// one charge and one payment. Within 60 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_and_a_hundred_keys_charge_once_per_key() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -477,7 +478,6 @@ async fn three_instances_and_a_hundred_keys_charge_once_per_key() {
     let mut outcomes = Outcomes::default();
     let (mut ran_by, mut conflicts) = ([0; 3], 0);
     for (intent, answers) in answered {
-        // No 503 either: there is no fault.
         ran_by[ran_once(&intent.key, &answers)] += 1;
         conflicts += answers
             .iter()
@@ -491,8 +491,9 @@ async fn three_instances_and_a_hundred_keys_charge_once_per_key() {
 }
 
 /// Sends each of `intents` to every instance of `services` at the same moment, each
-/// client retrying until its answer is final ([`retry_until_final`]), `at_once` intents in flight
-/// at a time; every answer of each intent, with the index of the instance that gave it.
+/// client retrying until its answer is final ([`retry_until_final`]), `at_once` intents
+/// in flight at a time; every answer of each intent, with the index of the instance that
+/// gave it.
 async fn all_at_once(
     services: &[Service],
     intents: &[Intent],
