@@ -142,7 +142,6 @@ async fn killed_before_the_commit_no_payment_exists_and_the_retry_runs() {
     let provider_url = provider.url();
     let at_provider = ["--provider-url", provider_url.as_str()];
     let doomed = Service::start(&url, &at_provider, &[("IDEM_FAULT_POINT", "before_commit")]);
-    let sent = Instant::now();
     let in_flight = tokio::spawn(request(&doomed, "pay-crash-before", &payment(1234)).send());
     tokio::task::spawn_blocking(move || {
         doomed.wait_for_stderr("fault point before_commit reached");
@@ -156,7 +155,6 @@ async fn killed_before_the_commit_no_payment_exists_and_the_retry_runs() {
     );
     assert_eq!(payments_in(&url).await, 0);
 
-    let _ = sent;
     let killed = Instant::now();
     let service = Service::start(&url, &at_provider, &[]);
     // Told to wait until the dead attempt's 2 s heartbeat lease ends, then decided.
