@@ -185,14 +185,12 @@ async fn the_start_up_check_says_what_each_handler_needs_of_the_handle() {
             "two contracted handlers are named `plain` (the other is `configuration::other::plain::Operation`): they would share every idempotency key; rename one of them",
         ]
     );
-    let error = on_sqlite_handle
-        .check_handlers::<journal_on_sqlite::Operation>()
-        .unwrap_err();
+    // A step journal on SQLite's transaction: its transaction begins at the handler's
+    // first write, so the steps before it are recorded while the lock is free.
     assert!(
-        error.problems()[0].starts_with(
-            "`journal_on_sqlite` takes SQLite's transaction and the step journal (`recovery = resume`)"
-        ),
-        "{error}"
+        on_sqlite_handle
+            .check_handlers::<journal_on_sqlite::Operation>()
+            .is_ok()
     );
 }
 

@@ -537,3 +537,178 @@ async fn the_reconciler_settles_operations_their_client_abandoned() {
     setup.service.stop().await;
     setup.provider_server.stop().await;
 }
+
+/// What `pay_on_sqlite` writes, and when its second step comes.
+#[derive(Clone)]
+struct SqliteApp {
+    charges: App,
+    pool: idem::sqlx::SqlitePool,
+    /// Runs the step `receipt` after the payment's write (which the journal refuses).
+    step_after_write: bool,
+}
+
+#[idem::contract(
+    key_scope = client,
+    fingerprint = body,
+    ttl = "1h",
+    deadline = ("20s", per_attempt = "2s"),
+    max_attempts = 6,
+    retryable = [503, timeout],
+    concurrency = conflict,
+    status_lookup = sqlite_pay_status,
+    recovery = resume,
+)]
+async fn pay_on_sqlite(
+    State(app): State<SqliteApp>,
+    mut journal: idem::Journal,
+    attempt: idem::Attempt,
+    tx: idem::SqliteTx,
+    Json(req): Json<Pay>,
+) -> Response {
+    let charges = &app.charges;
+    let charged = journal
+        .step("charge", |key| async move {
+            charges.charge(req.amount, key.as_str()).await
+        })
+        .await;
+    let charge = match charged {
+        Ok(charge) => charge,
+        Err(StepError::Definite(decline)) => {
+            return (StatusCode::PAYMENT_REQUIRED, Json(decline)).into_response();
+        }
+        Err(StepError::Interrupted(interrupted)) => return interrupted.into_response(),
+    };
+    let mut conn = tx.conn().await.unwrap();
+    idem::sqlx::query("INSERT INTO payments (operation_id, charge) VALUES (?, ?)")
+        .bind(attempt.operation_id.to_string())
+        .bind(&charge.id)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    drop(conn);
+    if app.step_after_write {
+        let later = journal
+            .step("receipt", |_key| async { Ok::<_, CallError<Decline>>(()) })
+            .await;
+        if let Err(StepError::Interrupted(interrupted)) = later {
+            return interrupted.into_response();
+        }
+    }
+    (StatusCode::CREATED, Json(charge)).into_response()
+}
+
+async fn sqlite_pay_status(
+    lookup: idem::Lookup<pay_on_sqlite::Operation>,
+    Path(key): Path<String>,
+) -> idem::OperationStatus {
+    lookup.status(&key).await
+}
+
+async fn start_on_sqlite(step_after_write: bool) -> (Setup, SqliteApp, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem::SqliteStore::open(dir.path().join("payments.db"))
+        .await
+        .unwrap();
+    let pool = store.pool().clone();
+    idem::sqlx::query("CREATE TABLE payments (operation_id TEXT PRIMARY KEY, charge TEXT)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let setup = start(MemoryStore::new(), Duration::ZERO, false).await;
+    let app = SqliteApp {
+        charges: setup.app.clone(),
+        pool,
+        step_after_write,
+    };
+    let idem = Idem::transactional(store, identity::header("x-client-id"));
+    let service = TestServer::start(
+        Router::new()
+            .route("/sqlite-payments", post(pay_on_sqlite))
+            .route("/sqlite-payments/operations/{key}", get(sqlite_pay_status))
+            .with_state(app.clone())
+            .layer(idem.layer()),
+    )
+    .await;
+    let setup = Setup { service, ..setup };
+    (setup, app, dir)
+}
+
+async fn payments_on_sqlite(app: &SqliteApp) -> i64 {
+    idem::sqlx::query_scalar("SELECT count(*) FROM payments")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}
+
+/// In SQLite's transactional mode the transaction begins at the handler's first write,
+/// so the charge's step before it is journaled while the one write lock is free: a lost
+/// answer resumes with the same downstream key, one charge, one payment row.
+#[tokio::test]
+async fn on_sqlites_transaction_a_lost_answer_resumes_with_one_charge() {
+    let (setup, app, _dir) = start_on_sqlite(false).await;
+    setup.provider.lose.store(1, SeqCst);
+    let pay = || {
+        send(
+            setup
+                .service
+                .post("/sqlite-payments", "k1")
+                .json(&json!({ "amount": 40 })),
+        )
+    };
+    let first = pay().await;
+    first.problem(503, "step-outcome-unknown");
+    assert_eq!(payments_on_sqlite(&app).await, 0);
+    let second = pay().await;
+    assert_eq!(second.status, 201, "{second:?}");
+    assert_eq!(second.operation_id(), first.operation_id());
+    assert_eq!(setup.provider.charges.get(), 1);
+    assert_eq!(
+        setup.provider.requests.get(),
+        2,
+        "sent again under the same key"
+    );
+    assert_eq!(payments_on_sqlite(&app).await, 1);
+    assert!(pay().await.replayed());
+    // A decline never writes through the transaction: it begins at the settlement, and
+    // the 402 commits with the record.
+    let decline = || {
+        send(
+            setup
+                .service
+                .post("/sqlite-payments", "declined")
+                .json(&json!({ "amount": 0 })),
+        )
+    };
+    assert_eq!(decline().await.status, 402);
+    let again = decline().await;
+    assert_eq!(again.status, 402);
+    assert!(again.replayed());
+    assert_eq!(payments_on_sqlite(&app).await, 1);
+    setup.service.stop().await;
+    setup.provider_server.stop().await;
+}
+
+/// A step after the handler's first write through SQLite's transaction could not be
+/// recorded before its call (the lock is held): refused, nothing sent, the attempt rolled
+/// back (no payment row).
+#[tokio::test]
+async fn on_sqlites_transaction_a_step_after_the_first_write_is_refused() {
+    let (setup, app, _dir) = start_on_sqlite(true).await;
+    let refused = send(
+        setup
+            .service
+            .post("/sqlite-payments", "k2")
+            .json(&json!({ "amount": 40 })),
+    )
+    .await;
+    let body = refused.problem(503, "step-outcome-unknown");
+    assert_eq!(body["new_key_safe"], false);
+    assert_eq!(payments_on_sqlite(&app).await, 0, "rolled back");
+    assert_eq!(
+        setup.provider.charges.get(),
+        1,
+        "the charge before the write went"
+    );
+    setup.service.stop().await;
+    setup.provider_server.stop().await;
+}

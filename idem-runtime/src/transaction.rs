@@ -80,8 +80,10 @@ use crate::store::{
 /// An axum extractor, taken anywhere before the body extractor:
 /// `tx: idem::SqliteTx` or `tx: idem::PgTx`. It is cheap to clone; every clone is the
 /// same transaction. The transaction begins once the key is registered, just before the
-/// handler runs, and ends when the handler's answer is settled; after that
-/// [`Tx::conn`] fails.
+/// handler runs (on SQLite under a step journal, `recovery = resume`: at the handler's
+/// first [`Tx::conn`], so that the steps before it are recorded while the one write lock
+/// is free), and ends when the handler's answer is settled; after that [`Tx::conn`]
+/// fails.
 ///
 /// Rejections: 500 `not-configured` when the router has no idem layer, or its handle
 /// was not made with `Idem::transactional` over a store of this database.
@@ -117,11 +119,21 @@ struct Cell<DB: Database> {
     state: Mutex<State<DB>>,
 }
 
+/// What a deferred transaction calls once it has begun.
+pub(crate) type OnOpen = Box<dyn FnOnce() + Send + Sync>;
+
 enum State<DB: Database> {
     /// The key is not registered yet (or the handler is not contracted).
     NotBegun,
     /// The right to begin is held; the key is being registered.
     Reserved(Reservation),
+    /// Held, and to begin at the handler's first [`Tx::conn`] (or at the settlement),
+    /// for an attempt whose time ends at `until` ([`TxControl::defer`]).
+    Deferred {
+        reservation: Reservation,
+        until: Instant,
+        on_open: OnOpen,
+    },
     /// The attempt's transaction.
     Open(OpenTransaction<DB>),
     /// Committed or rolled back.
@@ -142,14 +154,18 @@ impl<DB: Database> Tx<DB> {
     /// handler is not contracted, or its attempt has ended (the answer was settled, or
     /// the attempt ran out of its time). Nothing is written then.
     pub async fn conn(&self) -> Result<MappedMutexGuard<'_, DB::Connection>, sqlx::Error> {
-        let state = self.cell.state.lock().await;
+        let mut state = self.cell.state.lock().await;
+        if let Err(error) = self.cell.open_deferred(&mut state).await {
+            let why = format!("idem: the attempt's transaction could not begin: {error}");
+            return Err(sqlx::Error::Io(std::io::Error::other(why)));
+        }
         MutexGuard::try_map(state, |state| match state {
             State::Open(open) => Some(&mut *open.tx),
-            State::NotBegun | State::Reserved(_) | State::Ended => None,
+            State::NotBegun | State::Reserved(_) | State::Deferred { .. } | State::Ended => None,
         })
         .map_err(|state| {
             let why = match &*state {
-                State::NotBegun | State::Reserved(_) => {
+                State::NotBegun | State::Reserved(_) | State::Deferred { .. } => {
                     "idem: this transaction has not begun: `Tx` is only for handlers under `#[idem::contract]`"
                 }
                 _ => {
@@ -225,6 +241,11 @@ impl AttemptTx {
         self.0.begin(until).await
     }
 
+    /// Defers the beginning to the handler's first `Tx::conn` ([`TxControl::defer`]).
+    pub(crate) async fn defer(&self, until: Instant, on_open: OnOpen) {
+        self.0.defer(until, on_open).await;
+    }
+
     /// Whether the open transaction holds the database's only write lock (SQLite).
     pub(crate) fn fences_by_lock(&self) -> bool {
         self.0.fences_by_lock()
@@ -281,6 +302,13 @@ pub(crate) trait TxControl: Send + Sync {
     /// ([`TransactionalStore::begin_transaction`]).
     async fn begin(&self, until: Instant) -> Result<(), StoreError>;
 
+    /// Defers the beginning to the handler's first [`Tx::conn`] (or to the settlement),
+    /// keeping the right to begin meanwhile; `on_open` is called once it has begun. For
+    /// a store whose transaction holds the only write lock (SQLite) under a step
+    /// journal: the journal's steps before the first business write are recorded while
+    /// the lock is free.
+    async fn defer(&self, until: Instant, on_open: OnOpen);
+
     /// Writes `response` as the result of `key` in the transaction, fenced by `token`,
     /// and commits, all by `until` (the attempt's deadline), so that a statement blocked
     /// or a server gone silent does not hold the attempt past it: waits for the handler's
@@ -317,10 +345,18 @@ impl<DB: Database> Cell<DB> {
     /// released).
     async fn take(self: &Arc<Self>, until: Instant) -> Option<OpenTransaction<DB>> {
         match tokio::time::timeout_at(until, self.state.lock()).await {
-            Ok(mut state) => match std::mem::replace(&mut *state, State::Ended) {
-                State::Open(open) => Some(open),
-                State::NotBegun | State::Reserved(_) | State::Ended => None,
-            },
+            Ok(mut state) => {
+                if let Err(error) = self.open_deferred(&mut state).await {
+                    tracing::warn!(error = %error, "idem: the attempt's deferred transaction could not begin");
+                }
+                match std::mem::replace(&mut *state, State::Ended) {
+                    State::Open(open) => Some(open),
+                    State::NotBegun
+                    | State::Reserved(_)
+                    | State::Deferred { .. }
+                    | State::Ended => None,
+                }
+            }
             Err(_elapsed) => {
                 tracing::error!(
                     "idem: the handler still holds its transaction's connection after its answer (a task it left behind?); the transaction is rolled back once it lets go"
@@ -339,6 +375,26 @@ impl<DB: Database> Cell<DB> {
 }
 
 impl<DB: Database> Cell<DB> {
+    /// Begins a deferred transaction (`state`, under the cell's lock), and calls its
+    /// `on_open`; any other state is left as it is.
+    async fn open_deferred(&self, state: &mut State<DB>) -> Result<(), StoreError> {
+        if !matches!(state, State::Deferred { .. }) {
+            return Ok(());
+        }
+        let State::Deferred {
+            reservation,
+            until,
+            on_open,
+        } = std::mem::replace(state, State::Ended)
+        else {
+            return Ok(());
+        };
+        let within = until.saturating_duration_since(Instant::now());
+        *state = State::Open(self.store.begin_transaction(reservation, within).await?);
+        on_open();
+        Ok(())
+    }
+
     /// Writes `response` as the result of `key` in `open`
     /// ([`TransactionalStore::complete_in`]); a result larger than the store keeps is
     /// written as [`StoredResponse::body_not_kept`] says.
@@ -417,6 +473,19 @@ impl<DB: Database> TxControl for Cell<DB> {
         let within = until.saturating_duration_since(Instant::now());
         *state = State::Open(self.store.begin_transaction(reservation, within).await?);
         Ok(())
+    }
+
+    async fn defer(&self, until: Instant, on_open: OnOpen) {
+        let mut state = self.state.lock().await;
+        let reservation = match std::mem::replace(&mut *state, State::Ended) {
+            State::Reserved(reservation) => reservation,
+            _ => Reservation::default(),
+        };
+        *state = State::Deferred {
+            reservation,
+            until,
+            on_open,
+        };
     }
 
     async fn commit_completed(

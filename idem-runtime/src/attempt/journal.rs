@@ -167,6 +167,22 @@ pub(crate) struct Shared {
     /// Why no step may run in this attempt, if so: the journal cannot be written while
     /// the attempt's transaction holds the database's only write lock (SQLite).
     pub(crate) refused: Option<&'static str>,
+    /// For a transaction deferred to the handler's first write (SQLite): whether it has
+    /// begun, after which no step may run (its lock is held).
+    pub(crate) tx_opened: Option<Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl Shared {
+    /// Why no step may run now, if so.
+    fn refusal(&self) -> Option<&'static str> {
+        let opened = self
+            .tx_opened
+            .as_ref()
+            .is_some_and(|o| o.load(std::sync::atomic::Ordering::SeqCst));
+        self.refused.or(opened.then_some(
+            "it comes after the handler's first write through the transaction, which holds SQLite's only write lock, so it could not be recorded before its call: run the steps (and stage the deliveries) before the first `tx.conn()`",
+        ))
+    }
 }
 
 impl Shared {
@@ -275,7 +291,7 @@ impl Journal {
         }
         let index = self.next;
         self.next += 1;
-        if let Some(why) = self.shared.refused {
+        if let Some(why) = self.shared.refusal() {
             return Err(self.broken(name, why.to_owned()));
         }
         if let Err(why) = Step::check_name(name) {
@@ -337,7 +353,7 @@ impl Journal {
         }
         let index = self.next;
         self.next += 1;
-        if let Some(why) = self.shared.refused {
+        if let Some(why) = self.shared.refusal() {
             return Err(self.broken_as(name, why.to_owned()));
         }
         if let Err(why) = Step::check_name(name) {

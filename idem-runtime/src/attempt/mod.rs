@@ -102,6 +102,9 @@ pub(crate) struct Held {
     settled: OnceLock<Outcome>,
     /// The step journal, once the handler asked for it ([`Held::journal`]).
     journal: OnceLock<Arc<Shared>>,
+    /// For a transaction deferred to the handler's first write ([`Held::attach_deferred`]):
+    /// whether it has begun.
+    tx_opened: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// Holds the lease, even past its end, and renews it in the store, for as long as
     /// this attempt is alive ([`crate::idem::running::Running`]).
     _alive: Alive,
@@ -131,6 +134,7 @@ impl Held {
             mode: Mode::Plain,
             settled: OnceLock::new(),
             journal: OnceLock::new(),
+            tx_opened: None,
             _alive: idem
                 .running()
                 .enter(idem, key, token, idem.lease_for(contract), started),
@@ -144,6 +148,23 @@ impl Held {
         if tx.fences_by_lock() {
             self.idem.running().pause(self.token);
         }
+        self.mode = Mode::Transactional(tx);
+    }
+
+    /// Attaches the attempt's transaction, deferred to the handler's first write through
+    /// it (a step journal on a store whose transaction holds the only write lock,
+    /// SQLite): the heartbeat goes on, and the journal records steps, until it begins;
+    /// then the heartbeat pauses and the journal refuses further steps (they could not
+    /// be recorded before their call while the lock is held).
+    pub(crate) async fn attach_deferred(&mut self, tx: AttemptTx) {
+        let opened = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (idem, token, flag) = (self.idem.clone(), self.token, Arc::clone(&opened));
+        let on_open = Box::new(move || {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            idem.running().pause(token);
+        });
+        tx.defer(self.deadline, on_open).await;
+        self.tx_opened = Some(opened);
         self.mode = Mode::Transactional(tx);
     }
 
@@ -164,9 +185,10 @@ impl Held {
                 operation_id: self.operation_id,
                 attempt: self.attempt,
                 interrupted: OnceLock::new(),
-                refused: self.mode.holds_the_write_lock().then_some(
-                    "the attempt's transaction holds SQLite's only write lock, so the journal cannot record a step before its call: journal steps on PostgreSQL, or in the plain mode",
+                refused: (self.mode.holds_the_write_lock() && self.tx_opened.is_none()).then_some(
+                    "the attempt's transaction holds SQLite's only write lock, so the journal cannot record a step before its call: declare `recovery = resume`, so that the transaction begins at the handler's first write",
                 ),
+                tx_opened: self.tx_opened.clone(),
             })
         });
         Journal::new(Arc::clone(shared))

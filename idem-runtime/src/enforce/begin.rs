@@ -58,6 +58,12 @@ pub(crate) async fn begin(
     let Mode::Transactional(tx) = mode else {
         return Ok(held);
     };
+    if tx.fences_by_lock() && matches!(contract.recovery, idem_contract::Recovery::Resume) {
+        // SQLite's one write lock under a step journal: the steps before the handler's
+        // first write are recorded while the lock is free.
+        held.attach_deferred(tx).await;
+        return Ok(held);
+    }
     if let Err(error) = tx.begin(held.deadline).await {
         let _ = held.release().await;
         let id = Some(held.operation_id);

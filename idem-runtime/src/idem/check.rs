@@ -84,8 +84,6 @@ impl Idem {
     /// - a handler that takes the transaction (`idem::PgTx`, `idem::SqliteTx`) under a
     ///   handle made with `Idem::new`, or made with `Idem::transactional` over another
     ///   database ([`Contracted::MODE`]);
-    /// - a handler that takes SQLite's transaction under `recovery = resume`: its step
-    ///   journal cannot be written while the attempt holds SQLite's only write lock;
     /// - two contracted handlers with one name, which would share every key;
     /// - a fingerprint field or a body key that the body type does not have under any
     ///   name serde reads (`#[serde(rename = "..")]`).
@@ -129,16 +127,10 @@ impl Idem {
                 }
             }
         }
-        if let HandlerMode::Transactional { database } = C::MODE {
-            if let Some(problem) = self.transaction_problem(operation, database) {
-                problems.push(problem);
-            } else if database == "SQLite"
-                && matches!(C::CONTRACT.recovery, idem_contract::Recovery::Resume)
-            {
-                problems.push(format!(
-                    "`{operation}` takes SQLite's transaction and the step journal (`recovery = resume`): the attempt's transaction holds SQLite's only write lock from the start of the handler, so no step could be recorded before its call; run it on PostgreSQL (`idem::PgTx`), or in the plain mode (a handle made with `Idem::new`, the handler without the transaction)"
-                ));
-            }
+        if let HandlerMode::Transactional { database } = C::MODE
+            && let Some(problem) = self.transaction_problem(operation, database)
+        {
+            problems.push(problem);
         }
     }
 

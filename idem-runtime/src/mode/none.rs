@@ -27,6 +27,14 @@ impl AttemptTx {
         match *self {}
     }
 
+    pub(crate) async fn defer(
+        &self,
+        _until: tokio::time::Instant,
+        _on_open: Box<dyn FnOnce() + Send + Sync>,
+    ) {
+        match *self {}
+    }
+
     pub(crate) fn fences_by_lock(&self) -> bool {
         match *self {}
     }
