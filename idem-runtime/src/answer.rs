@@ -167,8 +167,12 @@ pub(crate) fn body_timed_out(limit: std::time::Duration) -> Problem {
 }
 
 /// 422 `fingerprint-mismatch`: the record is left as it is.
-pub(crate) fn fingerprint_mismatch(record: &Record) -> Problem {
+///
+/// A new key is safe only for a released record whose operation made no call to another
+/// system: never under `recovery = resume`, whose journaled steps outlive the release.
+pub(crate) fn fingerprint_mismatch(contract: &Contract, record: &Record) -> Problem {
     let state = record.state.kind();
+    let resumes = matches!(contract.recovery, idem_contract::Recovery::Resume);
     Problem::new(
         ProblemType::FingerprintMismatch,
         "this idempotency key was used for a request with different significant content; \
@@ -176,7 +180,7 @@ pub(crate) fn fingerprint_mismatch(record: &Record) -> Problem {
     )
     .with_operation_id(record.operation_id)
     .with_state(state)
-    .with_new_key_safe(state == OperationState::Released)
+    .with_new_key_safe(state == OperationState::Released && !resumes)
 }
 
 /// 409 `operation-in-progress`.

@@ -40,7 +40,7 @@ impl<F: FnOnce() -> Recoverer> Registration<'_, F> {
             // record is claimed again).
             match self.legacy {
                 Some(legacy) if record.fingerprint == legacy => self.fingerprint = legacy,
-                _ => return Err(answer::fingerprint_mismatch(record).into()),
+                _ => return Err(answer::fingerprint_mismatch(self.contract, record).into()),
             }
         }
         match &record.state {
