@@ -7,7 +7,6 @@ use axum::response::{IntoResponse, Response};
 use super::Held;
 use crate::answer;
 use crate::replay::{Captured, replay};
-use crate::store::StoreError;
 use crate::telemetry::{self, FinalOutcome, Outcome};
 
 impl Held {
@@ -72,17 +71,7 @@ impl Held {
             outcome = "recovery_pending",
             "idem: recovery could not decide now; the next retry asks again"
         );
-        let now = self.idem.now().await;
-        match self
-            .idem
-            .store()
-            .renew(&self.key, self.token, now, now)
-            .await
-        {
-            Ok(()) | Err(StoreError::LeaseLost) => {
-                answer::recovery_pending(&self.idem, self.operation_id, reason)
-            }
-            Err(error) => self.write_failed("end the lease", &error),
-        }
+        let answer = answer::recovery_pending(&self.idem, self.operation_id, reason);
+        self.end_lease_with(answer).await
     }
 }

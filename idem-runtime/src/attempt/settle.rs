@@ -60,18 +60,8 @@ impl Held {
             }
             (Mode::Plain, Interruption::Unknown(_)) => {
                 self.log_outcome(Outcome::Unknown, 503);
-                let now = self.idem.now().await;
-                match self
-                    .idem
-                    .store()
-                    .renew(&self.key, self.token, now, now)
-                    .await
-                {
-                    Ok(()) | Err(StoreError::LeaseLost) => {
-                        with_operation_id(unknown.into_response(), self.operation_id)
-                    }
-                    Err(error) => self.write_failed("end the lease", &error),
-                }
+                let answer = with_operation_id(unknown.into_response(), self.operation_id);
+                self.end_lease_with(answer).await
             }
         }
     }
@@ -131,6 +121,14 @@ impl Held {
             Ended::TimedOut => answer::attempt_timed_out(self.contract, self.operation_id),
             other => answer::attempt_failed(self.operation_id, &other.describe(), 1),
         };
+        self.end_lease_with(answer).await
+    }
+
+    /// Ends the attempt's lease now, so that recovery (or the resuming retry) may take
+    /// the record over at once, and answers `answer`; 503 `store-unavailable` when the
+    /// store fails. A lease that had ended already (the time ran out), or was taken over,
+    /// counts as ended: the attempt that holds the record now decides.
+    pub(crate) async fn end_lease_with(&self, answer: Response) -> Response {
         let now = self.idem.now().await;
         match self
             .idem
@@ -138,9 +136,7 @@ impl Held {
             .renew(&self.key, self.token, now, now)
             .await
         {
-            Ok(()) => answer,
-            // Ended already (the time ran out), or taken over: recovery decides either way.
-            Err(StoreError::LeaseLost) => answer,
+            Ok(()) | Err(StoreError::LeaseLost) => answer,
             Err(error) => self.write_failed("end the lease", &error),
         }
     }

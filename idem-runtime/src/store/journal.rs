@@ -231,7 +231,7 @@ impl Step {
     }
 }
 
-/// How a claimed delivery ended ([`crate::store::RecordStore::settle_delivery`]).
+/// How a claimed delivery ended ([`crate::store::OperatorStore::settle_delivery`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Delivery {
     /// The other system took it: delivered, never sent again.
@@ -243,7 +243,20 @@ pub enum Delivery {
     GiveUp,
 }
 
-/// A staged delivery that is due ([`crate::store::RecordStore::due_deliveries`]): its
+impl Delivery {
+    /// The state's name ([`StepState::as_str`]) and the next due time (unix
+    /// milliseconds, 0 for none) that a staged step settled this way takes: what the
+    /// stores write.
+    pub const fn settles_as(self) -> (&'static str, UnixMillis) {
+        match self {
+            Delivery::Delivered => ("delivered", 0),
+            Delivery::GiveUp => ("given_up", 0),
+            Delivery::RetryAt(at) => ("staged", at),
+        }
+    }
+}
+
+/// A staged delivery that is due ([`crate::store::OperatorStore::due_deliveries`]): its
 /// operation's key and id, and the step.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Due {

@@ -298,11 +298,7 @@ impl RedisStore {
         claim: u32,
         delivery: Delivery,
     ) -> Result<Step, StoreError> {
-        let (state, next_at) = match delivery {
-            Delivery::Delivered => ("delivered", 0),
-            Delivery::GiveUp => ("given_up", 0),
-            Delivery::RetryAt(at) => ("staged", at),
-        };
+        let (state, next_at) = delivery.settles_as();
         let id = operation_id.to_string();
         let mut invocation = self.scripts.journal.settle.key(self.hash_name(key));
         invocation

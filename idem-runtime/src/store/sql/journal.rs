@@ -159,11 +159,7 @@ impl<DB: Dialect> SqlStore<DB> {
         claim: u32,
         delivery: Delivery,
     ) -> Result<Step, StoreError> {
-        let (state, next_at) = match delivery {
-            Delivery::Delivered => ("delivered", 0),
-            Delivery::GiveUp => ("given_up", 0),
-            Delivery::RetryAt(at) => ("staged", at),
-        };
+        let (state, next_at) = delivery.settles_as();
         let statement = Statement::<DB>::new(SETTLE)
             .text(&operation_id.to_string())
             .int(i64::from(index))
