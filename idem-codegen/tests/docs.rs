@@ -163,7 +163,7 @@ fn a_retryable_status_of_the_service_itself_has_its_row() {
     );
     assert!(rows(&md, "`429 Too Many Requests` from").is_empty());
     // Each of idem's own 503s keeps its row, and the rest stops.
-    assert_eq!(rows(&md, "`503 Service Unavailable` |").len(), 7);
+    assert_eq!(rows(&md, "`503 Service Unavailable` |").len(), 6);
     assert_eq!(rows(&md, "Any other `4xx`").len(), 1);
     // A 5xx that is not retryable was rolled back (the key released): never "for good".
     let other_5xx = rows(&md, "Any other `5xx`");
@@ -316,4 +316,33 @@ fn text_from_the_spec_is_escaped_in_both_formats() {
     for raw in ["<script>", "<img"] {
         assert!(!html.contains(raw), "`{raw}` is raw in the HTML");
     }
+}
+
+#[test]
+fn step_outcome_unknown_is_an_answer_only_of_an_operation_with_a_step_journal() {
+    let row = "`tag:idem.rs,2026:problem:step-outcome-unknown` |";
+    let plain = render(DocFormat::Markdown, contract(|_| {}), info(&orders_doc()));
+    assert!(
+        rows(
+            &plain,
+            "`503 Service Unavailable` | `tag:idem.rs,2026:problem:step-outcome-unknown`"
+        )
+        .is_empty(),
+        "{plain}"
+    );
+    let resumed = render(
+        DocFormat::Markdown,
+        contract(|c| c["recovery"] = json!({ "kind": "resume" })),
+        info(&orders_doc()),
+    );
+    assert_eq!(
+        rows(
+            &resumed,
+            "`503 Service Unavailable` | `tag:idem.rs,2026:problem:step-outcome-unknown`"
+        )
+        .len(),
+        1
+    );
+    // The catalogue of problem types lists it either way.
+    assert!(plain.contains(row) && resumed.contains(row));
 }

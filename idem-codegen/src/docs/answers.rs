@@ -73,7 +73,12 @@ pub(super) fn answers(c: &Contract, info: &OperationInfo) -> Vec<Answer> {
             "429 is not in this operation's retry list: stop, and ask the status lookup before starting again."
         }),
     });
+    // `step-outcome-unknown` comes only from an operation with a step journal.
+    let resumes = matches!(c.recovery, idem_contract::Recovery::Resume);
     for p in ProblemType::ALL.iter().filter(|p| p.status() == 503) {
+        if *p == ProblemType::StepOutcomeUnknown && !resumes {
+            continue;
+        }
         out.push(problem_answer(p, Some(retryable_status(503))));
     }
     out.extend(own_retryable_answers(c));
