@@ -53,12 +53,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use axum::extract::State;
-use axum::response::Response;
+use axum::Router;
 use axum::routing::post;
-use axum::{Json, Router};
 use idem::store::ClientBudget;
-use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 
 #[macro_use]
@@ -87,115 +84,6 @@ const LEASE: Duration = Duration::from_secs(10);
 
 /// The connections of every run, wrk's and [`burst`]'s.
 const CONNECTIONS: usize = 32;
-
-async fn lookup(
-    lookup: idem::Lookup<memory_order::Operation>,
-    axum::extract::Path(key): axum::extract::Path<String>,
-) -> idem::OperationStatus {
-    lookup.status(&key).await
-}
-
-// ---- the handlers, one per store ----------------------------------------------------
-
-#[idem::contract(
-    key_scope = client, fingerprint = [customer_id, amount_minor], ttl = "24h",
-    deadline = ("30s", per_attempt = "10s"), max_attempts = 4, retryable = [503, timeout],
-    concurrency = conflict, status_lookup = lookup, recovery = manual("https://runbooks.example.com/bench"),
-)]
-async fn memory_order(
-    State(orders): State<Orders>,
-    attempt: idem::Attempt,
-    Json(order): Json<CreateOrder>,
-) -> Response {
-    let id = new_id();
-    orders.insert(
-        id.clone(),
-        Order {
-            operation_id: attempt.operation_id.to_string(),
-            customer_id: order.customer_id.clone(),
-            amount_minor: order.amount_minor,
-        },
-    );
-    created(&id, &order)
-}
-
-#[idem::contract(
-    key_scope = client, fingerprint = [customer_id, amount_minor], ttl = "24h",
-    deadline = ("30s", per_attempt = "10s"), max_attempts = 4, retryable = [503, timeout],
-    concurrency = conflict, status_lookup = lookup, recovery = manual("https://runbooks.example.com/bench"),
-)]
-async fn sqlite_order(
-    attempt: idem::Attempt,
-    tx: idem::SqliteTx,
-    Json(order): Json<CreateOrder>,
-) -> Response {
-    let id = new_id();
-    let Ok(mut conn) = tx.conn().await else {
-        return error();
-    };
-    match insert_order!(SQLITE_INSERT, &id, attempt.operation_id.to_string(), &order)
-        .execute(&mut *conn)
-        .await
-    {
-        Ok(_) => created(&id, &order),
-        Err(_) => error(),
-    }
-}
-
-#[idem::contract(
-    key_scope = client, fingerprint = [customer_id, amount_minor], ttl = "24h",
-    deadline = ("30s", per_attempt = "10s"), max_attempts = 4, retryable = [503, timeout],
-    concurrency = conflict, status_lookup = lookup, recovery = manual("https://runbooks.example.com/bench"),
-)]
-async fn pg_order(
-    attempt: idem::Attempt,
-    tx: idem::PgTx,
-    Json(order): Json<CreateOrder>,
-) -> Response {
-    let id = new_id();
-    let Ok(mut conn) = tx.conn().await else {
-        return error();
-    };
-    match insert_order!(PG_INSERT, &id, attempt.operation_id.to_string(), &order)
-        .execute(&mut *conn)
-        .await
-    {
-        Ok(_) => created(&id, &order),
-        Err(_) => error(),
-    }
-}
-
-/// The Redis handler's business state: a connection and the run's scratch prefix.
-#[derive(Clone)]
-struct RedisOrders {
-    conn: ConnectionManager,
-    prefix: Arc<str>,
-}
-
-#[idem::contract(
-    key_scope = client, fingerprint = [customer_id, amount_minor], ttl = "24h",
-    deadline = ("30s", per_attempt = "10s"), max_attempts = 4, retryable = [503, timeout],
-    concurrency = conflict, status_lookup = lookup, recovery = manual("https://runbooks.example.com/bench"),
-)]
-async fn redis_order(
-    State(redis): State<RedisOrders>,
-    _attempt: idem::Attempt,
-    Json(order): Json<CreateOrder>,
-) -> Response {
-    let id = new_id();
-    let mut conn = redis.conn.clone();
-    let written: redis::RedisResult<()> = conn
-        .pset_ex(
-            format!("{}:order:{id}", redis.prefix),
-            order_json(&id, &order).to_string(),
-            ORDER_TTL_MS,
-        )
-        .await;
-    match written {
-        Ok(()) => created(&id, &order),
-        Err(_) => error(),
-    }
-}
 
 // ---- the servers --------------------------------------------------------------------
 
@@ -465,7 +353,7 @@ async fn memory_served() -> Served {
         "memory",
         || {
             Router::new()
-                .route("/orders", post(memory_order))
+                .route("/orders", post(memory_idem))
                 .route("/o/{key}", axum::routing::get(lookup))
                 .with_state(Arc::clone(&orders))
         },
@@ -482,7 +370,7 @@ async fn sqlite_served(dir: &Path) -> Served {
     let on = sqlite_file(dir, "on").await;
     served(
         "sqlite",
-        || Router::new().route("/orders", post(sqlite_order)),
+        || Router::new().route("/orders", post(sqlite_idem)),
         |budget| {
             let store = if budget.is_some() { &on } else { &off };
             budgeted(
@@ -501,7 +389,7 @@ async fn pg_served(off: sqlx::PgPool) -> Served {
     let on = idem::PostgresStore::from_pool(on).await.unwrap();
     served(
         "pg",
-        || Router::new().route("/orders", post(pg_order)),
+        || Router::new().route("/orders", post(pg_idem)),
         |budget| {
             let store = if budget.is_some() { &on } else { &off };
             budgeted(
@@ -528,7 +416,7 @@ async fn redis_served(url: &str) -> (Served, (ConnectionManager, String)) {
     };
     let off = store("off").await;
     let on = store("on").await;
-    let business = RedisOrders {
+    let business = RedisState {
         conn: redis::Client::open(url)
             .unwrap()
             .get_connection_manager()
@@ -541,7 +429,7 @@ async fn redis_served(url: &str) -> (Served, (ConnectionManager, String)) {
         "redis",
         || {
             Router::new()
-                .route("/orders", post(redis_order))
+                .route("/orders", post(redis_idem))
                 .with_state(business.clone())
         },
         |budget| {

@@ -45,7 +45,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
-use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 
 #[macro_use]
@@ -67,13 +66,6 @@ fn client_key(headers: &HeaderMap) -> Option<(String, String)> {
 /// The answer of the hand-written minimum to a key already taken.
 fn taken() -> Response {
     StatusCode::CONFLICT.into_response()
-}
-
-async fn lookup(
-    lookup: idem::Lookup<memory_idem::Operation>,
-    axum::extract::Path(key): axum::extract::Path<String>,
-) -> idem::OperationStatus {
-    lookup.status(&key).await
 }
 
 // ---- memory -------------------------------------------------------------------------
@@ -116,28 +108,6 @@ async fn memory_min(
         id.clone(),
         Order {
             operation_id: id.clone(),
-            customer_id: order.customer_id.clone(),
-            amount_minor: order.amount_minor,
-        },
-    );
-    created(&id, &order)
-}
-
-#[idem::contract(
-    key_scope = client, fingerprint = [customer_id, amount_minor], ttl = "24h",
-    deadline = ("30s", per_attempt = "10s"), max_attempts = 4, retryable = [503, timeout],
-    concurrency = conflict, status_lookup = lookup, recovery = manual("https://runbooks.example.com/bench"),
-)]
-async fn memory_idem(
-    State(orders): State<Orders>,
-    attempt: idem::Attempt,
-    Json(order): Json<CreateOrder>,
-) -> Response {
-    let id = new_id();
-    orders.insert(
-        id.clone(),
-        Order {
-            operation_id: attempt.operation_id.to_string(),
             customer_id: order.customer_id.clone(),
             amount_minor: order.amount_minor,
         },
@@ -202,29 +172,6 @@ async fn sqlite_min(
     }
 }
 
-#[idem::contract(
-    key_scope = client, fingerprint = [customer_id, amount_minor], ttl = "24h",
-    deadline = ("30s", per_attempt = "10s"), max_attempts = 4, retryable = [503, timeout],
-    concurrency = conflict, status_lookup = lookup, recovery = manual("https://runbooks.example.com/bench"),
-)]
-async fn sqlite_idem(
-    attempt: idem::Attempt,
-    tx: idem::SqliteTx,
-    Json(order): Json<CreateOrder>,
-) -> Response {
-    let id = new_id();
-    let Ok(mut conn) = tx.conn().await else {
-        return error();
-    };
-    match insert_order!(SQLITE_INSERT, &id, attempt.operation_id.to_string(), &order)
-        .execute(&mut *conn)
-        .await
-    {
-        Ok(_) => created(&id, &order),
-        Err(_) => error(),
-    }
-}
-
 async fn pg_bare(State(pool): State<sqlx::PgPool>, Json(order): Json<CreateOrder>) -> Response {
     let id = new_id();
     match insert_order!(PG_INSERT, &id, id.clone(), &order)
@@ -273,51 +220,10 @@ async fn pg_min(
     }
 }
 
-#[idem::contract(
-    key_scope = client, fingerprint = [customer_id, amount_minor], ttl = "24h",
-    deadline = ("30s", per_attempt = "10s"), max_attempts = 4, retryable = [503, timeout],
-    concurrency = conflict, status_lookup = lookup, recovery = manual("https://runbooks.example.com/bench"),
-)]
-async fn pg_idem(
-    attempt: idem::Attempt,
-    tx: idem::PgTx,
-    Json(order): Json<CreateOrder>,
-) -> Response {
-    let id = new_id();
-    let Ok(mut conn) = tx.conn().await else {
-        return error();
-    };
-    match insert_order!(PG_INSERT, &id, attempt.operation_id.to_string(), &order)
-        .execute(&mut *conn)
-        .await
-    {
-        Ok(_) => created(&id, &order),
-        Err(_) => error(),
-    }
-}
-
 // ---- Redis --------------------------------------------------------------------------
 
 /// How long the hand-written minimum keeps a key: the contracts' `ttl`.
 const KEY_TTL_MS: u64 = 86_400_000;
-
-#[derive(Clone)]
-struct RedisState {
-    conn: ConnectionManager,
-    prefix: Arc<str>,
-}
-
-impl RedisState {
-    async fn write_order(&self, id: &str, order: &CreateOrder) -> redis::RedisResult<()> {
-        let mut conn = self.conn.clone();
-        conn.pset_ex(
-            format!("{}:order:{id}", self.prefix),
-            order_json(id, order).to_string(),
-            ORDER_TTL_MS,
-        )
-        .await
-    }
-}
 
 async fn redis_bare(State(redis): State<RedisState>, Json(order): Json<CreateOrder>) -> Response {
     let id = new_id();
@@ -354,23 +260,6 @@ async fn redis_min(
         Ok(Some(_)) => {}
         Err(_) => return error(),
     }
-    match redis.write_order(&id, &order).await {
-        Ok(()) => created(&id, &order),
-        Err(_) => error(),
-    }
-}
-
-#[idem::contract(
-    key_scope = client, fingerprint = [customer_id, amount_minor], ttl = "24h",
-    deadline = ("30s", per_attempt = "10s"), max_attempts = 4, retryable = [503, timeout],
-    concurrency = conflict, status_lookup = lookup, recovery = manual("https://runbooks.example.com/bench"),
-)]
-async fn redis_idem(
-    State(redis): State<RedisState>,
-    _attempt: idem::Attempt,
-    Json(order): Json<CreateOrder>,
-) -> Response {
-    let id = new_id();
     match redis.write_order(&id, &order).await {
         Ok(()) => created(&id, &order),
         Err(_) => error(),

@@ -1,6 +1,7 @@
 //! What the loopback benchmarks of the root crate share (`benches/stores.rs`,
 //! `benches/budget.rs`): the order a `POST /orders` carries, its answer, the orders
-//! table and its inserts, serving a router on 127.0.0.1, and cleaning Redis.
+//! table and its inserts, the contracted handler on each store, serving a router on
+//! 127.0.0.1, and cleaning Redis.
 //!
 //! Each benchmark includes it (`#[macro_use] #[path = "common/orders.rs"] mod orders;`)
 //! and uses a part of it.
@@ -9,10 +10,12 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use dashmap::DashMap;
+use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use serde::Deserialize;
 use serde_json::json;
@@ -120,4 +123,121 @@ pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+// ---- the contracted handler on each store (the same in every benchmark) -------------
+
+/// The status lookup the contracts name (routed by `benches/budget.rs` only).
+pub async fn lookup(
+    lookup: idem::Lookup<memory_idem::Operation>,
+    axum::extract::Path(key): axum::extract::Path<String>,
+) -> idem::OperationStatus {
+    lookup.status(&key).await
+}
+
+#[idem::contract(
+    key_scope = client, fingerprint = [customer_id, amount_minor], ttl = "24h",
+    deadline = ("30s", per_attempt = "10s"), max_attempts = 4, retryable = [503, timeout],
+    concurrency = conflict, status_lookup = lookup, recovery = manual("https://runbooks.example.com/bench"),
+)]
+pub async fn memory_idem(
+    State(orders): State<Orders>,
+    attempt: idem::Attempt,
+    Json(order): Json<CreateOrder>,
+) -> Response {
+    let id = new_id();
+    orders.insert(
+        id.clone(),
+        Order {
+            operation_id: attempt.operation_id.to_string(),
+            customer_id: order.customer_id.clone(),
+            amount_minor: order.amount_minor,
+        },
+    );
+    created(&id, &order)
+}
+
+#[idem::contract(
+    key_scope = client, fingerprint = [customer_id, amount_minor], ttl = "24h",
+    deadline = ("30s", per_attempt = "10s"), max_attempts = 4, retryable = [503, timeout],
+    concurrency = conflict, status_lookup = lookup, recovery = manual("https://runbooks.example.com/bench"),
+)]
+pub async fn sqlite_idem(
+    attempt: idem::Attempt,
+    tx: idem::SqliteTx,
+    Json(order): Json<CreateOrder>,
+) -> Response {
+    let id = new_id();
+    let Ok(mut conn) = tx.conn().await else {
+        return error();
+    };
+    match insert_order!(SQLITE_INSERT, &id, attempt.operation_id.to_string(), &order)
+        .execute(&mut *conn)
+        .await
+    {
+        Ok(_) => created(&id, &order),
+        Err(_) => error(),
+    }
+}
+
+#[idem::contract(
+    key_scope = client, fingerprint = [customer_id, amount_minor], ttl = "24h",
+    deadline = ("30s", per_attempt = "10s"), max_attempts = 4, retryable = [503, timeout],
+    concurrency = conflict, status_lookup = lookup, recovery = manual("https://runbooks.example.com/bench"),
+)]
+pub async fn pg_idem(
+    attempt: idem::Attempt,
+    tx: idem::PgTx,
+    Json(order): Json<CreateOrder>,
+) -> Response {
+    let id = new_id();
+    let Ok(mut conn) = tx.conn().await else {
+        return error();
+    };
+    match insert_order!(PG_INSERT, &id, attempt.operation_id.to_string(), &order)
+        .execute(&mut *conn)
+        .await
+    {
+        Ok(_) => created(&id, &order),
+        Err(_) => error(),
+    }
+}
+
+/// The Redis handler's business state: a connection and the run's scratch prefix.
+#[derive(Clone)]
+pub struct RedisState {
+    /// The connection.
+    pub conn: ConnectionManager,
+    /// The run's scratch prefix.
+    pub prefix: Arc<str>,
+}
+
+impl RedisState {
+    /// Writes the order `id` under the prefix, for [`ORDER_TTL_MS`].
+    pub async fn write_order(&self, id: &str, order: &CreateOrder) -> redis::RedisResult<()> {
+        let mut conn = self.conn.clone();
+        conn.pset_ex(
+            format!("{}:order:{id}", self.prefix),
+            order_json(id, order).to_string(),
+            ORDER_TTL_MS,
+        )
+        .await
+    }
+}
+
+#[idem::contract(
+    key_scope = client, fingerprint = [customer_id, amount_minor], ttl = "24h",
+    deadline = ("30s", per_attempt = "10s"), max_attempts = 4, retryable = [503, timeout],
+    concurrency = conflict, status_lookup = lookup, recovery = manual("https://runbooks.example.com/bench"),
+)]
+pub async fn redis_idem(
+    State(redis): State<RedisState>,
+    _attempt: idem::Attempt,
+    Json(order): Json<CreateOrder>,
+) -> Response {
+    let id = new_id();
+    match redis.write_order(&id, &order).await {
+        Ok(()) => created(&id, &order),
+        Err(_) => error(),
+    }
 }
