@@ -285,33 +285,7 @@ impl Journal {
         F: FnOnce(DownstreamKey) -> Fut,
         Fut: Future<Output = Result<T, CallError<E>>>,
     {
-        if let Some(earlier) = self.shared.interruption() {
-            let (Interruption::Unknown(earlier) | Interruption::Broken(earlier)) = earlier;
-            return Err(StepError::Interrupted(earlier.clone()));
-        }
-        let index = self.next;
-        self.next += 1;
-        if let Some(why) = self.shared.refusal() {
-            return Err(self.broken(name, why.to_owned()));
-        }
-        if let Err(why) = Step::check_name(name) {
-            return Err(self.broken(name, why));
-        }
-        let occurrence = 1 + self.names.iter().filter(|n| *n == name).count();
-        self.names.push(name.to_owned());
-        let recorded = match self.recorded().await {
-            Ok(recorded) => recorded.get(index as usize).cloned(),
-            Err(error) => {
-                return Err(self.unknown(name, format!("the journal could not be read: {error}")));
-            }
-        };
-        if let Some(step) = &recorded
-            && (step.name != name || step.state.is_delivery())
-        {
-            let why =
-                crate::store::step_changed(step, &self.write(index, name, StepState::Pending));
-            return Err(self.broken(name, why.to_string()));
-        }
+        let (index, occurrence, recorded) = self.next_position(name, false).await?;
         match recorded.map(|step| step.state) {
             Some(StepState::Staged(_) | StepState::Delivered(_) | StepState::GivenUp(_)) => {
                 Err(self.broken(name, "a delivery is recorded at this step".into()))
@@ -322,10 +296,7 @@ impl Journal {
             Some(StepState::Failed(error)) => Err(self
                 .decoded(name, &error)
                 .map_or_else(StepError::Interrupted, StepError::Definite)),
-            Some(StepState::Pending) | None => {
-                let occurrence = u32::try_from(occurrence).unwrap_or(u32::MAX);
-                self.send(index, name, occurrence, call).await
-            }
+            Some(StepState::Pending) | None => self.send(index, name, occurrence, call).await,
         }
     }
 
@@ -347,35 +318,10 @@ impl Journal {
         name: &str,
         payload: &P,
     ) -> Result<(), Interrupted> {
-        if let Some(earlier) = self.shared.interruption() {
-            let (Interruption::Unknown(earlier) | Interruption::Broken(earlier)) = earlier;
-            return Err(earlier.clone());
-        }
-        let index = self.next;
-        self.next += 1;
-        if let Some(why) = self.shared.refusal() {
-            return Err(self.broken_as(name, why.to_owned()));
-        }
-        if let Err(why) = Step::check_name(name) {
-            return Err(self.broken_as(name, why));
-        }
-        self.names.push(name.to_owned());
-        let recorded = match self.recorded().await {
-            Ok(recorded) => recorded.get(index as usize).cloned(),
-            Err(error) => {
-                return Err(
-                    self.unknown_as(name, format!("the journal could not be read: {error}"))
-                );
-            }
-        };
-        match recorded {
-            Some(step) if step.name == name && step.state.is_delivery() => return Ok(()),
-            Some(step) => {
-                let write = self.write(index, name, StepState::Staged(String::new()));
-                let why = crate::store::step_changed(&step, &write);
-                return Err(self.broken_as(name, why.to_string()));
-            }
-            None => {}
+        let (index, _, recorded) = self.next_position(name, true).await?;
+        if recorded.is_some() {
+            // Staged by an earlier attempt of the operation.
+            return Ok(());
         }
         let json = match serde_json::to_string(payload) {
             Ok(json) => json,
@@ -389,6 +335,52 @@ impl Journal {
         self.record(self.write(index, name, StepState::Staged(json)))
             .await
             .map(|_| ())
+    }
+
+    /// Takes the next position for the step `name` (a delivery after the commit when
+    /// `delivery`, else a call): its position, its occurrence among the steps of its name
+    /// (from 1) and what the journal held there. Refuses, as [`Journal::step`] says, when
+    /// the attempt was interrupted, steps are refused here, the name is invalid, the
+    /// journal cannot be read, or it holds another step (name or kind) at the position.
+    async fn next_position(
+        &mut self,
+        name: &str,
+        delivery: bool,
+    ) -> Result<(u32, u32, Option<Step>), Interrupted> {
+        if let Some(earlier) = self.shared.interruption() {
+            let (Interruption::Unknown(earlier) | Interruption::Broken(earlier)) = earlier;
+            return Err(earlier.clone());
+        }
+        let index = self.next;
+        self.next += 1;
+        if let Some(why) = self.shared.refusal() {
+            return Err(self.broken_as(name, why.to_owned()));
+        }
+        if let Err(why) = Step::check_name(name) {
+            return Err(self.broken_as(name, why));
+        }
+        let earlier = self.names.iter().filter(|n| *n == name).count();
+        let occurrence = u32::try_from(earlier + 1).unwrap_or(u32::MAX);
+        self.names.push(name.to_owned());
+        let recorded = match self.recorded().await {
+            Ok(recorded) => recorded.get(index as usize).cloned(),
+            Err(error) => {
+                let why = format!("the journal could not be read: {error}");
+                return Err(self.unknown_as(name, why));
+            }
+        };
+        if let Some(step) = &recorded
+            && (step.name != name || step.state.is_delivery() != delivery)
+        {
+            let kind = if delivery {
+                StepState::Staged(String::new())
+            } else {
+                StepState::Pending
+            };
+            let why = crate::store::step_changed(step, &self.write(index, name, kind));
+            return Err(self.broken_as(name, why.to_string()));
+        }
+        Ok((index, occurrence, recorded))
     }
 
     /// Records the intent of step `index`, sends the call and records its outcome.

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use super::{LEASE, T0, TTL, key, lease_lost, new_record, started};
 use crate::OperationId;
 use crate::store::{
-    Delivery, Lease, OwnerToken, Step, StepState, StepWrite, Store, StoreError, StoredResponse,
+    Delivery, Lease, OwnerToken, RecordKey, Step, StepState, StepWrite, Store, StoreError,
+    StoredResponse,
 };
 
 fn write(operation_id: OperationId, index: u32, name: &str, state: StepState) -> StepWrite {
@@ -229,6 +230,27 @@ fn staged(payload: &str) -> StepState {
     StepState::Staged(payload.into())
 }
 
+/// A record under `name` whose operation staged `mail` and `hook` (payload `1`), then
+/// completed with a 201 at [`T0`]: its key and operation id.
+async fn two_staged_then_completed(store: &dyn Store, name: &str) -> (RecordKey, OperationId) {
+    let k = key(name);
+    let new = new_record("sha256:a", T0);
+    started(store, &k, &new, T0).await;
+    let id = new.operation_id;
+    for (i, step) in ["mail", "hook"].iter().enumerate() {
+        let write = write(id, u32::try_from(i).unwrap(), step, staged("1"));
+        store
+            .write_step(&k, new.lease.token, &write, T0)
+            .await
+            .unwrap();
+    }
+    store
+        .complete(&k, new.lease.token, &super::created(), T0)
+        .await
+        .unwrap();
+    (k, id)
+}
+
 /// A staged delivery is due only once its operation is completed with a success (2xx):
 /// not while it runs, not after a 4xx; a call step where a delivery was staged (or the
 /// reverse) is refused as a changed step.
@@ -297,21 +319,7 @@ pub async fn staged_deliveries_wait_for_a_completed_success(store: Arc<dyn Store
 /// A due delivery is claimed by one worker at a time, until its claim ends; only that
 /// claim settles it: delivered, due again at a later time, or given up.
 pub async fn a_delivery_is_claimed_once_and_settled(store: Arc<dyn Store>) {
-    let k = key("outbox-claims");
-    let new = new_record("sha256:a", T0);
-    started(&*store, &k, &new, T0).await;
-    let id = new.operation_id;
-    for (i, name) in ["mail", "hook"].iter().enumerate() {
-        let write = write(id, u32::try_from(i).unwrap(), name, staged("1"));
-        store
-            .write_step(&k, new.lease.token, &write, T0)
-            .await
-            .unwrap();
-    }
-    store
-        .complete(&k, new.lease.token, &super::created(), T0)
-        .await
-        .unwrap();
+    let (k, id) = two_staged_then_completed(&*store, "outbox-claims").await;
     let now = T0 + 10;
     let claimed = store
         .claim_delivery(&k, id, 0, now + 5_000, now)
@@ -372,21 +380,7 @@ pub async fn a_delivery_is_claimed_once_and_settled(store: Arc<dyn Store>) {
 /// A delivery that fails definitely is given up: never due again, kept in the journal
 /// (with the delivered ones) for operators; no step, no claim.
 pub async fn a_given_up_delivery_stays_for_operators(store: Arc<dyn Store>) {
-    let k = key("outbox-given-up");
-    let new = new_record("sha256:a", T0);
-    started(&*store, &k, &new, T0).await;
-    let id = new.operation_id;
-    for (i, name) in ["mail", "hook"].iter().enumerate() {
-        let write = write(id, u32::try_from(i).unwrap(), name, staged("1"));
-        store
-            .write_step(&k, new.lease.token, &write, T0)
-            .await
-            .unwrap();
-    }
-    store
-        .complete(&k, new.lease.token, &super::created(), T0)
-        .await
-        .unwrap();
+    let (k, id) = two_staged_then_completed(&*store, "outbox-given-up").await;
     let now = T0 + 10;
     let claimed = store
         .claim_delivery(&k, id, 0, now + 5_000, now)
