@@ -413,3 +413,73 @@ enum Member {
     /// Its record is gone, or finished without a success, or it is no longer staged.
     Gone,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::conformance::{self, new_record, redis as live};
+    use crate::store::{OperatorStore, RecordStore};
+
+    /// A step field that is not a step, or is not JSON, is a record the store cannot read
+    /// (never a panic); a write over a field that is not JSON replaces it. A member of the
+    /// outbox that is not idem's, or whose record is gone, is dropped by the worker's
+    /// listing, which goes on.
+    #[tokio::test]
+    async fn foreign_journal_fields_and_outbox_members_are_refused_or_dropped() {
+        let Some(url) = live::url_or_skip("the Redis journal").await else {
+            return;
+        };
+        let store = live::scratch_store(&url).await;
+        let mut conn = store.connection().clone();
+        let k = RecordKey::new("op", "c", "journal");
+        let new = new_record("sha256:a", conformance::T0);
+        store.begin(&k, &new, conformance::T0).await.unwrap();
+        let hset = |field: &'static str, value: &'static str| {
+            redis::cmd("HSET")
+                .arg(store.hash_name(&k))
+                .arg(field)
+                .arg(value)
+                .clone()
+        };
+        let _: () = hset("step:0", "not json")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let read = store.steps(&k, new.operation_id, conformance::T0).await;
+        assert!(matches!(read, Err(StoreError::Corrupt(_))), "{read:?}");
+        let write = StepWrite {
+            operation_id: new.operation_id,
+            index: 0,
+            name: "charge".into(),
+            state: StepState::Pending,
+        };
+        let step = store
+            .write_step(&k, new.lease.token, &write, conformance::T0)
+            .await
+            .unwrap();
+        assert_eq!((step.name.as_str(), step.calls), ("charge", 1));
+        let _: () = hset("step:x", "{}").query_async(&mut conn).await.unwrap();
+        let read = store.steps(&k, new.operation_id, conformance::T0).await;
+        assert!(matches!(read, Err(StoreError::Corrupt(_))), "{read:?}");
+
+        let outbox = store.outbox_name();
+        let gone = format!("0:{}", store.hash_name(&RecordKey::new("op", "c", "gone")));
+        for member in ["not a member", "7:not-a-name", gone.as_str()] {
+            let _: () = redis::cmd("ZADD")
+                .arg(&outbox)
+                .arg(0)
+                .arg(member)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+        let due = store.due_deliveries(10, conformance::T0).await.unwrap();
+        assert_eq!(due, vec![]);
+        let left: u64 = redis::cmd("ZCARD")
+            .arg(&outbox)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(left, 0, "dropped");
+    }
+}
