@@ -174,6 +174,17 @@ macro_rules! suite {
             impl Fixture {
                 pub(super) async fn new(max_stored_body: usize) -> Option<Fixture> {
                     let (store, dir): ($store, Option<tempfile::TempDir>) = $open.await?;
+                    Some(Fixture::with_store(store, dir, max_stored_body, true).await)
+                }
+
+                /// The fixture over `store` (`dir` kept until it is dropped), with the
+                /// default client budget or without one.
+                pub(super) async fn with_store(
+                    store: $store,
+                    dir: Option<tempfile::TempDir>,
+                    max_stored_body: usize,
+                    budget: bool,
+                ) -> Fixture {
                     sqlx::query(
                         "CREATE TABLE orders (operation_id TEXT PRIMARY KEY, key TEXT NOT NULL, amount BIGINT NOT NULL)",
                     )
@@ -184,15 +195,15 @@ macro_rules! suite {
                     // (2 s against a 10 s per-attempt timeout).
                     let idem = Idem::transactional_builder(store.clone(), identity::header("x-client-id"))
                         .max_stored_body(max_stored_body)
-                        .heartbeat(Duration::from_millis(600))
-                        .build();
+                        .heartbeat(Duration::from_millis(600));
+                    let idem = if budget { idem.build() } else { idem.without_client_budget().build() };
                     let app = App { store, hooks: Hooks::default() };
                     let router = Router::new()
                         .route("/orders", route_post(create_order))
                         .route("/orders/operations/{key}", get(order_status))
                         .with_state(app.clone())
                         .layer(idem.layer());
-                    Some(Fixture { server: TestServer::start(router).await, app, _dir: dir })
+                    Fixture { server: TestServer::start(router).await, app, _dir: dir }
                 }
 
                 pub(super) async fn orders(&self) -> i64 {
@@ -203,8 +214,15 @@ macro_rules! suite {
                 }
 
                 pub(super) async fn state(&self, key: &str) -> RecordState {
+                    self.record_state(key).await.expect("a record")
+                }
+
+                /// The key's committed record's state; `None` when nothing is
+                /// committed (an attempt rolled back leaves nothing: its record was in
+                /// its transaction).
+                pub(super) async fn record_state(&self, key: &str) -> Option<RecordState> {
                     let key = RecordKey::new("create_order", "client-a", key);
-                    self.app.store.get(&key, unix_now()).await.unwrap().expect("a record").state
+                    self.app.store.get(&key, unix_now()).await.unwrap().map(|r| r.state)
                 }
 
                 pub(super) fn runs(&self) -> usize {
@@ -304,17 +322,18 @@ macro_rules! suite {
                 assert_eq!(f.orders().await, 1);
             }
 
-            /// The record's update inside the transaction is fenced: when the lease is
-            /// no longer this attempt's, the whole transaction rolls back, business
-            /// write included.
+            /// The record's update inside the transaction is fenced: when the record
+            /// is no longer this attempt's (its token changed inside the transaction),
+            /// the whole transaction rolls back, business write and record included;
+            /// then the key is released, as for any rolled-back attempt.
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_lost_lease_refuses_the_commit() {
                 let Some(f) = Fixture::new(1 << 20).await else { return };
                 let first = post(&f.server, "k-lost", "lose-lease-in-tx").await;
                 let problem = first.problem(503, "attempt-rolled-back");
-                assert_eq!(problem["state"], "processing");
-                assert_eq!(problem["new_key_safe"], false);
+                assert_eq!(problem["state"], "released");
                 assert_eq!(f.orders().await, 0, "the business write rolled back with it");
+                assert_eq!(f.state("k-lost").await, RecordState::Released);
             }
 
             /// A result whose body is larger than idem keeps commits with its record:
@@ -364,6 +383,37 @@ macro_rules! suite {
                 let retry = post(&f.server, "k-long-503", "ok").await;
                 assert_eq!(retry.status, 201);
                 assert_eq!(f.orders().await, 2);
+            }
+
+            /// While an attempt runs, its record is in its transaction, not committed:
+            /// a duplicate is answered at once by the contract's `concurrency` (409 with
+            /// the attempt's `Operation-Id`; were it waiting for the uncommitted row, it
+            /// would wait for the attempt, which waits for this test), and the status
+            /// lookup says `processing` under the same id. Then one commit: the order
+            /// and its record.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_duplicate_of_a_running_attempt_is_answered_at_once() {
+                let Some(f) = Fixture::new(1 << 20).await else { return };
+                let hooks = f.app.hooks.clone();
+                let request = tokio::spawn(send(
+                    f.server.post("/orders", "k-open").json(&order("wait-for-takeover")),
+                ));
+                hooks.written.notified().await;
+                let duplicate = post(&f.server, "k-open", "ok").await;
+                duplicate.problem(409, "operation-in-progress");
+                let status = send(f.server.get("/orders/operations/k-open")).await;
+                assert_eq!(status.status, 200, "{status:?}");
+                let report: Value = serde_json::from_slice(&status.body).unwrap();
+                assert_eq!(report["state"], "processing", "{report}");
+                assert_eq!(report["operation_id"], duplicate.operation_id().to_string());
+                assert!(report["retry_after"].as_u64().is_some_and(|s| s >= 1), "{report}");
+                assert_eq!(f.record_state("k-open").await, None, "nothing committed yet");
+                hooks.resume.notify_one();
+                let answer = request.await.unwrap();
+                assert_eq!(answer.status, 201, "{answer:?}");
+                assert_eq!(answer.operation_id(), duplicate.operation_id());
+                assert!(matches!(f.state("k-open").await, RecordState::Completed { .. }));
+                assert_eq!((f.runs(), f.orders().await), (1, 1));
             }
 
             /// Twenty concurrent requests with one key: one order, and every other
@@ -433,11 +483,13 @@ suite!(
     open = postgres(),
 );
 
-/// PostgreSQL, many instances: another instance takes the record over (its own,
-/// committed write) while this attempt's transaction is open. The fenced update then
-/// finds another owner, and this attempt's business write never commits.
+/// PostgreSQL, many instances: while an attempt's transaction is open, its record is
+/// in it, not committed, so no other session can see it, let alone take it over; the
+/// key's advisory lock answers a duplicate at once (409 with the attempt's
+/// `Operation-Id`), and the status lookup says `processing`. The attempt then commits
+/// its order and its record together.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_takeover_by_another_instance_refuses_the_commit() {
+async fn another_session_cannot_take_over_an_open_attempt() {
     let Some(f) = on_postgres::Fixture::new(1 << 20).await else {
         return;
     };
@@ -455,12 +507,14 @@ async fn a_takeover_by_another_instance_refuses_the_commit() {
     .execute(f.app.store.pool())
     .await
     .unwrap();
-    assert_eq!(taken.rows_affected(), 1, "the takeover committed first");
+    assert_eq!(taken.rows_affected(), 0, "no other session sees the record");
+    let duplicate = send(f.server.post("/orders", "k-taken").json(&order("ok"))).await;
+    duplicate.problem(409, "operation-in-progress");
     hooks.resume.notify_one();
     let answer = request.await.unwrap();
-    let problem = answer.problem(503, "attempt-rolled-back");
-    assert_eq!(problem["state"], "processing");
-    assert_eq!(f.orders().await, 0);
+    assert_eq!(answer.status, 201, "{answer:?}");
+    assert_eq!(duplicate.operation_id(), answer.operation_id());
+    assert_eq!(f.orders().await, 1);
 }
 
 /// A handler that takes `Tx` behind a handle made with `Idem::new` (no transactional
@@ -634,4 +688,93 @@ mod manual_recovery {
         });
         assert_eq!(RUNS.load(SeqCst), 2);
     }
+}
+
+/// One commit per new key on PostgreSQL, counted by the server: `pg_stat_database`'s
+/// `xact_commit` of a database only this test uses (every transaction counts there, a
+/// lone read included). A session reports its counts when idle for a while or when it
+/// ends, so each phase closes its pool before the count. Two phases in two fresh
+/// schemas: the setup alone (the schema, the store's migrations, the orders table, the
+/// server), then the same setup and 200 new keys sent one after another; the difference
+/// is the requests' own commits, and the one read of the orders at the end. Without a
+/// client budget: its count of what a client holds is a read of its own, once per
+/// allowance (every 8 new keys of a client with the default budget and stored-body
+/// limit), which `pg_stat_database` counts as a transaction too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_commits_once_per_new_key() {
+    use std::str::FromStr;
+
+    use idem_runtime::store::conformance::postgres;
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+    const REQUESTS: usize = 200;
+    if postgres::scratch_pool("commits per request")
+        .await
+        .is_none()
+    {
+        return;
+    }
+    let admin = sqlx::PgPool::connect(&postgres::url()).await.unwrap();
+    let micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros();
+    let name = format!("idem_commits_{}_{micros}", std::process::id());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let options = PgConnectOptions::from_str(&postgres::url())
+        .unwrap()
+        .database(&name);
+    let commits = || async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let n: i64 =
+            sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = $1")
+                .bind(&name)
+                .fetch_one(&admin)
+                .await
+                .unwrap();
+        n
+    };
+    let phase = |requests: usize, schema: &'static str| {
+        let options = options.clone().options([("search_path", schema)]);
+        async move {
+            let pool = PgPoolOptions::new()
+                .max_connections(8)
+                .connect_with(options)
+                .await
+                .unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+                .execute(&pool)
+                .await
+                .unwrap();
+            let store = idem::PostgresStore::from_pool(pool.clone()).await.unwrap();
+            let f = on_postgres::Fixture::with_store(store, None, 1 << 20, false).await;
+            for i in 0..requests {
+                let answer = post(&f.server, &format!("k-commit-{i}"), "ok").await;
+                assert_eq!(answer.status, 201, "{answer:?}");
+            }
+            assert_eq!(f.orders().await, i64::try_from(requests).unwrap());
+            drop(f);
+            pool.close().await;
+        }
+    };
+    let start = commits().await;
+    phase(0, "setup_only").await;
+    let setup = commits().await - start;
+    phase(REQUESTS, "with_requests").await;
+    let with_requests = commits().await - start - setup;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE {name} WITH (FORCE)"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+    #[allow(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+    let per_request = (with_requests - setup) as f64 / REQUESTS as f64;
+    assert!(
+        (0.98..=1.05).contains(&per_request),
+        "{per_request:.3} commits per new key ({with_requests} with the requests, {setup} for the setup alone)"
+    );
 }

@@ -117,7 +117,21 @@ impl<C: Contracted> Lookup<C> {
             let now = self.idem.now().await;
             let record = match self.idem.store().get(&key, now).await {
                 Ok(Some(record)) => record,
-                Ok(None) => return OperationStatus::NotFound,
+                Ok(None) => {
+                    // An attempt whose record is in its transaction, not committed yet
+                    // (read again after the mark: one that finds the record committed
+                    // meanwhile holds the mark for a moment, and answers from it).
+                    let holder = match self.idem.in_flight(&key).await {
+                        Ok(Some(holder)) => holder,
+                        Ok(None) => return OperationStatus::NotFound,
+                        Err(error) => return unavailable(&error),
+                    };
+                    match self.idem.store().get(&key, now).await {
+                        Ok(Some(record)) => record,
+                        Ok(None) => holder.record(contract.ttl.as_millis()),
+                        Err(error) => return unavailable(&error),
+                    }
+                }
                 Err(error) => return unavailable(&error),
             };
             let ended = record

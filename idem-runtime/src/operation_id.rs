@@ -31,6 +31,16 @@ impl OperationId {
         &self.0
     }
 
+    /// When the id was made, unix milliseconds: the timestamp of a UUIDv7 (`None` for
+    /// another version, read back from a store).
+    pub fn created_at(&self) -> Option<u64> {
+        let (secs, nanos) = self.0.get_timestamp()?.to_unix();
+        Some(
+            secs.saturating_mul(1000)
+                .saturating_add(u64::from(nanos / 1_000_000)),
+        )
+    }
+
     /// An id from a UUID read back from a store.
     pub const fn from_uuid(uuid: Uuid) -> OperationId {
         OperationId(uuid)

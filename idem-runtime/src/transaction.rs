@@ -69,8 +69,8 @@ use crate::answer;
 use crate::fault;
 use crate::operation::{HandlerMode, ModeOf};
 use crate::store::{
-    OpenTransaction, OwnerToken, RecordKey, Reservation, StoreError, StoredResponse,
-    TransactionalStore, UnixMillis,
+    BeginInTx, InFlight, NewRecord, OpenTransaction, OwnerToken, RecordKey, Registered,
+    Reservation, StoreError, StoredResponse, TransactionalStore, UnixMillis,
 };
 
 /// The transaction of a contracted handler's attempt: the business writes go through
@@ -117,6 +117,8 @@ impl<DB: Database> fmt::Debug for Tx<DB> {
 struct Cell<DB: Database> {
     store: Arc<dyn TransactionalStore<Database = DB>>,
     state: Mutex<State<DB>>,
+    /// Whether the key was registered inside the transaction ([`TxControl::register`]).
+    registered: std::sync::atomic::AtomicBool,
 }
 
 /// What a deferred transaction calls once it has begun.
@@ -205,6 +207,7 @@ where
             cell: Arc::new(Cell {
                 store,
                 state: Mutex::new(State::NotBegun),
+                registered: std::sync::atomic::AtomicBool::new(false),
             }),
         };
         parts.extensions.insert(tx.clone());
@@ -239,6 +242,35 @@ impl AttemptTx {
     /// ends at `until`.
     pub(crate) async fn begin(&self, until: Instant) -> Result<(), StoreError> {
         self.0.begin(until).await
+    }
+
+    /// Begins the transaction with the key registered inside it ([`TxControl::register`]).
+    pub(crate) async fn register(
+        &self,
+        key: &RecordKey,
+        new: &NewRecord,
+        now: UnixMillis,
+        until: Instant,
+    ) -> Result<BeginInTx, StoreError> {
+        self.0.register(key, new, now, until).await
+    }
+
+    /// The attempt holding `key` in a registered transaction not ended yet, if one does.
+    pub(crate) async fn in_flight(&self, key: &RecordKey) -> Result<Option<InFlight>, StoreError> {
+        self.0.in_flight(key).await
+    }
+
+    /// Whether the right to begin is held ([`AttemptTx::reserve`] or
+    /// [`AttemptTx::try_reserve`] took it).
+    pub(crate) async fn is_reserved(&self) -> bool {
+        self.0.is_reserved().await
+    }
+
+    /// Whether the key's record was written inside the open transaction: it commits with
+    /// the result, a rollback leaves nothing of it, and the transaction's mark on the key
+    /// fences the attempt (no lease to renew).
+    pub(crate) fn registered(&self) -> bool {
+        self.0.registered()
     }
 
     /// Defers the beginning to the handler's first `Tx::conn` ([`TxControl::defer`]).
@@ -301,6 +333,27 @@ pub(crate) trait TxControl: Send + Sync {
     /// ends at `until`: the store bounds it on its server by the time left
     /// ([`TransactionalStore::begin_transaction`]).
     async fn begin(&self, until: Instant) -> Result<(), StoreError>;
+
+    /// Begins the transaction with `key` registered inside it as `new`
+    /// ([`TransactionalStore::begin_registered`]), for an attempt whose time ends at
+    /// `until`; with the right to begin taken before, which is kept when the key is not
+    /// registered.
+    async fn register(
+        &self,
+        key: &RecordKey,
+        new: &NewRecord,
+        now: UnixMillis,
+        until: Instant,
+    ) -> Result<BeginInTx, StoreError>;
+
+    /// [`TransactionalStore::in_flight`] of the store.
+    async fn in_flight(&self, key: &RecordKey) -> Result<Option<InFlight>, StoreError>;
+
+    /// Whether the right to begin is held.
+    async fn is_reserved(&self) -> bool;
+
+    /// Whether the key's record was written inside the open transaction.
+    fn registered(&self) -> bool;
 
     /// Defers the beginning to the handler's first [`Tx::conn`] (or to the settlement),
     /// keeping the right to begin meanwhile; `on_open` is called once it has begun. For
@@ -475,6 +528,53 @@ impl<DB: Database> TxControl for Cell<DB> {
         Ok(())
     }
 
+    async fn register(
+        &self,
+        key: &RecordKey,
+        new: &NewRecord,
+        now: UnixMillis,
+        until: Instant,
+    ) -> Result<BeginInTx, StoreError> {
+        let mut state = self.state.lock().await;
+        let reservation = match std::mem::replace(&mut *state, State::Ended) {
+            State::Reserved(reservation) => reservation,
+            _ => Reservation::default(),
+        };
+        let within = until.saturating_duration_since(Instant::now());
+        let registered = self
+            .store
+            .begin_registered(reservation, key, new, now, within)
+            .await;
+        let (next, answer) = match registered? {
+            Registered::Started(record, open) => {
+                self.registered
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                (State::Open(open), BeginInTx::Started(record))
+            }
+            Registered::Exists(record, kept) => (State::Reserved(kept), BeginInTx::Exists(record)),
+            Registered::InFlight(holder, kept) => {
+                (State::Reserved(kept), BeginInTx::InFlight(holder))
+            }
+            Registered::OverBudget(over, kept) => {
+                (State::Reserved(kept), BeginInTx::OverBudget(over))
+            }
+        };
+        *state = next;
+        Ok(answer)
+    }
+
+    async fn in_flight(&self, key: &RecordKey) -> Result<Option<InFlight>, StoreError> {
+        self.store.in_flight(key).await
+    }
+
+    async fn is_reserved(&self) -> bool {
+        matches!(*self.state.lock().await, State::Reserved(_))
+    }
+
+    fn registered(&self) -> bool {
+        self.registered.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     async fn defer(&self, until: Instant, on_open: OnOpen) {
         let mut state = self.state.lock().await;
         let reservation = match std::mem::replace(&mut *state, State::Ended) {
@@ -547,6 +647,15 @@ impl<DB: Database> TxControl for Cell<DB> {
         let Some(mut open) = self.take(until).await else {
             return RolledBack::Rolled(Reservation::default());
         };
+        if open.registered {
+            // The record was written in the transaction: rolled back, nothing of the
+            // attempt is left, and its mark on the key goes with the transaction. The
+            // caller records the release.
+            return match tokio::time::timeout_at(until, self.rollback(open)).await {
+                Ok(writer) => RolledBack::Rolled(writer),
+                Err(_elapsed) => RolledBack::Pending,
+            };
+        }
         // A rollback queued behind a statement that is still running ends when that
         // statement does: wait for it at most until `until`.
         let cell = Arc::clone(&self);

@@ -77,6 +77,7 @@ pub(super) fn with_lookup(
     linked: Verdict,
     answers: &[Seen],
     looked: &Looked,
+    effects: u64,
 ) -> Verdict {
     let ended = answers
         .last()
@@ -88,7 +89,9 @@ pub(super) fn with_lookup(
         (Verdict::Pass(evidence), Looked::Missing(missing)) if ended => Verdict::Fail(format!(
             "{evidence}, but after the operation's outcome {missing}"
         )),
-        (Verdict::Pass(evidence), looked) => linked_by_lookup(scenario, evidence, answers, looked),
+        (Verdict::Pass(evidence), looked) => {
+            linked_by_lookup(scenario, evidence, answers, looked, effects)
+        }
         (other, _) => other,
     }
 }
@@ -99,6 +102,7 @@ fn linked_by_lookup(
     evidence: String,
     answers: &[Seen],
     looked: &Looked,
+    effects: u64,
 ) -> Verdict {
     let crash = scenario == Scenario::Crash;
     let found = match looked {
@@ -130,6 +134,12 @@ fn linked_by_lookup(
     if crash {
         match found.get("attempt").and_then(serde_json::Value::as_u64) {
             Some(n) if n >= 2 => {}
+            Some(n) if crate::seen::crash_left_nothing(scenario, effects, Some(n)) => {
+                return Verdict::Pass(format!(
+                    "{evidence}; {}: the crashed attempt left nothing (its effect and its record rolled back together), and the retry ran as the operation's first attempt",
+                    summary(found)
+                ));
+            }
             Some(n) => {
                 return Verdict::Fail(format!(
                     "{evidence}, but the status lookup counts {n} attempt(s): the crashed attempt is not part of this operation"

@@ -264,9 +264,14 @@ impl OperatorCheck {
 }
 
 /// The fewest attempts the scenario makes that register the key (a refusal that
-/// releases it and its retry; a crashed attempt and recovery's).
-fn fewest_attempts(scenario: Scenario) -> u32 {
-    match scenario {
+/// releases it and its retry; a crashed attempt and recovery's, or only the retry's
+/// when the crashed attempt left nothing, [`Evidence::crash_left_nothing`], the record
+/// counting `counted`).
+fn fewest_attempts(evidence: &Evidence, counted: u32) -> u32 {
+    if evidence.crash_left_nothing(Some(u64::from(counted))) {
+        return 1;
+    }
+    match evidence.scenario {
         Scenario::TooManyRequests | Scenario::Transient503 | Scenario::Crash => 2,
         Scenario::LostAnswer | Scenario::Permanent400 | Scenario::Concurrent => 1,
     }
@@ -291,7 +296,7 @@ fn consistent(evidence: &Evidence, inspection: &Inspection) -> Result<(), String
             record.attempt
         ));
     }
-    let fewest = fewest_attempts(evidence.scenario);
+    let fewest = fewest_attempts(evidence, record.attempt);
     if record.attempt < fewest {
         return Err(format!(
             "Store::inspect shows {} attempt(s), the scenario made at least {fewest} that registered the key: {seen}",

@@ -107,7 +107,7 @@ impl Run<'_> {
         let effects = self.count().await?.saturating_sub(before);
         let path = self.harness.status_lookup.as_deref();
         let looked = lookup::look(&self.sender, &self.base, path, &key).await;
-        let linked = lookup::with_lookup(scenario, linked, &answers, &looked);
+        let linked = lookup::with_lookup(scenario, linked, &answers, &looked, effects);
         let evidence = Evidence {
             scenario,
             key: key.clone(),

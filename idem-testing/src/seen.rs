@@ -120,6 +120,21 @@ impl Evidence {
         ids
     }
 
+    /// Whether the crash scenario's crashed attempt left nothing behind, its effect and
+    /// its record rolled back together (a transactional service that registers the key
+    /// inside the attempt's transaction): one effect, and the operation counts one
+    /// attempt, `attempts` (or, without it, the status lookup's count), so the one
+    /// effect is the retry's. Such a crashed attempt is no part of the operation, and
+    /// its request is not counted as one of the operation's attempts.
+    pub fn crash_left_nothing(&self, attempts: Option<u64>) -> bool {
+        let looked = self
+            .lookup
+            .as_ref()
+            .and_then(|found| found.get("attempt"))
+            .and_then(serde_json::Value::as_u64);
+        crash_left_nothing(self.scenario, self.effects, attempts.or(looked))
+    }
+
     /// The scenario's operation id: the first `Operation-Id` of its answers, else the
     /// one the status lookup names.
     pub fn operation_id(&self) -> Option<String> {
@@ -138,4 +153,10 @@ impl Evidence {
     pub async fn resend(&self) -> Seen {
         self.sender.send(&self.sender.base, &self.key, None).await
     }
+}
+
+/// [`Evidence::crash_left_nothing`], from the scenario, its effects and the operation's
+/// count of attempts.
+pub(super) fn crash_left_nothing(scenario: Scenario, effects: u64, attempts: Option<u64>) -> bool {
+    scenario == Scenario::Crash && effects == 1 && attempts == Some(1)
 }

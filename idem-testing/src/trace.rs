@@ -245,7 +245,9 @@ fn reached_final(evidence: &Evidence) -> bool {
 }
 
 fn judge(evidence: &Evidence, id: &str, spans: &[AttemptSpan], ends: &[String]) -> Verdict {
-    let requests = evidence.answers.len();
+    // A crashed attempt that left nothing ran under an operation that was never kept.
+    let attempts = spans.iter().filter_map(AttemptSpan::attempt).max();
+    let requests = evidence.answers.len() - usize::from(evidence.crash_left_nothing(attempts));
     let shown = runs(spans.iter().map(AttemptSpan::describe));
     if spans.len() < requests {
         return Verdict::Fail(format!(

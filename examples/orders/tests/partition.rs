@@ -6,14 +6,16 @@
 //! and 5 s, with one order; the first instance answers its own request long before the
 //! partition ends, and once it does the key replays there.
 //!
-//! What bounds it: the first instance's lease is no longer renewed (2 s), so the second
-//! takes the key over; its insert of the order waits for the unique index entry the
-//! silent session holds, until the server ends that session at the attempt's
-//! `idle_in_transaction_session_timeout` (its time left and a grace). The cut-off
-//! instance gives its commit up at its deadline and answers after one more bounded call.
-//! Measured on a 2-core machine: the key succeeds 11.0 s after the partition began, and
-//! the cut-off instance answers 503 after 13.0 s; without these bounds the key was held
-//! for the whole partition.
+//! What bounds it: the first attempt's record is in its transaction, and the key's
+//! advisory lock with it, so the second instance answers the key with the contract's
+//! concurrency answer (409) until the server ends the silent session at the attempt's
+//! `idle_in_transaction_session_timeout` (its time left and a grace); the transaction
+//! then rolls back, the lock is let go, and the retry runs. The cut-off instance gives its
+//! commit up at its deadline and answers after one more bounded call. Measured on a
+//! 2-core machine: the key succeeds 11.2 s after the partition began, and the cut-off
+//! instance answers 503 after 13.0 s (11.0 s and 13.0 s when the key's record was
+//! committed on its own before the transaction and taken over by lease); without these
+//! bounds the key was held for the whole partition.
 
 mod common;
 

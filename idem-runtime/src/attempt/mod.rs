@@ -47,7 +47,7 @@ use crate::answer::{self, with_operation_id};
 use crate::idem::running::Alive;
 use crate::mode::{AttemptTx, Mode};
 use crate::replay::select_headers;
-use crate::store::{OwnerToken, RecordKey, StoreError, StoredResponse};
+use crate::store::{NewRecord, OwnerToken, RecordKey, StoreError, StoredResponse};
 use crate::telemetry::Outcome;
 use crate::{Idem, OperationId};
 
@@ -105,6 +105,9 @@ pub(crate) struct Held {
     /// For a transaction deferred to the handler's first write ([`Held::attach_deferred`]):
     /// whether it has begun.
     tx_opened: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// The record as registered inside the attempt's transaction (the transactional
+    /// mode's one commit): nothing of it is left once the transaction rolls back.
+    pub(crate) registered_as: Option<Box<NewRecord>>,
     /// Holds the lease, even past its end, and renews it in the store, for as long as
     /// this attempt is alive ([`crate::idem::running::Running`]).
     _alive: Alive,
@@ -135,6 +138,7 @@ impl Held {
             settled: OnceLock::new(),
             journal: OnceLock::new(),
             tx_opened: None,
+            registered_as: None,
             _alive: idem
                 .running()
                 .enter(idem, key, token, idem.lease_for(contract), started),
@@ -143,9 +147,11 @@ impl Held {
 
     /// Attaches the attempt's transaction. With a store whose transaction holds the only
     /// write lock (SQLite), the heartbeat pauses: no other writer can act on the record
-    /// until the transaction ends, and the renewal would wait for that lock.
+    /// until the transaction ends, and the renewal would wait for that lock. It pauses
+    /// too when the key was registered inside the transaction: no other connection sees
+    /// the record, and the transaction's mark on the key fences the attempt.
     pub(crate) fn attach(&mut self, tx: AttemptTx) {
-        if tx.fences_by_lock() {
+        if tx.fences_by_lock() || tx.registered() {
             self.idem.running().pause(self.token);
         }
         self.mode = Mode::Transactional(tx);

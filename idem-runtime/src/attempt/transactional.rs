@@ -11,7 +11,7 @@ use super::{Ended, Held};
 use crate::answer::{self, with_operation_id};
 use crate::mode::AttemptTx;
 use crate::replay::Captured;
-use crate::store::{OperationState, StoreError, StoredResponse};
+use crate::store::{Begin, Lease, NewRecord, OperationState, StoreError, StoredResponse};
 use crate::telemetry::Outcome;
 use crate::transaction::{CommitError, RolledBack};
 
@@ -94,6 +94,13 @@ impl Held {
     ) -> Response {
         let id = self.operation_id;
         match error {
+            // The record was in the transaction: nothing of it is left.
+            StoreError::LeaseLost if self.registered_as.is_some() => {
+                self.log_lease_lost("commit");
+                let why = "lost its record before it could commit";
+                let answer = |state| answer::attempt_rolled_back(self.contract, id, why, state, 1);
+                self.release_after_rollback(answer).await
+            }
             StoreError::LeaseLost => {
                 self.log_lease_lost("commit");
                 answer::attempt_rolled_back(
@@ -139,6 +146,9 @@ impl Held {
             "idem: the attempt's transaction ended before idem could commit it; what the handler wrote is rolled back"
         );
         if (400..500).contains(&status) {
+            if let Some(new) = &self.registered_as {
+                return self.record_alone(new, stored, parts, body).await;
+            }
             return match self.store_complete(stored).await {
                 Ok(()) => {
                     self.log_outcome(Outcome::Executed, status);
@@ -158,6 +168,17 @@ impl Held {
     /// changes nothing, and the answer cannot say which, so it is 503.
     async fn commit_failed(&self, error: &StoreError) -> Response {
         self.log_store_failure("commit", error);
+        if self.registered_as.is_some() {
+            // The record was in the transaction: committed with the answer, or nothing
+            // is left. A retry finds the one or runs again.
+            return answer::store_unavailable(
+                &self.idem,
+                self.contract,
+                Some(self.operation_id),
+                error,
+            )
+            .into_response();
+        }
         match self.store_release().await {
             Ok(()) => answer::attempt_rolled_back(
                 self.contract,
@@ -192,6 +213,11 @@ impl Held {
             }
             RolledBack::LeaseLost => {
                 self.log_lease_lost("release");
+                return answer(OperationState::Processing);
+            }
+            // The key's record is in the transaction whose rollback waits: the key is
+            // held until it ends, then free (a retry is then a new operation).
+            RolledBack::Pending if self.registered_as.is_some() => {
                 return answer(OperationState::Processing);
             }
             // Nothing can commit; the release goes on beside the unfinished rollback
@@ -229,6 +255,9 @@ impl Held {
         &self,
         answer: impl FnOnce(OperationState) -> Response,
     ) -> Response {
+        if let Some(new) = &self.registered_as {
+            return self.release_registered(new, answer).await;
+        }
         let released = match self.store_release().await {
             Err(StoreError::LeaseLost) => match self.revive().await {
                 Ok(()) => self.store_release().await,
@@ -244,5 +273,77 @@ impl Held {
             }
             Err(error) => self.write_failed("release", &error),
         }
+    }
+
+    /// A permanent refusal (4xx) of an attempt whose record was registered in its
+    /// transaction, which the database ended: the key is registered again as `new` was,
+    /// under the same token, and completed with the refusal (two writes, on this rare
+    /// path). Another attempt that took the key meanwhile keeps it: 503
+    /// `attempt-rolled-back`, processing.
+    async fn record_alone(
+        &self,
+        new: &NewRecord,
+        stored: &StoredResponse,
+        parts: Parts,
+        body: Bytes,
+    ) -> Response {
+        match self.register_again(new).await {
+            Ok(true) => match self.store_complete(stored).await {
+                Ok(()) => {
+                    self.log_outcome(Outcome::Executed, stored.status);
+                    self.answer(parts, body)
+                }
+                Err(error) => self.write_failed("complete", &error),
+            },
+            Ok(false) => answer::attempt_rolled_back(
+                self.contract,
+                self.operation_id,
+                "ended without its commit (its transaction has ended), and another attempt holds the key now",
+                OperationState::Processing,
+                1,
+            ),
+            Err(error) => self.write_failed("begin", &error),
+        }
+    }
+
+    /// Records the release of an attempt whose record rolled back with its transaction:
+    /// the key registered again as `new` was and released at once, so that the retry
+    /// goes on with the same operation (its id, its count of attempts). Two writes, on
+    /// this path only. Answers with `answer(state)`: `released`, or `processing` when
+    /// another attempt took the key meanwhile.
+    async fn release_registered(
+        &self,
+        new: &NewRecord,
+        answer: impl FnOnce(OperationState) -> Response,
+    ) -> Response {
+        match self.register_again(new).await {
+            Ok(true) => {}
+            Ok(false) => return answer(OperationState::Processing),
+            Err(error) => return self.write_failed("begin", &error),
+        }
+        match self.store_release().await {
+            Ok(()) => answer(OperationState::Released),
+            Err(StoreError::LeaseLost) => answer(OperationState::Processing),
+            Err(error) => self.write_failed("release", &error),
+        }
+    }
+
+    /// Registers the key again as `new` was registered in the attempt's transaction
+    /// (the same operation id and owner token, no budget: the key was admitted), after
+    /// that transaction rolled back; whether it is this attempt's now (`false`: another
+    /// attempt holds it, or finished it).
+    async fn register_again(&self, new: &NewRecord) -> Result<bool, StoreError> {
+        let now = self.idem.now().await;
+        let lease_ms = u64::try_from(self.idem.lease_for(self.contract).as_millis());
+        let new = NewRecord {
+            lease: Lease {
+                token: self.token,
+                until: now.saturating_add(lease_ms.unwrap_or(u64::MAX)),
+            },
+            budget: None,
+            ..new.clone()
+        };
+        let begun = self.idem.store().begin(&self.key, &new, now).await?;
+        Ok(matches!(begun, Begin::Started(_)))
     }
 }

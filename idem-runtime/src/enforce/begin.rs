@@ -1,6 +1,7 @@
-//! Stage 5 and 6, the mode's two moments around registration: the right to begin the
+//! Stage 6 and 8, the mode's two moments around registration: the right to begin the
 //! attempt's transaction is taken before the key is registered, and the transaction
-//! begins once the key is held. The plain mode does neither.
+//! begins once the key is held, unless the key was registered inside it (the
+//! transactional mode's one commit, `register/claim.rs`). The plain mode does neither.
 
 use idem_contract::Contract;
 
@@ -35,6 +36,12 @@ pub(crate) async fn reserve(
     let now = idem.now().await;
     let answered_from_record = match idem.store().get(key, now).await {
         Ok(Some(record)) => !matches!(record.state, RecordState::Released),
+        // An attempt that registered the key in its transaction is answered from its
+        // mark on the key, at once too.
+        Ok(None) if mode.one_commit(contract).is_some() => match tx.in_flight(key).await {
+            Ok(holder) => holder.is_some(),
+            Err(error) => return Err(unavailable(error).into()),
+        },
         Ok(None) => false,
         Err(error) => return Err(unavailable(error).into()),
     };
@@ -58,6 +65,10 @@ pub(crate) async fn begin(
     let Mode::Transactional(tx) = mode else {
         return Ok(held);
     };
+    if held.mode.is_transactional() {
+        // Begun with the key registered inside it (stage 7).
+        return Ok(held);
+    }
     if tx.fences_by_lock() && matches!(contract.recovery, idem_contract::Recovery::Resume) {
         // SQLite's one write lock under a step journal: the steps before the handler's
         // first write are recorded while the lock is free.

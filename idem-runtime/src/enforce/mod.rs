@@ -176,17 +176,9 @@ where
         same.key,
     ));
     begin::reserve(&mode, &idem, contract, &key).await?;
-    let transactional = mode.is_transactional();
     let recoverer = || C::recoverer(state);
-    let held = register::register(
-        &idem,
-        contract,
-        &key,
-        &same.fingerprint,
-        transactional,
-        recoverer,
-    )
-    .await?;
+    let held =
+        register::register(&idem, contract, &key, &same.fingerprint, &mode, recoverer).await?;
     let held = begin::begin(mode, held, contract).await?;
     Ok(Enforced {
         inner,

@@ -45,6 +45,7 @@ impl IdemBuilder {
                 clock,
                 transactional,
                 transactional_database: None,
+                in_flight: None,
                 identity,
                 replayed_headers: Idem::DEFAULT_REPLAYED_HEADERS.into(),
                 max_stored_body: Idem::DEFAULT_MAX_STORED_BODY,

@@ -73,6 +73,9 @@ struct Inner {
     transactional: Option<Arc<dyn Any + Send + Sync>>,
     /// The name of that store's database (sqlx's: `PostgreSQL`, `SQLite`).
     transactional_database: Option<&'static str>,
+    /// The same store, asked by the status lookup for attempts whose records are in
+    /// their transactions, not committed yet.
+    in_flight: Option<Arc<dyn crate::store::InFlightProbe>>,
     identity: Arc<dyn ClientIdentity>,
     replayed_headers: Arc<[HeaderName]>,
     max_stored_body: usize,
@@ -176,7 +179,9 @@ impl Idem {
         let typed: Arc<dyn crate::store::TransactionalStore<Database = S::Database>> =
             store.clone();
         let typed: Arc<dyn Any + Send + Sync> = Arc::new(typed);
+        let probe: Arc<dyn crate::store::InFlightProbe> = store.clone();
         let mut builder = IdemBuilder::new(store, Some(typed), Arc::new(identity));
+        builder.inner.in_flight = Some(probe);
         builder.inner.transactional_database = Some(<S::Database as sqlx::Database>::NAME);
         builder
     }
@@ -212,6 +217,19 @@ impl Idem {
             .as_ref()?
             .downcast_ref::<Arc<dyn crate::store::TransactionalStore<Database = DB>>>()
             .cloned()
+    }
+
+    /// The attempt that holds `key` in a transaction not committed yet (the
+    /// transactional mode's one commit), if one does; never one for a handle made
+    /// without `Idem::transactional`.
+    pub(crate) async fn in_flight(
+        &self,
+        key: &crate::store::RecordKey,
+    ) -> Result<Option<crate::store::InFlight>, crate::store::StoreError> {
+        match &self.inner.in_flight {
+            Some(probe) => probe.in_flight(key).await,
+            None => Ok(None),
+        }
     }
 
     /// The name of the database whose transactions this handle shares with handlers

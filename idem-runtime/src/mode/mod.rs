@@ -36,6 +36,18 @@ impl Mode {
         matches!(self, Mode::Transactional(_))
     }
 
+    /// The attempt's transaction when the key is registered inside it, one commit for the
+    /// key and the business writes: the transactional mode, unless the contract resumes
+    /// (`recovery = resume`: its step journal is written beside the transaction, and
+    /// needs the record committed before the first step).
+    pub(crate) fn one_commit(&self, contract: &idem_contract::Contract) -> Option<AttemptTx> {
+        let resumes = matches!(contract.recovery, idem_contract::Recovery::Resume);
+        match self {
+            Mode::Transactional(tx) => (!resumes).then(|| tx.clone()),
+            Mode::Plain => None,
+        }
+    }
+
     /// Whether the attempt's transaction holds the database's only write lock (SQLite):
     /// no other connection can write until it ends.
     pub(crate) fn holds_the_write_lock(&self) -> bool {

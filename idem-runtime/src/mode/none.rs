@@ -3,10 +3,11 @@
 
 use http::Extensions;
 
-use crate::store::StoreError;
+use crate::store::{BeginInTx, InFlight, NewRecord, RecordKey, StoreError, UnixMillis};
 
 /// The transaction of an attempt: none can exist without the features `sqlite` or
 /// `postgres`.
+#[derive(Clone)]
 pub(crate) enum AttemptTx {}
 
 impl AttemptTx {
@@ -36,6 +37,28 @@ impl AttemptTx {
     }
 
     pub(crate) fn fences_by_lock(&self) -> bool {
+        match *self {}
+    }
+
+    pub(crate) async fn register(
+        &self,
+        _key: &RecordKey,
+        _new: &NewRecord,
+        _now: UnixMillis,
+        _until: tokio::time::Instant,
+    ) -> Result<BeginInTx, StoreError> {
+        match *self {}
+    }
+
+    pub(crate) async fn in_flight(&self, _key: &RecordKey) -> Result<Option<InFlight>, StoreError> {
+        match *self {}
+    }
+
+    pub(crate) async fn is_reserved(&self) -> bool {
+        match *self {}
+    }
+
+    pub(crate) fn registered(&self) -> bool {
         match *self {}
     }
 }

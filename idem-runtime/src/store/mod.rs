@@ -119,8 +119,9 @@ pub use ops::{
     AttemptEnd, AttemptSummary, Inspection, ListQuery, Listed, Resolution, ResolutionOutcome,
     ResolutionRecord,
 };
+pub(crate) use record::BeginInTx;
 pub use record::{
-    Begin, Lease, NewRecord, OperationState, OwnerToken, Record, RecordKey, RecordState,
+    Begin, InFlight, Lease, NewRecord, OperationState, OwnerToken, Record, RecordKey, RecordState,
     StoredResponse,
 };
 #[cfg(feature = "redis")]
@@ -131,9 +132,10 @@ pub use sql::SqlStore;
 pub use sql::postgres::{self, PostgresStore};
 #[cfg(feature = "sqlite")]
 pub use sql::sqlite::{self, SqliteStore};
+pub(crate) use traits::InFlightProbe;
 pub use traits::{OperatorStore, RecordStore, Store};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use transactional::{OpenTransaction, Reservation, TransactionalStore};
+pub use transactional::{OpenTransaction, Registered, Reservation, TransactionalStore};
 
 /// The largest result a store keeps unless told otherwise, in bytes (1 MiB), counted as
 /// [`StoredResponse::size`] counts: the body and the selected headers' names and values.

@@ -343,6 +343,14 @@ impl Record {
         self.expires_at <= now
     }
 
+    /// Whether a registration at `now` may take this record over without an attempt's
+    /// lease: its TTL has passed, or it is released (for a request with its
+    /// fingerprint). Such a record does not answer a duplicate by itself; the attempt
+    /// that takes it does.
+    pub fn is_reclaimable(&self, now: UnixMillis) -> bool {
+        self.is_expired(now) || matches!(self.state, RecordState::Released)
+    }
+
     /// The first record of a key, as `begin` writes it.
     pub fn started(new: &NewRecord, now: UnixMillis) -> Record {
         Record {
@@ -439,6 +447,63 @@ pub struct NewRecord {
     /// The client's budget, checked when the key is new to the client (or its TTL has
     /// passed); `None`: no budget, nothing counted ([`super::budget`]).
     pub budget: Option<ClientBudget>,
+}
+
+/// An attempt that holds a key in a transaction not committed yet
+/// (`TransactionalStore::begin_registered` (features `sqlite`, `postgres`)): no other connection can see its record,
+/// so this is what a duplicate and the status lookup are told of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InFlight {
+    /// The attempt's operation id.
+    pub operation_id: OperationId,
+    /// The attempt's number in its operation (1 for a new one).
+    pub attempt: u32,
+    /// When the attempt's time ends, unix milliseconds: it has committed or rolled back
+    /// by then.
+    pub until: UnixMillis,
+}
+
+impl InFlight {
+    /// The record the attempt has written and not committed, as far as it is known
+    /// outside its transaction: processing until `until`, registered at its operation
+    /// id's time (a UUIDv7's), expiring `ttl_ms` after that. Its fingerprint is not known
+    /// (empty) and its lease's token is nil.
+    pub fn record(&self, ttl_ms: u64) -> Record {
+        let created_at = self.operation_id.created_at().unwrap_or(0);
+        Record {
+            operation_id: self.operation_id,
+            fingerprint: String::new(),
+            attempt: self.attempt,
+            created_at,
+            expires_at: created_at.saturating_add(ttl_ms).max(self.until),
+            state: RecordState::Processing {
+                lease: Lease {
+                    token: OwnerToken::from_u128(0),
+                    until: self.until,
+                },
+            },
+            transactional: true,
+        }
+    }
+}
+
+/// What registering a key inside an attempt's transaction came to (the transactional
+/// mode's one commit; `TransactionalStore::begin_registered` with the transaction kept
+/// by the attempt).
+#[derive(Debug)]
+#[cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres")),
+    allow(dead_code, reason = "made only by the transactional mode")
+)]
+pub(crate) enum BeginInTx {
+    /// The key is registered inside the open transaction: the record as written.
+    Started(Record),
+    /// The key has a committed record this attempt may not take.
+    Exists(Record),
+    /// Another attempt holds the key in a transaction not ended yet.
+    InFlight(InFlight),
+    /// The key is new to the client, and the client is at its budget.
+    OverBudget(OverBudget),
 }
 
 /// The outcome of [`RecordStore::begin`](super::RecordStore::begin).

@@ -335,3 +335,12 @@ pub trait OperatorStore: Send + Sync + 'static {
 pub trait Store: RecordStore + OperatorStore {}
 
 impl<T: RecordStore + OperatorStore + ?Sized> Store for T {}
+
+/// What a store knows of attempts that hold a key in a transaction not committed yet
+/// (the transactional mode's one commit), whose records no other connection can see:
+/// every `TransactionalStore` (features `sqlite`, `postgres`), for the status lookup.
+#[async_trait]
+pub(crate) trait InFlightProbe: Send + Sync {
+    /// The attempt that holds `key` so, if one does.
+    async fn in_flight(&self, key: &RecordKey) -> Result<Option<super::InFlight>, StoreError>;
+}

@@ -7,7 +7,10 @@ use async_trait::async_trait;
 use sqlx::{Database, Transaction};
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::{OwnerToken, RecordKey, Store, StoreError, StoredResponse, UnixMillis};
+use super::{
+    InFlight, NewRecord, OverBudget, OwnerToken, Record, RecordKey, Store, StoreError,
+    StoredResponse, UnixMillis,
+};
 
 /// The right to begin one transaction, taken before the key is registered: with a store
 /// that admits one writer at a time, waiting for it happens before anything is
@@ -38,6 +41,13 @@ pub struct OpenTransaction<DB: Database> {
     pub(crate) marker: i64,
     /// Held for the whole transaction by stores that admit one writer at a time.
     pub(crate) reservation: Reservation,
+    /// Whether the key's record was written inside this transaction
+    /// ([`TransactionalStore::begin_registered`]): it commits with the result, or a
+    /// rollback leaves nothing of it.
+    pub(crate) registered: bool,
+    /// What marks the key in flight in this process while the transaction is open
+    /// (SQLite's in-flight keys), let go when it ends.
+    pub(crate) _claim: Option<Box<dyn Send + Sync>>,
 }
 
 impl<DB: Database> OpenTransaction<DB> {
@@ -48,6 +58,43 @@ impl<DB: Database> OpenTransaction<DB> {
             tx,
             marker,
             reservation,
+            registered: false,
+            _claim: None,
+        }
+    }
+
+    /// The same transaction, with the key's record written inside it, marked in flight
+    /// by `claim` (if the store keeps such marks) until it ends.
+    pub fn registered(mut self, claim: Option<Box<dyn Send + Sync>>) -> Self {
+        self.registered = true;
+        self._claim = claim;
+        self
+    }
+}
+
+/// What [`TransactionalStore::begin_registered`] came to.
+pub enum Registered<DB: Database> {
+    /// The key is registered inside the open transaction: the record as written, not
+    /// committed.
+    Started(Record, OpenTransaction<DB>),
+    /// The key has a committed record that this attempt may not take: answer from it.
+    /// Nothing is open; the reservation is given back.
+    Exists(Record, Reservation),
+    /// Another attempt holds the key in a transaction that has not ended.
+    InFlight(InFlight, Reservation),
+    /// The key is new to the client, and the client is at its budget.
+    OverBudget(OverBudget, Reservation),
+}
+
+impl<DB: Database> std::fmt::Debug for Registered<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Registered::Started(record, _) => f.debug_tuple("Started").field(record).finish(),
+            Registered::Exists(record, _) => f.debug_tuple("Exists").field(record).finish(),
+            Registered::InFlight(in_flight, _) => {
+                f.debug_tuple("InFlight").field(in_flight).finish()
+            }
+            Registered::OverBudget(over, _) => f.debug_tuple("OverBudget").field(over).finish(),
         }
     }
 }
@@ -98,6 +145,40 @@ pub trait TransactionalStore: Store {
         reservation: Reservation,
         within: Duration,
     ) -> Result<OpenTransaction<Self::Database>, StoreError>;
+
+    /// Begins a transaction and registers `key` inside it, one commit for the key and the
+    /// business writes: `new` is written as [`RecordStore::begin`](super::RecordStore::begin)
+    /// would write it, but not committed, and the key is marked in flight for as long as
+    /// the transaction is open, so that a duplicate is answered at once rather than
+    /// waiting for the uncommitted row, and so that nothing of the attempt outlives a
+    /// crash: its session ends, the transaction rolls back, the mark goes with it.
+    ///
+    /// `PostgresStore` marks the key with a transaction-scoped advisory lock on a 64-bit
+    /// hash of it (`pg_try_advisory_xact_lock`), and publishes the attempt's operation id
+    /// and end in the session's `application_name` for the transaction, which
+    /// [`TransactionalStore::in_flight`] reads back; `SqliteStore` (one process) keeps a
+    /// map of its keys in flight.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when no connection can be had, the transaction cannot
+    /// begin, or a statement fails (nothing is then left open).
+    async fn begin_registered(
+        &self,
+        reservation: Reservation,
+        key: &RecordKey,
+        new: &NewRecord,
+        now: UnixMillis,
+        within: Duration,
+    ) -> Result<Registered<Self::Database>, StoreError>;
+
+    /// The attempt that holds `key` in a transaction begun by
+    /// [`TransactionalStore::begin_registered`] and not ended yet, if one does.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the store cannot be asked.
+    async fn in_flight(&self, key: &RecordKey) -> Result<Option<InFlight>, StoreError>;
 
     /// Writes `response` as the operation's result inside `tx`, if `token` owns a lease
     /// that is live at `now` (the same compare-and-set as
@@ -162,5 +243,12 @@ pub trait TransactionalStore: Store {
     /// [`TransactionalStore::fault`].
     fn rollback_failed(&self, error: sqlx::Error) -> StoreError {
         self.fault(error)
+    }
+}
+
+#[async_trait]
+impl<T: TransactionalStore> super::InFlightProbe for T {
+    async fn in_flight(&self, key: &RecordKey) -> Result<Option<InFlight>, StoreError> {
+        TransactionalStore::in_flight(self, key).await
     }
 }

@@ -6,7 +6,11 @@ use tokio::time::Instant;
 use super::Registration;
 use crate::attempt::Held;
 use crate::enforce::Rejection;
-use crate::store::{Begin, Lease, NewRecord, OwnerToken, Record, StoreError, UnixMillis};
+use crate::mode::AttemptTx;
+use crate::store::{
+    Begin, BeginInTx, InFlight, Lease, NewRecord, OverBudget, OwnerToken, Record, StoreError,
+    UnixMillis,
+};
 use crate::{Idem, OperationId, answer};
 
 /// What one claim came to.
@@ -20,6 +24,9 @@ pub(super) enum Claimed {
     /// The claim succeeded, but another instance took the record over before this one
     /// could renew its lease: look again.
     LostRace,
+    /// Another attempt holds the key in a transaction not committed yet (the
+    /// transactional mode's one commit), as seen at the time given.
+    InFlight(InFlight, UnixMillis),
 }
 
 impl<F> Registration<'_, F> {
@@ -40,16 +47,16 @@ impl<F> Registration<'_, F> {
             now,
         );
         new.budget = self.budget(now).await?;
+        if let Some(tx) = self.in_tx.clone() {
+            return self.claim_in_tx(&tx, &new, now, started).await;
+        }
         let record = match self.idem.store().begin(self.key, &new, now).await {
             Ok(Begin::Started(record)) => record,
             Ok(Begin::Exists(record)) => {
                 crate::telemetry::found_record(record.attempt);
                 return Ok(Claimed::Exists(record, now));
             }
-            Ok(Begin::OverBudget(over)) => {
-                self.idem.allowances().refused(&self.key.client, &over, now);
-                return Err(answer::budget_exhausted(self.contract, &over, now).into());
-            }
+            Ok(Begin::OverBudget(over)) => return Err(self.over_budget(&over, now)),
             Err(error) => return Err(self.unavailable(self.last_id, &error)),
         };
         // A registration that waited (for a connection, a slow or returning server) may
@@ -71,17 +78,77 @@ impl<F> Registration<'_, F> {
             attempt = record.attempt,
             "idem: key registered"
         );
-        let (id, number) = (record.operation_id, record.attempt);
-        let held = Held::start(
+        Ok(Claimed::Held(self.held(&record, &new, started)))
+    }
+
+    /// The claim of the transactional mode's one commit: the attempt's transaction begins
+    /// with the key registered inside it ([`AttemptTx::register`]), and the handler runs
+    /// in it; nothing is committed before the handler's answer, and no lease needs
+    /// renewing (the transaction's mark on the key fences the attempt). Without the right
+    /// to begin (stage 6 did not wait for it: the key was in flight, or had a record),
+    /// the key is looked at first, and the right waited for only if it is free.
+    ///
+    /// # Errors
+    ///
+    /// As [`Registration::claim`].
+    async fn claim_in_tx(
+        &self,
+        tx: &AttemptTx,
+        new: &NewRecord,
+        now: UnixMillis,
+        started: Instant,
+    ) -> Result<Claimed, Rejection> {
+        if !tx.is_reserved().await {
+            // The mark first, then the record: an attempt holds the mark for a moment
+            // when it finds the record committed and answers from it.
+            let unavailable = |error| self.unavailable(self.last_id, &error);
+            let holder = tx.in_flight(self.key).await.map_err(unavailable)?;
+            let store = self.idem.store();
+            match (store.get(self.key, now).await.map_err(unavailable)?, holder) {
+                (Some(record), _) if !record.is_reclaimable(now) => {
+                    crate::telemetry::found_record(record.attempt);
+                    return Ok(Claimed::Exists(record, now));
+                }
+                (_, Some(holder)) => return Ok(in_flight(holder, now)),
+                (_, None) => tx.reserve().await.map_err(unavailable)?,
+            }
+        }
+        let until = started + self.contract.lease().to_std();
+        let record = match tx.register(self.key, new, now, until).await {
+            Ok(BeginInTx::Started(record)) => record,
+            Ok(BeginInTx::Exists(record)) => {
+                crate::telemetry::found_record(record.attempt);
+                return Ok(Claimed::Exists(record, now));
+            }
+            Ok(BeginInTx::InFlight(holder)) => return Ok(in_flight(holder, now)),
+            Ok(BeginInTx::OverBudget(over)) => return Err(self.over_budget(&over, now)),
+            Err(error) => return Err(self.unavailable(self.last_id, &error)),
+        };
+        let mut held = self.held(&record, new, started);
+        held.registered_as = Some(Box::new(new.clone()));
+        held.attach(tx.clone());
+        Ok(Claimed::Held(held))
+    }
+
+    /// The attempt that holds the key as `record` says, registered as `new` from
+    /// `started`.
+    fn held(&self, record: &Record, new: &NewRecord, started: Instant) -> Held {
+        Held::start(
             self.idem,
             self.contract,
             self.key,
             new.lease.token,
             started,
-            id,
-            number,
-        );
-        Ok(Claimed::Held(held))
+            record.operation_id,
+            record.attempt,
+        )
+    }
+
+    /// 429 `client-budget-exhausted` for a client at its budget (`over`) at `now`,
+    /// remembered by its allowance.
+    fn over_budget(&self, over: &OverBudget, now: UnixMillis) -> Rejection {
+        self.idem.allowances().refused(&self.key.client, over, now);
+        answer::budget_exhausted(self.contract, over, now).into()
     }
 
     /// Renews the lease of `token` for a whole lease from now.
@@ -95,6 +162,13 @@ impl<F> Registration<'_, F> {
     pub(super) fn unavailable(&self, id: Option<OperationId>, error: &StoreError) -> Rejection {
         answer::store_unavailable(self.idem, self.contract, id, error).into()
     }
+}
+
+/// The claim's answer when `holder` holds the key in its transaction at `now`, noted in
+/// the attempt's span as a record found at the holder's attempt.
+fn in_flight(holder: InFlight, now: UnixMillis) -> Claimed {
+    crate::telemetry::found_record(holder.attempt);
+    Claimed::InFlight(holder, now)
 }
 
 /// The record a new attempt registers at `now`, with a fresh operation id and owner

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::Registration;
 use super::existing::Next;
 use crate::enforce::Rejection;
-use crate::store::{Lease, OwnerToken, StoreError, UnixMillis};
+use crate::store::{InFlight, Lease, OwnerToken, StoreError, UnixMillis};
 use crate::{OperationId, answer};
 
 /// The first and the longest pause between two reads while waiting
@@ -50,20 +50,48 @@ impl<F> Registration<'_, F> {
         }
     }
 
-    /// Polls the record until it is no longer processing under `token` with a held lease
-    /// (finished, released, parked, taken over, ended and its attempt gone, or the record
+    /// The answer to a duplicate of `holder`, an attempt whose record is in its
+    /// transaction, not committed yet: the contract's `concurrency`, as for a record
+    /// processing until the end of the attempt's time (a wait watches the transaction's
+    /// mark on the key rather than a lease).
+    pub(super) async fn in_flight(
+        &mut self,
+        holder: &InFlight,
+        now: UnixMillis,
+    ) -> Result<Next, Rejection> {
+        let lease = Lease {
+            token: OwnerToken::from_u128(0),
+            until: holder.until,
+        };
+        self.concurrency(holder.operation_id, &lease, now).await
+    }
+
+    /// Whether the attempt `token` still holds the key at `now`: its record processing
+    /// under `token` with a lease held; for an attempt in its transaction (`token` nil),
+    /// its mark on the key.
+    async fn still_held(&self, token: OwnerToken, now: UnixMillis) -> Result<bool, StoreError> {
+        if token == OwnerToken::from_u128(0)
+            && let Some(tx) = &self.in_tx
+        {
+            return Ok(tx.in_flight(self.key).await?.is_some());
+        }
+        Ok(self
+            .idem
+            .store()
+            .get(self.key, now)
+            .await?
+            .and_then(|r| r.lease().copied())
+            .is_some_and(|l| l.token == token && self.idem.running().holds(&l, now)))
+    }
+
+    /// Polls the key until the attempt `token` no longer holds it ([`Self::still_held`]:
+    /// finished, released, parked, taken over, ended and its attempt gone, or the record
     /// gone), or until `until`. Returns whether it changed.
     async fn wait_for_change(&self, token: OwnerToken, until: Instant) -> Result<bool, StoreError> {
         let mut pause = WAIT_BACKOFF.0;
         loop {
             let now = self.idem.now().await;
-            let held = self
-                .idem
-                .store()
-                .get(self.key, now)
-                .await?
-                .and_then(|r| r.lease().copied())
-                .is_some_and(|l| l.token == token && self.idem.running().holds(&l, now));
+            let held = self.still_held(token, now).await?;
             if !held {
                 return Ok(true);
             }

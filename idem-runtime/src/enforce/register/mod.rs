@@ -17,6 +17,7 @@ use self::existing::Next;
 use super::Rejection;
 use crate::attempt::Held;
 use crate::fingerprint::Fingerprints;
+use crate::mode::{AttemptTx, Mode};
 use crate::reconcile::Recoverer;
 use crate::store::RecordKey;
 use crate::{Idem, OperationId, answer};
@@ -37,6 +38,9 @@ pub(crate) struct Registration<'a, F> {
     legacy: Option<&'a str>,
     /// Whether the attempt runs in the transactional mode (recorded with the key).
     transactional: bool,
+    /// The attempt's transaction when the key is registered inside it (the
+    /// transactional mode's one commit, [`Mode::one_commit`]).
+    in_tx: Option<AttemptTx>,
     /// Makes the contract's recoverer; taken by the round that wins a takeover.
     make_recoverer: Option<F>,
     /// When a `concurrency = wait(..)` wait ends, once it has begun.
@@ -52,7 +56,7 @@ pub(crate) async fn register<F>(
     contract: &'static Contract,
     key: &Arc<RecordKey>,
     fingerprint: &Fingerprints,
-    transactional: bool,
+    mode: &Mode,
     make_recoverer: F,
 ) -> Result<Held, Rejection>
 where
@@ -64,7 +68,8 @@ where
         key,
         fingerprint: &fingerprint.current,
         legacy: fingerprint.legacy.as_deref(),
-        transactional,
+        transactional: mode.is_transactional(),
+        in_tx: mode.one_commit(contract),
         make_recoverer: Some(make_recoverer),
         wait_until: None,
         last_id: None,
@@ -74,6 +79,13 @@ where
             Claimed::Held(held) => return Ok(held),
             Claimed::Exists(record, now) => (record, now),
             Claimed::LostRace => continue,
+            Claimed::InFlight(holder, now) => {
+                registration.last_id = Some(holder.operation_id);
+                match registration.in_flight(&holder, now).await? {
+                    Next::Run(held) => return Ok(held),
+                    Next::LookAgain => continue,
+                }
+            }
         };
         registration.last_id = Some(record.operation_id);
         match registration.answer_from(&record, now).await? {

@@ -11,7 +11,9 @@ use sqlx::pool::PoolConnection;
 use super::SqlStore;
 use super::records::Registration;
 use super::statement::{Run, Statement};
-use crate::store::{Begin, OpenTransaction, OwnerToken, RecordKey, Reservation, StoreError};
+use crate::store::{
+    Begin, InFlight, OpenTransaction, OwnerToken, RecordKey, Registered, Reservation, StoreError,
+};
 
 /// A database [`SqlStore`] speaks: implemented for `sqlx::Sqlite` and `sqlx::Postgres`.
 ///
@@ -96,6 +98,12 @@ pub trait TxDialect: Dialect {
     /// there), and perhaps more ([`TxDialect::complete_in`] binds them).
     const COMPLETE_IN_TX: &'static str;
 
+    /// The completion inside a transaction that registered the key itself
+    /// ([`TxDialect::begin_registered`]), bound as [`TxDialect::COMPLETE_IN_TX`]: the
+    /// transaction's mark on the key fences, so the lease is not compared; the same
+    /// statement unless said otherwise.
+    const COMPLETE_REGISTERED_IN_TX: &'static str = Self::COMPLETE_IN_TX;
+
     /// Whether an open transaction holds the database's only write lock; `false` unless
     /// said otherwise.
     const FENCES_BY_LOCK: bool = false;
@@ -130,6 +138,21 @@ pub trait TxDialect: Dialect {
         reservation: Reservation,
         within: Duration,
     ) -> impl Future<Output = Result<OpenTransaction<Self>, StoreError>> + Send;
+
+    /// A transaction begun on a connection of the pool with the key registered inside
+    /// it, for an attempt whose time ends `within` from now.
+    fn begin_registered(
+        store: &SqlStore<Self>,
+        reservation: Reservation,
+        registration: Registration<'_>,
+        within: Duration,
+    ) -> impl Future<Output = Result<Registered<Self>, StoreError>> + Send;
+
+    /// The attempt holding `key` in a transaction of [`TxDialect::begin_registered`].
+    fn in_flight(
+        store: &SqlStore<Self>,
+        key: &RecordKey,
+    ) -> impl Future<Output = Result<Option<InFlight>, StoreError>> + Send;
 
     /// `Ok(false)` unless said otherwise.
     fn release_in(

@@ -7,9 +7,10 @@ use async_trait::async_trait;
 
 use super::SqlStore;
 use super::dialect::TxDialect;
+use super::records::Registration;
 use crate::store::{
-    OpenTransaction, OwnerToken, RecordKey, Reservation, StoreError, StoredResponse,
-    TransactionalStore, UnixMillis,
+    InFlight, NewRecord, OpenTransaction, OwnerToken, RecordKey, Registered, Reservation,
+    StoreError, StoredResponse, TransactionalStore, UnixMillis,
 };
 
 #[async_trait]
@@ -32,6 +33,22 @@ impl<DB: TxDialect> TransactionalStore for SqlStore<DB> {
         DB::begin_transaction(self, reservation, within).await
     }
 
+    async fn begin_registered(
+        &self,
+        reservation: Reservation,
+        key: &RecordKey,
+        new: &NewRecord,
+        now: UnixMillis,
+        within: Duration,
+    ) -> Result<Registered<DB>, StoreError> {
+        let registration = Registration { key, new, now };
+        DB::begin_registered(self, reservation, registration, within).await
+    }
+
+    async fn in_flight(&self, key: &RecordKey) -> Result<Option<InFlight>, StoreError> {
+        DB::in_flight(self, key).await
+    }
+
     async fn complete_in(
         &self,
         tx: &mut OpenTransaction<DB>,
@@ -40,7 +57,12 @@ impl<DB: TxDialect> TransactionalStore for SqlStore<DB> {
         response: &StoredResponse,
         now: UnixMillis,
     ) -> Result<(), StoreError> {
-        let completion = self.completion(DB::COMPLETE_IN_TX, key, token, response, now)?;
+        let sql = if tx.registered {
+            DB::COMPLETE_REGISTERED_IN_TX
+        } else {
+            DB::COMPLETE_IN_TX
+        };
+        let completion = self.completion(sql, key, token, response, now)?;
         DB::complete_in(self, tx, completion).await
     }
 

@@ -8,11 +8,14 @@ use sqlx::Postgres;
 use sqlx::postgres::PgPool;
 use tokio::sync::Semaphore;
 
+use crate::OperationId;
 use crate::store::sql::SqlStore;
-use crate::store::sql::dialect::TxDialect;
-use crate::store::sql::records::completion_sql;
+use crate::store::sql::dialect::{Dialect, TxDialect};
+use crate::store::sql::records::{Registration, completion_sql};
 use crate::store::sql::statement::Statement;
-use crate::store::{OpenTransaction, Reservation, StoreError};
+use crate::store::{
+    Begin, InFlight, OpenTransaction, RecordKey, Registered, Reservation, StoreError, UnixMillis,
+};
 
 /// What a PostgreSQL store keeps beside its pool: the right to hold an attempt's
 /// transaction open.
@@ -55,6 +58,12 @@ impl TxDialect for Postgres {
     const COMPLETE_IN_TX: &'static str =
         completion_sql!(" AND lease_until > $5 AND txid_current_if_assigned() = $10");
 
+    /// The completion in a transaction that registered the key under its advisory lock:
+    /// no other session can take the key while the lock is held, so the owner token and
+    /// the transaction's id fence (`$5`, now, is bound and not compared).
+    const COMPLETE_REGISTERED_IN_TX: &'static str =
+        completion_sql!(" AND txid_current_if_assigned() = $10");
+
     /// One round trip: the completion's compare-and-set, on the condition that this is
     /// still the transaction that began (its id, bound last); only a refusal is looked
     /// into.
@@ -89,6 +98,110 @@ impl TxDialect for Postgres {
                 "the handler ended it (a `COMMIT` or `ROLLBACK` of its own)".into(),
             ))
         }
+    }
+
+    /// The attempt's transaction with the key registered inside it: `BEGIN`, then [`LOCKED`]
+    /// (the key's advisory lock, taken without waiting, the marker, the bounds of
+    /// [`Postgres::begin_transaction`] and the attempt published in `application_name`), then
+    /// the registration as [`Dialect::register`] makes it, on the transaction's connection.
+    /// A lock held by another session is an attempt in flight; a record this attempt may
+    /// not take ends the transaction. Three round trips for a new key, within the store's
+    /// call timeout each.
+    async fn begin_registered(
+        store: &SqlStore<Postgres>,
+        reservation: Reservation,
+        registration: Registration<'_>,
+        within: Duration,
+    ) -> Result<Registered<Postgres>, StoreError> {
+        let limit = server_limit(within).as_millis().to_string();
+        let key = registration.key;
+        let published = format!(
+            "idem {} {}",
+            registration.new.operation_id, registration.new.holds_until
+        );
+        let started = |record: &crate::store::Record| {
+            format!(
+                "idem {} {} {}",
+                record.operation_id, registration.new.holds_until, record.attempt
+            )
+        };
+        let begun = async {
+            let mut tx = store.pool.begin().await?;
+            let row: (bool, i64) = sqlx::query_as(LOCKED)
+                .bind(&limit)
+                .bind(&published)
+                .bind(&key.operation)
+                .bind(&key.client)
+                .bind(&key.key)
+                .fetch_one(&mut *tx)
+                .await?;
+            Ok((tx, row))
+        };
+        let (mut tx, (locked, marker)) = store.bounded(begun).await?;
+        let operation_id = registration.new.operation_id;
+        if !locked {
+            roll_back(store, tx).await;
+            return holder(store, key, registration.now)
+                .await
+                .map(|found| match found {
+                    Ok(in_flight) => Registered::InFlight(in_flight, reservation),
+                    Err(record) => Registered::Exists(record, reservation),
+                });
+        }
+        Ok(
+            match Postgres::register(store, &mut tx, registration).await? {
+                Begin::Started(record)
+                    if record.operation_id != operation_id || record.attempt != 1 =>
+                {
+                    // A reclaim: the operation and attempt are the record's.
+                    let published = started(&record);
+                    store
+                        .run(
+                            sqlx::query("SELECT set_config('application_name', $1, true)")
+                                .bind(&published)
+                                .execute(&mut *tx),
+                        )
+                        .await?;
+                    let open = OpenTransaction::new(tx, marker, reservation).registered(None);
+                    Registered::Started(record, open)
+                }
+                Begin::Started(record) => {
+                    let open = OpenTransaction::new(tx, marker, reservation).registered(None);
+                    Registered::Started(record, open)
+                }
+                // Rolled back at once: the lock goes with the transaction.
+                Begin::Exists(record) => {
+                    roll_back(store, tx).await;
+                    Registered::Exists(record, reservation)
+                }
+                Begin::OverBudget(over) => {
+                    roll_back(store, tx).await;
+                    Registered::OverBudget(over, reservation)
+                }
+            },
+        )
+    }
+
+    /// [`TxDialect::in_flight`]: the holder of the key's advisory lock, as it published
+    /// itself; a lock whose holder published nothing of ours (another program's lock with
+    /// the same number) is not an attempt.
+    async fn in_flight(
+        store: &SqlStore<Postgres>,
+        key: &RecordKey,
+    ) -> Result<Option<InFlight>, StoreError> {
+        let mut conn = store.conn().await?;
+        let names: Vec<(Option<String>,)> = store
+            .run(
+                sqlx::query_as(IN_FLIGHT)
+                    .bind(&key.operation)
+                    .bind(&key.client)
+                    .bind(&key.key)
+                    .fetch_all(&mut *conn),
+            )
+            .await?;
+        Ok(names
+            .iter()
+            .find_map(|(name,)| parse_published(name.as_deref()?)))
     }
 
     /// The turn to hold a transaction open ([`PostgresState`]), waited for at most as
@@ -140,6 +253,118 @@ impl TxDialect for Postgres {
         let (tx, marker) = store.bounded(begun).await?;
         Ok(OpenTransaction::new(tx, marker, reservation))
     }
+}
+
+/// Rolls back `tx`, which registered nothing, so that its lock is let go now; a failed
+/// rollback leaves the connection suspect, and the store replaces it.
+async fn roll_back(store: &SqlStore<Postgres>, tx: sqlx::Transaction<'static, Postgres>) {
+    if let Err(error) = tx.rollback().await {
+        let _ = Postgres::rollback_failed(store, error);
+    }
+}
+
+/// The attempt that holds `key`'s advisory lock, as it published itself, read a few
+/// times a few milliseconds apart (it publishes itself as it takes the lock); or the
+/// key's record, committed by an attempt that ended meanwhile, read after the lock's
+/// holder: a holder that finds such a record answers from it and lets the lock go, so
+/// the operation it published never ran, and the record is the answer. A lock whose
+/// holder never published itself (a session of another role, whose `application_name`
+/// this role cannot read, or another program's lock with the same number) is an
+/// attempt of an unknown operation (a fresh id), ending now.
+async fn holder(
+    store: &SqlStore<Postgres>,
+    key: &RecordKey,
+    now: UnixMillis,
+) -> Result<Result<InFlight, crate::store::Record>, StoreError> {
+    for pause_ms in [0, 2, 10] {
+        tokio::time::sleep(std::time::Duration::from_millis(pause_ms)).await;
+        let in_flight = Postgres::in_flight(store, key).await?;
+        match store.select(&mut *store.conn().await?, key).await? {
+            Some(record) if in_flight.is_none() || !record.is_reclaimable(now) => {
+                return Ok(Err(record));
+            }
+            _ => {}
+        }
+        if let Some(in_flight) = in_flight {
+            return Ok(Ok(in_flight));
+        }
+    }
+    Ok(Ok(InFlight {
+        operation_id: OperationId::new(),
+        attempt: 1,
+        until: now,
+    }))
+}
+
+/// The key's 64-bit advisory lock number, from `$1`..`$3` (operation, client, key) and
+/// the schema the store's tables are in, each part's length before it so that no two
+/// keys share the text hashed. `hashtextextended` is the hash of PostgreSQL's hash
+/// partitioning, the same on every server and version since 11. Two keys whose numbers
+/// collide (one chance in 2^64 for a pair) only answer each other's duplicates while
+/// both are in flight.
+macro_rules! lock_number {
+    ($op:literal, $client:literal, $key:literal) => {
+        concat!(
+            "hashtextextended(concat_ws('/', length(current_schema()), current_schema(), length(",
+            $op,
+            "), ",
+            $op,
+            ", length(",
+            $client,
+            "), ",
+            $client,
+            ", ",
+            $key,
+            "), 0)"
+        )
+    };
+}
+
+/// The registered transaction's first statement: `$2` (`idem <operation id> <end of
+/// its time>`) as the session's `application_name` for this transaction, which
+/// [`IN_FLIGHT`] reads (set first, so that the lock is never seen without it: the
+/// lateral subquery that takes the lock refers to it, which orders the two), the
+/// key's advisory lock (`pg_try_advisory_xact_lock`: taken now or not at all, let go
+/// when the transaction ends, however it ends, a lost session included), the marker,
+/// and the bounds of [`BEGUN`] (`$1`).
+const LOCKED: &str = concat!(
+    "SELECT locked, marker
+    FROM (SELECT set_config('application_name', $2, true) AS name) AS published,
+    LATERAL (SELECT pg_try_advisory_xact_lock(",
+    lock_number!("$3", "$4", "$5"),
+    ") AS locked, txid_current() AS marker,
+        set_config('statement_timeout', $1, true),
+        set_config('idle_in_transaction_session_timeout', $1, true)
+        WHERE published.name IS NOT NULL) AS taken"
+);
+
+/// The `application_name` of the session holding the advisory lock of `$1`..`$3` in
+/// this database, if one does: a bigint advisory lock is listed in `pg_locks` with its
+/// high 32 bits as `classid`, its low ones as `objid`, and `objsubid` 1.
+const IN_FLIGHT: &str = concat!(
+    "WITH k AS (SELECT ",
+    lock_number!("$1", "$2", "$3"),
+    " AS n)
+    SELECT a.application_name
+    FROM k, pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid = ((k.n >> 32) & 4294967295)::oid
+      AND l.objid = (k.n & 4294967295)::oid"
+);
+
+/// The attempt an `application_name` of [`LOCKED`] publishes: `idem <operation id>
+/// <end of its time>`, and ` <attempt>` after a reclaim (1 without).
+fn parse_published(name: &str) -> Option<InFlight> {
+    let mut parts = name.strip_prefix("idem ")?.split(' ');
+    let operation_id = parts.next()?.parse().ok()?;
+    let until = parts.next()?.parse().ok()?;
+    let attempt = parts.next().map_or(Some(1), |n| n.parse().ok())?;
+    Some(InFlight {
+        operation_id,
+        attempt,
+        until,
+    })
 }
 
 /// The transaction's first statement: its marker (`txid_current()`), and `$1` (in

@@ -21,6 +21,8 @@ pub struct SqliteState {
     pub(super) health: Arc<Health>,
     /// One transaction at a time: waiting here holds no connection of the pool.
     pub(super) writer: Arc<Semaphore>,
+    /// The keys registered inside an attempt's transaction that has not ended.
+    pub(super) in_flight: super::transactional::InFlightKeys,
 }
 
 impl SqliteState {
@@ -29,6 +31,7 @@ impl SqliteState {
         SqliteState {
             health,
             writer: Arc::new(Semaphore::new(1)),
+            in_flight: super::transactional::InFlightKeys::default(),
         }
     }
 }
@@ -182,17 +185,47 @@ async fn begin_immediate(
         .begin_with("BEGIN IMMEDIATE")
         .await
         .map_err(|e| Sqlite::fault(store, e))?;
-    if counted && let Some(over) = store.over_budget(&mut tx, registration).await? {
+    let outcome = write_registration(store, &mut tx, registration, counted).await?;
+    tx.commit().await.map_err(|e| Sqlite::fault(store, e))?;
+    Ok(outcome)
+}
+
+/// The registration on `conn`, which holds the write lock already (an attempt's
+/// transaction): the record read under the lock, then as [`Dialect::register`] after
+/// its first read. Nothing is committed.
+pub(super) async fn register_locked(
+    store: &SqlStore<Sqlite>,
+    conn: &mut SqliteConnection,
+    registration: &Registration<'_>,
+) -> Result<Begin, StoreError> {
+    let existing = store.select(conn, registration.key).await?;
+    let counted = match &existing {
+        Some(record) if !registration.may_take(record) => return Ok(Begin::Exists(record.clone())),
+        Some(record) => registration.is_new_over(record),
+        None => true,
+    };
+    write_registration(store, conn, registration, counted).await
+}
+
+/// The client budget's count when `counted` (a new operation), then [`BEGIN`], on `conn`
+/// under the write lock; refused, nothing is written.
+async fn write_registration(
+    store: &SqlStore<Sqlite>,
+    conn: &mut SqliteConnection,
+    registration: &Registration<'_>,
+    counted: bool,
+) -> Result<Begin, StoreError> {
+    if counted && let Some(over) = store.over_budget(conn, registration).await? {
         // Under the write lock: the key may have been registered since the first read.
-        return Ok(match store.select(&mut tx, registration.key).await? {
+        return Ok(match store.select(conn, registration.key).await? {
             Some(record) if !registration.may_take(&record) => Begin::Exists(record),
             _ => Begin::OverBudget(over),
         });
     }
-    let written = store.record(&mut tx, registration.statement(BEGIN)).await?;
-    let outcome = match written {
+    let written = store.record(conn, registration.statement(BEGIN)).await?;
+    Ok(match written {
         Some(record) => Begin::Started(record),
-        None => match store.select(&mut tx, registration.key).await? {
+        None => match store.select(conn, registration.key).await? {
             Some(record) => Begin::Exists(record),
             None => {
                 return Err(StoreError::Corrupt(
@@ -200,9 +233,7 @@ async fn begin_immediate(
                 ));
             }
         },
-    };
-    tx.commit().await.map_err(|e| Sqlite::fault(store, e))?;
-    Ok(outcome)
+    })
 }
 
 /// Whether `error` leaves the connection unfit for further writes ([`FATAL_CODES`], or

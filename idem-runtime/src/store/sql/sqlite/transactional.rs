@@ -1,17 +1,101 @@
 //! SQLite's [`TxDialect`]: one writer at a time, whose open transaction holds the
 //! database's write lock, so that the owner's token alone fences.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use sqlx::Sqlite;
+use sqlx::{Sqlite, Transaction};
 
+use super::dialect::register_locked;
 use crate::store::sql::SqlStore;
 use crate::store::sql::dialect::{Dialect, TxDialect};
-use crate::store::sql::records::{completion_sql, release_sql};
+use crate::store::sql::records::{Registration, completion_sql, release_sql};
 use crate::store::sql::rows::changed_one;
 use crate::store::sql::statement::Statement;
-use crate::store::{OpenTransaction, OwnerToken, RecordKey, Reservation, StoreError};
+use crate::store::{
+    Begin, InFlight, OpenTransaction, OwnerToken, RecordKey, Registered, Reservation, StoreError,
+};
+
+/// The keys of a store registered inside attempts' transactions that have not ended:
+/// SQLite serves one process, so this map is the whole truth of what is in flight.
+#[derive(Clone, Debug, Default)]
+pub struct InFlightKeys(Arc<Mutex<HashMap<RecordKey, InFlight>>>);
+
+impl InFlightKeys {
+    /// Marks `key` in flight for `attempt` until the returned mark is dropped, or gives
+    /// the attempt that holds it already.
+    fn claim(&self, key: &RecordKey, attempt: InFlight) -> Result<InFlightMark, InFlight> {
+        let mut keys = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(holder) = keys.get(key) {
+            return Err(*holder);
+        }
+        keys.insert(key.clone(), attempt);
+        Ok(InFlightMark {
+            keys: self.clone(),
+            key: key.clone(),
+        })
+    }
+
+    /// Notes the operation and attempt number of `record`, registered under a key this
+    /// process marked.
+    fn started(&self, key: &RecordKey, record: &crate::store::Record) {
+        let mut keys = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(attempt) = keys.get_mut(key) {
+            attempt.operation_id = record.operation_id;
+            attempt.attempt = record.attempt;
+        }
+    }
+
+    /// The attempt that holds `key`, if one does.
+    fn get(&self, key: &RecordKey) -> Option<InFlight> {
+        let keys = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        keys.get(key).copied()
+    }
+}
+
+/// A key marked in flight ([`InFlightKeys::claim`]), until dropped with the transaction.
+struct InFlightMark {
+    keys: InFlightKeys,
+    key: RecordKey,
+}
+
+impl Drop for InFlightMark {
+    fn drop(&mut self) {
+        let mut keys = self.keys.0.lock().unwrap_or_else(PoisonError::into_inner);
+        keys.remove(&self.key);
+    }
+}
+
+/// `BEGIN IMMEDIATE` on a connection of the pool: the write lock is taken at the start,
+/// so that the transaction never fails halfway because another connection wrote first.
+/// Its marker is a random number written in a temporary table inside the transaction:
+/// gone if SQLite rolls the transaction back by itself. What the handler writes comes
+/// after the savepoint `idem_business`, so that it can be undone while the key is
+/// released in the same transaction (`release_in`).
+fn begin_marked(
+    store: &SqlStore<Sqlite>,
+) -> impl Future<Output = Result<(Transaction<'static, Sqlite>, i64), sqlx::Error>> + '_ {
+    let marker = i64::from_ne_bytes(
+        uuid::Uuid::new_v4().as_bytes()[..8]
+            .try_into()
+            .unwrap_or([0; 8]),
+    );
+    async move {
+        let mut tx = store.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query("CREATE TEMP TABLE IF NOT EXISTS idem_tx_marker (marker INTEGER NOT NULL)")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("INSERT INTO temp.idem_tx_marker (marker) VALUES (?)")
+            .bind(marker)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("SAVEPOINT idem_business")
+            .execute(&mut *tx)
+            .await?;
+        Ok((tx, marker))
+    }
+}
 
 /// The release inside an attempt's transaction, which holds the write lock: the owner
 /// token alone (`$4`) fences.
@@ -93,29 +177,65 @@ impl TxDialect for Sqlite {
         _within: Duration,
     ) -> Result<OpenTransaction<Sqlite>, StoreError> {
         store.state.health.check_file()?;
-        let marker = i64::from_ne_bytes(
-            uuid::Uuid::new_v4().as_bytes()[..8]
-                .try_into()
-                .unwrap_or([0; 8]),
-        );
-        let begun = async {
-            let mut tx = store.pool.begin_with("BEGIN IMMEDIATE").await?;
-            sqlx::query("CREATE TEMP TABLE IF NOT EXISTS idem_tx_marker (marker INTEGER NOT NULL)")
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("INSERT INTO temp.idem_tx_marker (marker) VALUES (?)")
-                .bind(marker)
-                .execute(&mut *tx)
-                .await?;
-            // What the handler writes comes after this savepoint, so that it can be
-            // undone while the key is released in the same transaction (`release_in`).
-            sqlx::query("SAVEPOINT idem_business")
-                .execute(&mut *tx)
-                .await?;
-            Ok(tx)
-        };
-        let tx = store.bounded(begun).await?;
+        let (tx, marker) = store.bounded(begin_marked(store)).await?;
         Ok(OpenTransaction::new(tx, marker, reservation))
+    }
+
+    /// The key marked in this process's [`InFlightKeys`] (a duplicate finds it there at
+    /// once, without the write lock), then [`Sqlite::begin_transaction`]'s transaction
+    /// with the registration written in it under the lock ([`register_locked`]). A record
+    /// this attempt may not take ends the transaction and the mark.
+    async fn begin_registered(
+        store: &SqlStore<Sqlite>,
+        reservation: Reservation,
+        registration: Registration<'_>,
+        _within: Duration,
+    ) -> Result<Registered<Sqlite>, StoreError> {
+        // Its attempt number is known once registered; a duplicate that finds the mark
+        // before then is told the first.
+        let attempt = InFlight {
+            operation_id: registration.new.operation_id,
+            attempt: 1,
+            until: registration.new.holds_until,
+        };
+        let mark = match store.state.in_flight.claim(registration.key, attempt) {
+            Ok(mark) => mark,
+            Err(holder) => return Ok(Registered::InFlight(holder, reservation)),
+        };
+        store.state.health.check_file()?;
+        let (mut tx, marker) = store.bounded(begin_marked(store)).await?;
+        let begun = register_locked(store, &mut tx, &registration).await;
+        let refused = |tx: Transaction<'static, Sqlite>| async move {
+            if let Err(error) = tx.rollback().await {
+                let _ = Sqlite::rollback_failed(store, error);
+            }
+        };
+        Ok(match begun {
+            Ok(Begin::Started(record)) => {
+                store.state.in_flight.started(registration.key, &record);
+                let open = OpenTransaction::new(tx, marker, reservation);
+                Registered::Started(record, open.registered(Some(Box::new(mark))))
+            }
+            Ok(Begin::Exists(record)) => {
+                refused(tx).await;
+                Registered::Exists(record, reservation)
+            }
+            Ok(Begin::OverBudget(over)) => {
+                refused(tx).await;
+                Registered::OverBudget(over, reservation)
+            }
+            Err(error) => {
+                refused(tx).await;
+                return Err(error);
+            }
+        })
+    }
+
+    async fn in_flight(
+        store: &SqlStore<Sqlite>,
+        key: &RecordKey,
+    ) -> Result<Option<InFlight>, StoreError> {
+        Ok(store.state.in_flight.get(key))
     }
 
     /// `ROLLBACK TO SAVEPOINT idem_business` (what the handler wrote is undone, the lock
