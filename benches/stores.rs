@@ -17,7 +17,9 @@
 //! | pg | an insert into a scratch schema | `INSERT … ON CONFLICT DO NOTHING` of a key row, one transaction with the order | `PostgresStore`, transactional (`PgTx`) |
 //! | redis | `SET <prefix>:order:<id> <json>` on Redis itself | `SET <prefix>:key:<client>:<key> <id> NX PX` before it | `RedisStore` under a scratch prefix, not transactional (`Idem::new`) |
 //!
-//! Two paths are measured: **new keys** (every request a fresh `Idempotency-Key`) and
+//! Two paths are measured: **new keys** (every request a fresh `Idempotency-Key`, from
+//! one of 64 clients, `X-Client-Id`, so that none reaches its budget in a run: the
+//! budget's own cost is `benches/budget.rs`'s) and
 //! **replay** (every request repeats one of 1000 keys that a warm-up completed; idem
 //! answers each with the stored 201 and `Idempotent-Replayed: true`). Rounds are
 //! interleaved (each round runs every variant once, `wrk -t2 -c32 -d5s`); the table gives
@@ -335,7 +337,7 @@ function request()
   counter = counter + 1
   return wrk.format("POST", "/orders", {
     ["Content-Type"] = "application/json",
-    ["X-Client-Id"] = "bench",
+    ["X-Client-Id"] = "bench-" .. (counter % 64),
     ["Idempotency-Key"] = "k-" .. run .. "-" .. tid .. "-" .. counter,
   }, '{"customer_id":"cus_42","amount_minor":1999}')
 end

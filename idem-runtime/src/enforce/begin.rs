@@ -37,11 +37,16 @@ pub(crate) async fn reserve(
     let answered_from_record = match idem.store().get(key, now).await {
         Ok(Some(record)) => !matches!(record.state, RecordState::Released),
         // An attempt that registered the key in its transaction is answered from its
-        // mark on the key, at once too.
-        Ok(None) if mode.one_commit(contract).is_some() => match tx.in_flight(key).await {
-            Ok(holder) => holder.is_some(),
-            Err(error) => return Err(unavailable(error).into()),
-        },
+        // mark on the key, at once too, where the mark is this process's to read (the
+        // store of one writer, SQLite, serves one process); PostgreSQL's is a query of
+        // the server's locks, left to the claim, which finds the lock taken without
+        // waiting for it once the turn to begin comes.
+        Ok(None) if tx.fences_by_lock() && mode.one_commit(contract).is_some() => {
+            match tx.in_flight(key).await {
+                Ok(holder) => holder.is_some(),
+                Err(error) => return Err(unavailable(error).into()),
+            }
+        }
         Ok(None) => false,
         Err(error) => return Err(unavailable(error).into()),
     };

@@ -99,19 +99,11 @@ impl<F> Registration<'_, F> {
         started: Instant,
     ) -> Result<Claimed, Rejection> {
         if !tx.is_reserved().await {
-            // The mark first, then the record: an attempt holds the mark for a moment
-            // when it finds the record committed and answers from it.
             let unavailable = |error| self.unavailable(self.last_id, &error);
-            let holder = tx.in_flight(self.key).await.map_err(unavailable)?;
-            let store = self.idem.store();
-            match (store.get(self.key, now).await.map_err(unavailable)?, holder) {
-                (Some(record), _) if !record.is_reclaimable(now) => {
-                    crate::telemetry::found_record(record.attempt);
-                    return Ok(Claimed::Exists(record, now));
-                }
-                (_, Some(holder)) => return Ok(in_flight(holder, now)),
-                (_, None) => tx.reserve().await.map_err(unavailable)?,
+            if let Some(claimed) = self.unreserved(tx, now).await.map_err(unavailable)? {
+                return Ok(claimed);
             }
+            tx.reserve().await.map_err(unavailable)?;
         }
         let until = started + self.contract.lease().to_std();
         let record = match tx.register(self.key, new, now, until).await {
@@ -128,6 +120,34 @@ impl<F> Registration<'_, F> {
         held.registered_as = Some(Box::new(new.clone()));
         held.attach(tx.clone());
         Ok(Claimed::Held(held))
+    }
+
+    /// The answer to a claim that has no right to begin (stage 6 did not wait for it: the
+    /// key had a record, or was in flight), if the key has one now: its record, unless
+    /// it may be taken over; else the attempt holding it in its transaction (the record
+    /// read again after the mark: an attempt holds the mark for a moment when it finds
+    /// the record committed, and answers from it). `None`: the key is free, wait for the
+    /// right to begin and claim it.
+    async fn unreserved(
+        &self,
+        tx: &AttemptTx,
+        now: UnixMillis,
+    ) -> Result<Option<Claimed>, StoreError> {
+        let store = self.idem.store();
+        let exists = |record: Option<Record>| {
+            let record = record.filter(|r| !r.is_reclaimable(now))?;
+            crate::telemetry::found_record(record.attempt);
+            Some(Claimed::Exists(record, now))
+        };
+        if let Some(claimed) = exists(store.get(self.key, now).await?) {
+            return Ok(Some(claimed));
+        }
+        let Some(holder) = tx.in_flight(self.key).await? else {
+            return Ok(None);
+        };
+        Ok(Some(
+            exists(store.get(self.key, now).await?).unwrap_or_else(|| in_flight(holder, now)),
+        ))
     }
 
     /// The attempt that holds the key as `record` says, registered as `new` from
