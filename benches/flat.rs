@@ -14,12 +14,13 @@
 //! `INSERT … SELECT generate_series` (completed records of the same operation, their
 //! expiries spread evenly over the day around now: half expired; then `VACUUM ANALYZE`
 //! and a `CHECKPOINT`, as a service's table would be, not right after a bulk load). Then,
-//! for each purge of `IDEM_BENCH_PURGES` (`store`: the store's `purge_expired`, batches of
-//! 5,000; `<batch>:<ms>`: the same statement in batches of `batch` with a pause of `ms`
-//! between them; by default `store,5000:100,5000:250,1000:50`), the same traffic in
-//! windows while it deletes the next `IDEM_BENCH_PURGE` (1,000,000) expired records, until
-//! it ends (the last window, partly after it, left out), against windows just before it
-//! without a purge. The loaded schema is dropped at the end.
+//! for each purge of `IDEM_BENCH_PURGES` (`store`: the store's `purge_expired`, batches
+//! of 5,000 with 250 ms between them; `<batch>:<ms>`: the same statement in batches of
+//! `batch` with `ms` between them; by default `store,5000:0`), the same traffic in
+//! windows while it deletes the next `IDEM_BENCH_PURGE` (1,000,000) expired records,
+//! until it ends (the last window, partly after it, left out), against windows just
+//! before it without a purge, medians of each.
+//! The loaded schema is dropped at the end.
 //!
 //! Each window is `wrk -t2 -c32` for `IDEM_BENCH_SECONDS` (5); `IDEM_BENCH_ROUNDS` (3)
 //! rounds, interleaved, alternating which goes first. The table gives medians of
@@ -112,10 +113,9 @@ struct Purge {
 
 impl Purge {
     /// The purges `IDEM_BENCH_PURGES` names, comma-separated: `store` (the store's
-    /// `purge_expired`) or `<batch>:<pause in ms>`; by default `store,5000:100,5000:250,1000:50`.
+    /// `purge_expired`) or `<batch>:<pause in ms>`; by default `store,5000:0`.
     fn from_env() -> Vec<Purge> {
-        let list = std::env::var("IDEM_BENCH_PURGES")
-            .unwrap_or_else(|_| "store,5000:100,5000:250,1000:50".into());
+        let list = std::env::var("IDEM_BENCH_PURGES").unwrap_or_else(|_| "store,5000:0".into());
         list.split(',')
             .map(|p| match p.trim().split_once(':') {
                 Some((batch, pause)) => Purge {
@@ -133,7 +133,7 @@ impl Purge {
     /// Its name in the table.
     fn name(self) -> String {
         match self.batch {
-            None => "purge_expired (5000 a batch)".into(),
+            None => "purge_expired (5000 a batch, 250 ms pause)".into(),
             Some(batch) if self.pause.is_zero() => format!("{batch} a batch"),
             Some(batch) => format!("{batch} a batch, {} ms pause", self.pause.as_millis()),
         }
