@@ -1,7 +1,7 @@
 //! What the loopback benchmarks of the root crate share (`benches/stores.rs`,
-//! `benches/budget.rs`): the order a `POST /orders` carries, its answer, the orders
-//! table and its inserts, the contracted handler on each store, serving a router on
-//! 127.0.0.1, and cleaning Redis.
+//! `benches/budget.rs`, `benches/flat.rs`): the order a `POST /orders` carries, its
+//! answer, the orders table and its inserts, the contracted handler on each store, serving
+//! a router on 127.0.0.1, and cleaning Redis.
 //!
 //! Each benchmark includes it (`#[macro_use] #[path = "common/orders.rs"] mod orders;`)
 //! and uses a part of it.

@@ -72,7 +72,7 @@ pub enum OpenError {
     /// [`OpenOptions::existing_only`]: the PostgreSQL database lacks a migration this
     /// version of idem needs.
     #[error(
-        "the database at {url} lacks idem's migration {missing} (the history of attempts): start the service with this version of idem once, or apply idem-runtime/migrations/postgres"
+        "the database at {url} lacks idem's migration {missing}: start the service with this version of idem once, or apply idem-runtime/migrations/postgres"
     )]
     OutdatedSchema {
         /// The URL, its password hidden.

@@ -92,16 +92,30 @@ impl Dialect for Postgres {
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
               created_at, expires_at, status, headers, body, reason, transactional";
 
-    /// Text compares bytewise (`COLLATE "C"`), whatever the database's collation.
-    const LIST: &'static str = r#"SELECT operation, client, key, operation_id, fingerprint, state, attempt,
-        token, lease_until, created_at, expires_at, status, headers, body, reason, transactional
-    FROM idem_records
-    WHERE expires_at > $1
-      AND ($2::text IS NULL OR operation = $2::text)
-      AND ($3::text IS NULL OR state = $3::text)
-      AND (NOT $4::boolean OR (state = 'processing' AND lease_until <= $1))
-      AND ($5::text IS NULL OR (operation COLLATE "C", client COLLATE "C", key COLLATE "C")
-           > ($5::text COLLATE "C", $6::text COLLATE "C", $7::text COLLATE "C"))
+    /// Text compares bytewise (`COLLATE "C"`), whatever the database's collation. Two
+    /// branches, one of which `$4` turns off before it runs: only ended leases reads the
+    /// partial index `idem_records_lease_ended` (migration 5), the processing records'
+    /// lease ends, in a plan of its own even when the statement's plan is generic (the
+    /// filters of the other branch cannot use an index).
+    const LIST: &'static str = r#"SELECT * FROM (
+        SELECT operation, client, key, operation_id, fingerprint, state, attempt, token,
+            lease_until, created_at, expires_at, status, headers, body, reason, transactional
+        FROM idem_records
+        WHERE $4::boolean AND state = 'processing' AND lease_until <= $1 AND expires_at > $1
+          AND ($2::text IS NULL OR operation = $2::text)
+          AND ($3::text IS NULL OR state = $3::text)
+          AND ($5::text IS NULL OR (operation COLLATE "C", client COLLATE "C", key COLLATE "C")
+               > ($5::text COLLATE "C", $6::text COLLATE "C", $7::text COLLATE "C"))
+        UNION ALL
+        SELECT operation, client, key, operation_id, fingerprint, state, attempt, token,
+            lease_until, created_at, expires_at, status, headers, body, reason, transactional
+        FROM idem_records
+        WHERE NOT $4::boolean AND expires_at > $1
+          AND ($2::text IS NULL OR operation = $2::text)
+          AND ($3::text IS NULL OR state = $3::text)
+          AND ($5::text IS NULL OR (operation COLLATE "C", client COLLATE "C", key COLLATE "C")
+               > ($5::text COLLATE "C", $6::text COLLATE "C", $7::text COLLATE "C"))
+    ) AS listed
     ORDER BY operation COLLATE "C", client COLLATE "C", key COLLATE "C"
     LIMIT $8"#;
 
@@ -115,10 +129,15 @@ impl Dialect for Postgres {
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
               created_at, expires_at, status, headers, body, reason, transactional";
 
-    /// In batches, so that a large purge never holds many row locks at once.
-    const PURGE: &'static str = "DELETE FROM idem_records WHERE (operation, client, key) IN (
-        SELECT operation, client, key FROM idem_records WHERE expires_at <= $1 LIMIT 5000
-    )";
+    /// In batches, so that a large purge never holds many row locks at once: the oldest
+    /// expired records first, read from the index on `expires_at` (the order keeps the
+    /// planner on it, and away from a scan past the dead rows of earlier batches), locked
+    /// (`SKIP LOCKED`: a record being taken again is left to its taker) and deleted by
+    /// their row address, which the lock keeps valid.
+    const PURGE: &'static str = "DELETE FROM idem_records WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM idem_records WHERE expires_at <= $1
+        ORDER BY expires_at LIMIT 5000 FOR UPDATE SKIP LOCKED
+    ))";
 
     const PURGE_BATCH: Option<u64> = Some(5000);
 

@@ -41,6 +41,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "idem_steps",
         sql: include_str!("../../../../migrations/postgres/0004_idem_steps.sql"),
     },
+    Migration {
+        version: 5,
+        name: "idem_lease_ended",
+        sql: include_str!("../../../../migrations/postgres/0005_idem_lease_ended.sql"),
+    },
 ];
 
 /// The advisory lock key that serialises idem's migrations across instances (the bytes

@@ -35,7 +35,8 @@ use crate::store::StoreError;
 /// # Schema
 ///
 /// The table `idem_records`, whose primary key `(operation, client, key)` is the last
-/// line of defence against races, with an index on `expires_at` for purging; and
+/// line of defence against races, with an index on `expires_at` for purging and a
+/// partial one on the lease's end of processing records for the reconciler's listing; and
 /// `idem_steps`, the step journal (`crate::Journal`) and the outbox's staged deliveries,
 /// keyed by `(operation_id, idx)` ([`MIGRATIONS`], also in
 /// `idem-runtime/migrations/postgres/` as plain SQL). [`PostgresStore::connect`] and

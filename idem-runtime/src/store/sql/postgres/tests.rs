@@ -57,7 +57,7 @@ async fn migrations_are_idempotent_and_concurrent() {
             .fetch_all(&pool)
             .await
             .unwrap();
-    assert_eq!(versions, [1, 2, 3, 4]);
+    assert_eq!(versions, [1, 2, 3, 4, 5]);
     let store = PostgresStore::without_migrations(pool);
     let k = key("after-migrations");
     let new = new_record("sha256:a", T0);
@@ -324,4 +324,131 @@ async fn transactions_leave_connections_for_the_attempts_own_statements() {
     drop(open.pop());
     let turn = store.reserve().await.expect("a turn given back");
     open.push(store.begin_transaction(turn, limit).await.unwrap());
+}
+
+/// 20,000 records of `create_order` over 100 clients, `$1` now: the first 1,000 expired
+/// (the rest expire over the next 21 hours), every 100th processing, and every 200th of
+/// those with its lease ended.
+const TWENTY_THOUSAND: &str = "INSERT INTO idem_records
+        (operation, client, key, operation_id, fingerprint, state, attempt, token,
+         lease_until, created_at, expires_at, status, headers, body, stored_bytes)
+    SELECT 'create_order', 'client-' || (i % 100), 'key-' || i,
+        '01900000-0000-7000-8000-' || lpad(i::text, 12, '0'), 'sha256:0',
+        CASE WHEN i % 100 = 0 THEN 'processing' ELSE 'completed' END, 1,
+        CASE WHEN i % 100 = 0 THEN 'ab' END,
+        CASE WHEN i % 200 = 0 THEN $1 - 1000 WHEN i % 100 = 0 THEN $1 + 60000 END,
+        $1 - 1000, $1 + (i - 1000) * 4000,
+        CASE WHEN i % 100 = 0 THEN NULL ELSE 201 END, '[]', '\\x7b7d', 2
+    FROM generate_series(1, 20000) AS i";
+
+/// Every node of a plan of `EXPLAIN (FORMAT JSON)`, as `node type / relation / index`.
+fn plan_nodes(plan: &serde_json::Value, nodes: &mut Vec<String>) {
+    if let Some(node) = plan.get("Plan").or(Some(plan)).filter(|p| p.is_object()) {
+        let field = |name: &str| node.get(name).and_then(|v| v.as_str()).unwrap_or("");
+        if !field("Node Type").is_empty() {
+            nodes.push(format!(
+                "{} / {} / {}",
+                field("Node Type"),
+                field("Relation Name"),
+                field("Index Name")
+            ));
+        }
+        for child in node
+            .get("Plans")
+            .and_then(|p| p.as_array())
+            .into_iter()
+            .flatten()
+        {
+            plan_nodes(child, nodes);
+        }
+    }
+}
+
+/// The nodes of the plan of `execute` (an `EXECUTE` of a prepared statement) on `conn`.
+async fn explain(conn: &mut sqlx::PgConnection, execute: &str) -> Vec<String> {
+    let sql = format!("EXPLAIN (FORMAT JSON) {execute}");
+    let row = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    let text: String = sqlx::Row::try_get_unchecked(&row, 0).unwrap();
+    let plans: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut nodes = Vec::new();
+    plan_nodes(&plans[0], &mut nodes);
+    nodes
+}
+
+/// On a table of 20,000 records (analyzed), the reconciler's listing of ended leases
+/// reads the partial index on lease ends and the purge the index on `expires_at`, in a
+/// plan made for the values as in a generic one, never a sequential scan of the records;
+/// and both still find what they should.
+#[tokio::test]
+async fn the_listing_of_ended_leases_and_the_purge_read_indexes() {
+    use crate::store::sql::dialect::Dialect;
+    use crate::store::{ListQuery, OperatorStore};
+    use sqlx::Postgres;
+
+    let Some(pool) = scratch_pool("postgres plans").await else {
+        return;
+    };
+    let store = PostgresStore::from_pool(pool).await.unwrap();
+    let now: u64 = 1_800_000_000_000;
+    let loaded = sqlx::query(TWENTY_THOUSAND)
+        .bind(now as i64)
+        .execute(store.pool());
+    assert_eq!(loaded.await.unwrap().rows_affected(), 20_000);
+    let mut conn = store.pool().acquire().await.unwrap();
+    let prepare = format!(
+        "ANALYZE idem_records;
+        PREPARE list (bigint, text, text, boolean, text, text, text, bigint) AS {};
+        PREPARE purge (bigint) AS {}",
+        <Postgres as Dialect>::LIST,
+        <Postgres as Dialect>::PURGE
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(prepare))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        let set = format!("SET plan_cache_mode = {mode}");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(set))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        for cursor in ["NULL, NULL, NULL", "'create_order', 'client-0', 'key-5000'"] {
+            let list = format!("EXECUTE list({now}, 'create_order', NULL, true, {cursor}, 100)");
+            let nodes = explain(&mut conn, &list).await;
+            let no_seq = nodes.iter().all(|n| !n.starts_with("Seq Scan"));
+            let indexed = nodes
+                .iter()
+                .any(|n| n.ends_with("idem_records_lease_ended"));
+            assert!(no_seq && indexed, "{mode}, {cursor}: {nodes:#?}");
+        }
+        let nodes = explain(&mut conn, &format!("EXECUTE purge({now})")).await;
+        let no_seq = nodes.iter().all(|n| !n.starts_with("Seq Scan"));
+        let indexed = nodes.iter().any(|n| n.ends_with("idem_records_expires_at"));
+        assert!(no_seq && indexed, "{mode}, the purge: {nodes:#?}");
+    }
+    drop(conn);
+    let query = ListQuery {
+        operation: Some("create_order".into()),
+        lease_ended: true,
+        limit: 1000,
+        ..ListQuery::default()
+    };
+    let listed = store.list(&query, now).await.unwrap();
+    // Every 200th of 1,200 ..= 20,000: the ended leases of records not expired.
+    assert_eq!(listed.len(), 95);
+    let order = |l: &crate::store::Listed| {
+        (
+            l.key.operation.clone(),
+            l.key.client.clone(),
+            l.key.key.clone(),
+        )
+    };
+    assert!(
+        listed.windows(2).all(|w| order(&w[0]) < order(&w[1])),
+        "in byte order"
+    );
+    assert_eq!(store.purge_expired(now).await.unwrap(), 1000);
 }

@@ -96,15 +96,24 @@ impl Dialect for Sqlite {
     RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
               created_at, expires_at, status, headers, body, reason, transactional";
 
-    /// Text compares bytewise (BINARY); `$4` is 0 or 1.
-    const LIST: &'static str =
-        "SELECT operation, client, key, operation_id, fingerprint, state, attempt,
-        token, lease_until, created_at, expires_at, status, headers, body, reason, transactional
+    /// Text compares bytewise (BINARY); `$4` is 0 or 1. Two branches, one of which `$4`
+    /// turns off before it runs: only ended leases reads the partial index
+    /// `idem_records_lease_ended` (a condition under `OR` could not use it).
+    const LIST: &'static str = "SELECT operation, client, key, operation_id, fingerprint, state,
+        attempt, token, lease_until, created_at, expires_at, status, headers, body, reason,
+        transactional
     FROM idem_records
-    WHERE expires_at > $1
+    WHERE $4 <> 0 AND state = 'processing' AND lease_until <= $1 AND expires_at > $1
       AND ($2 IS NULL OR operation = $2)
       AND ($3 IS NULL OR state = $3)
-      AND ($4 = 0 OR (state = 'processing' AND lease_until <= $1))
+      AND ($5 IS NULL OR (operation, client, key) > ($5, $6, $7))
+    UNION ALL
+    SELECT operation, client, key, operation_id, fingerprint, state, attempt, token,
+        lease_until, created_at, expires_at, status, headers, body, reason, transactional
+    FROM idem_records
+    WHERE $4 = 0 AND expires_at > $1
+      AND ($2 IS NULL OR operation = $2)
+      AND ($3 IS NULL OR state = $3)
       AND ($5 IS NULL OR (operation, client, key) > ($5, $6, $7))
     ORDER BY operation, client, key
     LIMIT $8";

@@ -34,8 +34,9 @@ const POOL_WAIT: Duration = Duration::from_secs(30);
 /// writes and its record commit in one transaction.
 ///
 /// Records live in the table `idem_records`, primary key `(operation, client, key)`, with
-/// an index on `expires_at` for purging, and the step journal in `idem_steps` (as in
-/// PostgreSQL's migration 4); [`SqliteStore::open`] creates them if missing
+/// an index on `expires_at` for purging and a partial one on the lease's end of
+/// processing records for the reconciler's listing (as in PostgreSQL's migration 5), and
+/// the step journal in `idem_steps` (as in PostgreSQL's migration 4); [`SqliteStore::open`] creates them if missing
 /// (`CREATE … IF NOT EXISTS`, no migration table), so the store can share the
 /// application's database. Times are unix milliseconds; results keep their body as a
 /// BLOB, byte for byte, and their headers as JSON (a value that is not UTF-8 is written
@@ -138,9 +139,15 @@ const ADDED_COLUMNS: [(&str, &str); 3] = [
 ];
 
 /// The indexes, made once every column is there: a client's live records, in the order
-/// they expire, with their results' sizes (the client budget's count reads only this).
-const INDEXES: &[&str] = &["CREATE INDEX IF NOT EXISTS idem_records_client_budget
-    ON idem_records (client, expires_at, stored_bytes)"];
+/// they expire, with their results' sizes (the client budget's count reads only this);
+/// the lease's end of each processing record (the reconciler's listing of ended leases
+/// reads it, as PostgreSQL's migration 5).
+const INDEXES: &[&str] = &[
+    "CREATE INDEX IF NOT EXISTS idem_records_client_budget
+    ON idem_records (client, expires_at, stored_bytes)",
+    "CREATE INDEX IF NOT EXISTS idem_records_lease_ended
+    ON idem_records (lease_until) WHERE state = 'processing'",
+];
 
 impl SqlStore<Sqlite> {
     /// Opens (creating if missing) the database file at `path` and its schema.
