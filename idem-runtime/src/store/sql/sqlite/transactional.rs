@@ -129,6 +129,16 @@ impl TxDialect for Sqlite {
                     .into(),
             )
         };
+        if tx.registered {
+            // The key's own processing row is the marker: only this transaction can
+            // have changed it (it holds the write lock), so a completion that finds it
+            // no more finds a transaction SQLite rolled back. In autocommit then, the
+            // update matches nothing, so it writes nothing.
+            return match store.execute(&mut tx.tx, completion).await? {
+                1 => Ok(()),
+                _ => Err(ended()),
+            };
+        }
         let found = sqlx::query("DELETE FROM temp.idem_tx_marker WHERE marker = ?")
             .bind(tx.marker)
             .execute(&mut *tx.tx)
@@ -182,9 +192,9 @@ impl TxDialect for Sqlite {
     }
 
     /// The key marked in this process's [`InFlightKeys`] (a duplicate finds it there at
-    /// once, without the write lock), then [`Sqlite::begin_transaction`]'s transaction
-    /// with the registration written in it under the lock ([`register_locked`]). A record
-    /// this attempt may not take ends the transaction and the mark.
+    /// once, without the write lock), then `BEGIN IMMEDIATE` and the registration written
+    /// under the lock ([`register_locked`]). A record this attempt may not take ends the
+    /// transaction and the mark.
     async fn begin_registered(
         store: &SqlStore<Sqlite>,
         reservation: Reservation,
@@ -203,7 +213,11 @@ impl TxDialect for Sqlite {
             Err(holder) => return Ok(Registered::InFlight(holder, reservation)),
         };
         store.state.health.check_file()?;
-        let (mut tx, marker) = store.bounded(begin_marked(store)).await?;
+        // No marker and no savepoint: the key's row is the marker (`complete_in`), and a
+        // rollback undoes everything at once.
+        let mut tx = store
+            .bounded(store.pool.begin_with("BEGIN IMMEDIATE"))
+            .await?;
         let begun = register_locked(store, &mut tx, &registration).await;
         let refused = |tx: Transaction<'static, Sqlite>| async move {
             if let Err(error) = tx.rollback().await {
@@ -213,7 +227,7 @@ impl TxDialect for Sqlite {
         Ok(match begun {
             Ok(Begin::Started(record)) => {
                 store.state.in_flight.started(registration.key, &record);
-                let open = OpenTransaction::new(tx, marker, reservation);
+                let open = OpenTransaction::new(tx, 0, reservation);
                 Registered::Started(record, open.registered(Some(Box::new(mark))))
             }
             Ok(Begin::Exists(record)) => {
