@@ -66,6 +66,9 @@ mod wrk;
 use orders::*;
 use wrk::{median, wrk};
 
+/// The key of a request in the budget's wrk scripts: new within the run's client.
+const KEY: &str = r#""k-" .. tid .. "-" .. counter"#;
+
 /// The on handle of the one-client patterns that must never refuse: a million records
 /// and a TiB of results, more than any run sends.
 const LARGE: ClientBudget = ClientBudget::new(1_000_000, 1 << 40);
@@ -147,50 +150,6 @@ async fn pg_schema() -> Option<sqlx::PgPool> {
 }
 
 // ---- the drivers --------------------------------------------------------------------
-
-/// wrk's `many` script: the client cycles over 1000 ids, new in every run.
-const MANY: &str = r#"
-local threads = 0
-function setup(thread)
-  threads = threads + 1
-  thread:set("tid", threads)
-end
-counter = 0
-function request()
-  counter = counter + 1
-  return wrk.format("POST", "/orders", {
-    ["Content-Type"] = "application/json",
-    ["X-Client-Id"] = "many-" .. run .. "-" .. (counter % 1000),
-    ["Idempotency-Key"] = "k-" .. tid .. "-" .. counter,
-  }, '{"customer_id":"cus_42","amount_minor":1999}')
-end
--- A non-2xx answer stops the benchmark (benches/common/wrk.rs): say which one it was.
-function response(status, headers, body)
-  if status >= 300 then io.write("answer " .. status .. ": " .. body .. "\n") end
-end
-"#;
-
-/// wrk's `one` script: one client for the run, new in every run.
-const ONE: &str = r#"
-local threads = 0
-function setup(thread)
-  threads = threads + 1
-  thread:set("tid", threads)
-end
-counter = 0
-function request()
-  counter = counter + 1
-  return wrk.format("POST", "/orders", {
-    ["Content-Type"] = "application/json",
-    ["X-Client-Id"] = "one-" .. run,
-    ["Idempotency-Key"] = "k-" .. tid .. "-" .. counter,
-  }, '{"customer_id":"cus_42","amount_minor":1999}')
-end
--- A non-2xx answer stops the benchmark (benches/common/wrk.rs): say which one it was.
-function response(status, headers, body)
-  if status >= 300 then io.write("answer " .. status .. ": " .. body .. "\n") end
-end
-"#;
 
 /// Sends exactly `total` `POST /orders` to `url`, all from `client`, with the new keys
 /// `<keys>-0` … over [`CONNECTIONS`] connections at once, from a client runtime of 2
@@ -541,8 +500,13 @@ fn main() {
         many: dir.path().join("many.lua"),
         one: dir.path().join("one.lua"),
     };
-    std::fs::write(&scripts.many, MANY).unwrap();
-    std::fs::write(&scripts.one, ONE).unwrap();
+    std::fs::write(
+        &scripts.many,
+        wrk::new_keys_script(r#""many-" .. run .. "-" .. (counter % 1000)"#, KEY),
+    )
+    .unwrap();
+    // One client for the run, new in every run.
+    std::fs::write(&scripts.one, wrk::new_keys_script(r#""one-" .. run"#, KEY)).unwrap();
     let mut runs = runs(&served);
     for round in 0..rounds {
         // Off and on of a pattern run back to back; which goes first alternates.

@@ -45,46 +45,20 @@ mod wrk;
 use orders::*;
 
 /// New keys from 1,000 clients (`c-0` … `c-999`).
-const MANY: &str = r#"
-local threads = 0
-function setup(thread)
-  threads = threads + 1
-  thread:set("tid", threads)
-end
-counter = 0
-function request()
-  counter = counter + 1
-  return wrk.format("POST", "/orders", {
-    ["Content-Type"] = "application/json",
-    ["X-Client-Id"] = "c-" .. (counter % 1000),
-    ["Idempotency-Key"] = "f-" .. run .. "-" .. tid .. "-" .. counter,
-  }, '{"customer_id":"cus_42","amount_minor":1999}')
-end
-function response(status, headers, body)
-  if status >= 300 then io.write("answered " .. status .. ": " .. body .. "\n") end
-end
-"#;
+fn many_script() -> String {
+    wrk::new_keys_script(
+        r#""c-" .. (counter % 1000)"#,
+        r#""f-" .. run .. "-" .. tid .. "-" .. counter"#,
+    )
+}
 
 /// New keys, all of client `scope`.
-const SCOPE: &str = r#"
-local threads = 0
-function setup(thread)
-  threads = threads + 1
-  thread:set("tid", threads)
-end
-counter = 0
-function request()
-  counter = counter + 1
-  return wrk.format("POST", "/orders", {
-    ["Content-Type"] = "application/json",
-    ["X-Client-Id"] = "scope",
-    ["Idempotency-Key"] = "s-" .. run .. "-" .. tid .. "-" .. counter,
-  }, '{"customer_id":"cus_42","amount_minor":1999}')
-end
-function response(status, headers, body)
-  if status >= 300 then io.write("answered " .. status .. ": " .. body .. "\n") end
-end
-"#;
+fn scope_script() -> String {
+    wrk::new_keys_script(
+        r#""scope""#,
+        r#""s-" .. run .. "-" .. tid .. "-" .. counter"#,
+    )
+}
 
 /// A day, in milliseconds.
 const DAY_MS: i64 = 86_400_000;
@@ -336,7 +310,7 @@ fn memory(runtime: &tokio::runtime::Runtime, bench: &mut Bench) -> Vec<Line> {
         let fresh_url = runtime.block_on(memory_served(Arc::clone(&fresh)));
         let urls = [(&fresh_url, &mut empty), (&full_url, &mut filled)];
         for (url, into) in alternate(urls, round) {
-            into.push(bench.wrk(url, SCOPE));
+            into.push(bench.wrk(url, &scope_script()));
         }
         eprintln!(
             "memory round {}: fresh {:.0} req/s (it ended with {} records), full {:.0} req/s",
@@ -411,7 +385,7 @@ fn pg(runtime: &tokio::runtime::Runtime, bench: &mut Bench) -> Vec<Line> {
     for round in 0..bench.rounds {
         let (_, fresh_url) = runtime.block_on(pg_served()).unwrap();
         for (url, into) in alternate([(&fresh_url, &mut empty), (&url, &mut filled)], round) {
-            into.push(bench.wrk(url, MANY));
+            into.push(bench.wrk(url, &many_script()));
         }
         eprintln!(
             "pg round {}: fresh {:.0} req/s, loaded {:.0} req/s",
@@ -425,7 +399,9 @@ fn pg(runtime: &tokio::runtime::Runtime, bench: &mut Bench) -> Vec<Line> {
     for (k, purge) in purges.iter().enumerate() {
         // The k-th slice of `purged` records of the expired half (oldest first).
         let upto = now - DAY_MS / 2 + (k as i64 + 1) * purged * DAY_MS / n;
-        let mut without: Vec<_> = (0..bench.rounds).map(|_| bench.wrk(&url, MANY)).collect();
+        let mut without: Vec<_> = (0..bench.rounds)
+            .map(|_| bench.wrk(&url, &many_script()))
+            .collect();
         let (without, p_without) = medians(&mut without);
         let (during, p_during) = pg_purging(runtime, bench, &store, &url, *purge, upto);
         lines.push(Line {
@@ -524,7 +500,7 @@ fn pg_purging(
     });
     let mut windows = Vec::new();
     while !task.is_finished() || windows.is_empty() {
-        windows.push(bench.wrk(url, MANY));
+        windows.push(bench.wrk(url, &many_script()));
     }
     let (deleted, took) = runtime.block_on(task).unwrap();
     eprintln!(

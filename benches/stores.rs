@@ -326,23 +326,6 @@ async fn pg_schema() -> Option<sqlx::PgPool> {
 /// How many keys the replay path cycles through.
 const REPLAY_KEYS: usize = 1000;
 
-const NEW_KEYS: &str = r#"
-local threads = 0
-function setup(thread)
-  threads = threads + 1
-  thread:set("tid", threads)
-end
-counter = 0
-function request()
-  counter = counter + 1
-  return wrk.format("POST", "/orders", {
-    ["Content-Type"] = "application/json",
-    ["X-Client-Id"] = "bench-" .. (counter % 64),
-    ["Idempotency-Key"] = "k-" .. run .. "-" .. tid .. "-" .. counter,
-  }, '{"customer_id":"cus_42","amount_minor":1999}')
-end
-"#;
-
 const REPLAYS: &str = r#"
 local threads = 0
 function setup(thread)
@@ -545,7 +528,14 @@ fn main() {
     });
 
     let new_keys = dir.path().join("new.lua");
-    std::fs::write(&new_keys, NEW_KEYS).unwrap();
+    std::fs::write(
+        &new_keys,
+        wrk::new_keys_script(
+            r#""bench-" .. (counter % 64)"#,
+            r#""k-" .. run .. "-" .. tid .. "-" .. counter"#,
+        ),
+    )
+    .unwrap();
     let replays = dir.path().join("replay.lua");
     std::fs::write(&replays, REPLAYS).unwrap();
     let mut runs: Vec<Run> = (0..variants.len())

@@ -5,6 +5,35 @@
 use std::path::Path;
 use std::process::Command;
 
+/// The Lua script of a run of `POST /orders` with new keys: each request from the client
+/// `client` and with the key `key`, both Lua expressions over `run` (the run's number,
+/// [`wrk`]), `tid` (the wrk thread, 1 or 2) and `counter` (the thread's request count),
+/// such as `"c-" .. (counter % 1000)`; the body is a 45-byte order. A non-2xx answer is
+/// written out, so that the run's failure says which it was.
+pub fn new_keys_script(client: &str, key: &str) -> String {
+    format!(
+        r#"
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("tid", threads)
+end
+counter = 0
+function request()
+  counter = counter + 1
+  return wrk.format("POST", "/orders", {{
+    ["Content-Type"] = "application/json",
+    ["X-Client-Id"] = {client},
+    ["Idempotency-Key"] = {key},
+  }}, '{{"customer_id":"cus_42","amount_minor":1999}}')
+end
+function response(status, headers, body)
+  if status >= 300 then io.write("answered " .. status .. ": " .. body .. "\n") end
+end
+"#
+    )
+}
+
 /// Requests per second and p99 latency in milliseconds of one `wrk -t2` run of `seconds`
 /// over `connections` connections. The script sees a global `run` (the decimal `run`), so
 /// that keys made of it are new in every run.
