@@ -88,6 +88,7 @@ pub mod order;
 pub mod report;
 pub mod serve;
 
+#[allow(dead_code, reason = "shared with the root crate's benches")]
 #[path = "../../benches/common/wrk.rs"]
 mod wrk;
 

@@ -210,23 +210,6 @@ async fn serve(router: Router) -> String {
     format!("http://{addr}")
 }
 
-const SCRIPT: &str = r#"
-local threads = 0
-function setup(thread)
-  threads = threads + 1
-  thread:set("tid", threads)
-end
-counter = 0
-function request()
-  counter = counter + 1
-  return wrk.format("POST", "/orders", {
-    ["Content-Type"] = "application/json",
-    ["X-Client-Id"] = "bench",
-    ["Idempotency-Key"] = "k-" .. run .. "-" .. tid .. "-" .. counter,
-  }, '{"customer_id":"cus_42","amount_minor":1999}')
-end
-"#;
-
 fn main() {
     if Command::new("wrk").arg("--version").output().is_err() {
         eprintln!("the benchmark needs wrk on the PATH (apt-get install wrk)");
@@ -340,7 +323,12 @@ fn main() {
         out
     });
     let script = dir.path().join("post.lua");
-    std::fs::write(&script, SCRIPT).unwrap();
+    // Every request a new key, from one client.
+    let lua = wrk::new_keys_script(
+        r#""bench""#,
+        r#""k-" .. run .. "-" .. tid .. "-" .. counter"#,
+    );
+    std::fs::write(&script, lua).unwrap();
     let mut results: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); variants.len()];
     for round in 0..rounds {
         for (i, (name, _, url)) in variants.iter().enumerate() {
