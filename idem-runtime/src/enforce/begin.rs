@@ -29,6 +29,13 @@ pub(crate) async fn reserve(
     let Mode::Transactional(tx) = mode else {
         return Ok(());
     };
+    // A store of many writers (PostgreSQL) holds back a share of its pool for the
+    // statements an attempt makes beside its transaction; one that registers its key in
+    // its transaction makes none while it is open (no renewals, no journal), so it takes
+    // no turn: the pool's own wait for a connection is its only bound.
+    if !tx.fences_by_lock() && mode.one_commit(contract).is_some() {
+        return Ok(());
+    }
     if tx.try_reserve().await {
         return Ok(());
     }
@@ -36,17 +43,12 @@ pub(crate) async fn reserve(
     let now = idem.now().await;
     let answered_from_record = match idem.store().get(key, now).await {
         Ok(Some(record)) => !matches!(record.state, RecordState::Released),
-        // An attempt that registered the key in its transaction is answered from its
-        // mark on the key, at once too, where the mark is this process's to read (the
-        // store of one writer, SQLite, serves one process); PostgreSQL's is a query of
-        // the server's locks, left to the claim, which finds the lock taken without
-        // waiting for it once the turn to begin comes.
-        Ok(None) if tx.fences_by_lock() && mode.one_commit(contract).is_some() => {
-            match tx.in_flight(key).await {
-                Ok(holder) => holder.is_some(),
-                Err(error) => return Err(unavailable(error).into()),
-            }
-        }
+        // An attempt that registered the key in its transaction (SQLite's, here) is
+        // answered from its mark on the key, at once too.
+        Ok(None) if mode.one_commit(contract).is_some() => match tx.in_flight(key).await {
+            Ok(holder) => holder.is_some(),
+            Err(error) => return Err(unavailable(error).into()),
+        },
         Ok(None) => false,
         Err(error) => return Err(unavailable(error).into()),
     };

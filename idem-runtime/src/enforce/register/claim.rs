@@ -84,9 +84,9 @@ impl<F> Registration<'_, F> {
     /// The claim of the transactional mode's one commit: the attempt's transaction begins
     /// with the key registered inside it ([`AttemptTx::register`]), and the handler runs
     /// in it; nothing is committed before the handler's answer, and no lease needs
-    /// renewing (the transaction's mark on the key fences the attempt). Without the right
-    /// to begin (stage 6 did not wait for it: the key was in flight, or had a record),
-    /// the key is looked at first, and the right waited for only if it is free.
+    /// renewing (the transaction's mark on the key fences the attempt). Without SQLite's
+    /// turn to begin (stage 6 did not wait for it: the key was in flight, or had a
+    /// record), the key is looked at first, and the turn waited for only if it is free.
     ///
     /// # Errors
     ///
@@ -98,7 +98,9 @@ impl<F> Registration<'_, F> {
         now: UnixMillis,
         started: Instant,
     ) -> Result<Claimed, Rejection> {
-        if !tx.is_reserved().await {
+        // Without the turn to begin, with one writer (SQLite): stage 6 did not wait
+        // for it. A store of many writers takes no turn for this mode.
+        if tx.fences_by_lock() && !tx.is_reserved().await {
             let unavailable = |error| self.unavailable(self.last_id, &error);
             if let Some(claimed) = self.unreserved(tx, now).await.map_err(unavailable)? {
                 return Ok(claimed);

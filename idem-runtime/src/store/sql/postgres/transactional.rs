@@ -12,7 +12,7 @@ use crate::OperationId;
 use crate::store::sql::SqlStore;
 use crate::store::sql::dialect::{Dialect, TxDialect};
 use crate::store::sql::records::{Registration, completion_sql};
-use crate::store::sql::statement::Statement;
+use crate::store::sql::statement::{Columns, Statement};
 use crate::store::{
     Begin, InFlight, OpenTransaction, RecordKey, Registered, Reservation, StoreError, UnixMillis,
 };
@@ -29,7 +29,9 @@ use crate::store::{
 /// take them over while they are alive, and their clients would get 503. So at most the
 /// pool's size less a quarter of it (less one at least; one at least) are open at once,
 /// and an attempt waits for its turn before its key is registered, as with SQLite's one
-/// writer.
+/// writer. An attempt that registers its key inside its transaction (every one but those
+/// under a step journal) makes no statement beside it while it is open, and takes no
+/// turn (`enforce/begin.rs`).
 #[derive(Clone, Debug)]
 pub struct PostgresState {
     /// One permit for each transaction that may be open at once.
@@ -100,13 +102,14 @@ impl TxDialect for Postgres {
         }
     }
 
-    /// The attempt's transaction with the key registered inside it: `BEGIN`, then [`LOCKED`]
-    /// (the key's advisory lock, taken without waiting, the marker, the bounds of
-    /// [`Postgres::begin_transaction`] and the attempt published in `application_name`), then
-    /// the registration as [`Dialect::register`] makes it, on the transaction's connection.
-    /// A lock held by another session is an attempt in flight; a record this attempt may
-    /// not take ends the transaction. Three round trips for a new key, within the store's
-    /// call timeout each.
+    /// The attempt's transaction with the key registered inside it: `BEGIN`, then the
+    /// key's advisory lock, taken without waiting, the marker, the bounds of
+    /// [`Postgres::begin_transaction`] and the attempt published in `application_name`,
+    /// with the insert of a new key in the same statement when no budget needs counting
+    /// ([`lock_and_insert`]); then, for a key that has a record, the registration as
+    /// [`Dialect::register`] makes it, on the transaction's connection. A lock held by
+    /// another session is an attempt in flight; a record this attempt may not take ends
+    /// the transaction. Two round trips for a new key, within the store's call timeout.
     async fn begin_registered(
         store: &SqlStore<Postgres>,
         reservation: Reservation,
@@ -125,19 +128,8 @@ impl TxDialect for Postgres {
                 record.operation_id, registration.new.holds_until, record.attempt
             )
         };
-        let begun = async {
-            let mut tx = store.pool.begin().await?;
-            let row: (bool, i64) = sqlx::query_as(LOCKED)
-                .bind(&limit)
-                .bind(&published)
-                .bind(&key.operation)
-                .bind(&key.client)
-                .bind(&key.key)
-                .fetch_one(&mut *tx)
-                .await?;
-            Ok((tx, row))
-        };
-        let (mut tx, (locked, marker)) = store.bounded(begun).await?;
+        let (mut tx, locked, marker, inserted) =
+            lock_and_insert(store, &registration, &published, &limit).await?;
         let operation_id = registration.new.operation_id;
         if !locked {
             roll_back(store, tx).await;
@@ -147,6 +139,10 @@ impl TxDialect for Postgres {
                     Ok(in_flight) => Registered::InFlight(in_flight, reservation),
                     Err(record) => Registered::Exists(record, reservation),
                 });
+        }
+        if let Some(record) = inserted {
+            let open = OpenTransaction::new(tx, marker, reservation).registered(None);
+            return Ok(Registered::Started(record, open));
         }
         Ok(
             match Postgres::register(store, &mut tx, registration).await? {
@@ -255,6 +251,62 @@ impl TxDialect for Postgres {
     }
 }
 
+/// `BEGIN`, then the key's lock ([`LOCKED`]) and, when no budget needs counting (none,
+/// or [`ClientBudget::COUNT_ONLY`](crate::store::ClientBudget::COUNT_ONLY)), the insert of
+/// a new key in the same statement ([`LOCKED_INSERT`]): the transaction, whether the lock
+/// was taken, the marker, and the record if it was inserted. The insert is safe in the
+/// statement that takes the lock although the statement's snapshot is older than the
+/// lock: a conflicting row, committed by the lock's previous holder after that snapshot,
+/// is found by the insert's check of the unique index, not by the snapshot, and the key
+/// is then registered by [`Dialect::register`] in statements of their own.
+async fn lock_and_insert(
+    store: &SqlStore<Postgres>,
+    registration: &Registration<'_>,
+    published: &str,
+    limit: &str,
+) -> Result<
+    (
+        sqlx::Transaction<'static, Postgres>,
+        bool,
+        i64,
+        Option<crate::store::Record>,
+    ),
+    StoreError,
+> {
+    let counts = registration
+        .new
+        .budget
+        .is_some_and(|b| !b.refuses_nothing());
+    let key = registration.key;
+    let statement = if counts {
+        Statement::<Postgres>::new(LOCKED)
+            .text(limit)
+            .text(published)
+            .text(&key.operation)
+            .text(&key.client)
+            .text(&key.key)
+    } else {
+        registration
+            .statement(LOCKED_INSERT)
+            .text(published)
+            .text(limit)
+    };
+    let begun = async {
+        let mut tx = store.pool.begin().await?;
+        let row = statement.fetch_optional(&mut *tx).await?;
+        Ok((tx, row))
+    };
+    let (tx, row) = store.bounded(begun).await?;
+    let row = row.ok_or_else(|| StoreError::Corrupt("the key's lock answered no row".into()))?;
+    let locked = row.flag("locked")?;
+    let marker = row.int("marker")?;
+    let inserted = match row.maybe_text("operation_id") {
+        Ok(Some(_)) if !counts => Some(crate::store::sql::rows::decode(&row)?),
+        _ => None,
+    };
+    Ok((tx, locked, marker, inserted))
+}
+
 /// Rolls back `tx`, which registered nothing, so that its lock is let go now; a failed
 /// rollback leaves the connection suspect, and the store replaces it.
 async fn roll_back(store: &SqlStore<Postgres>, tx: sqlx::Transaction<'static, Postgres>) {
@@ -351,6 +403,35 @@ const IN_FLIGHT: &str = concat!(
       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
       AND l.classid = ((k.n >> 32) & 4294967295)::oid
       AND l.objid = (k.n & 4294967295)::oid"
+);
+
+/// [`LOCKED`] and the insert of a new key in one statement, with the values of
+/// `Registration::statement` (`$1`..`$11`), then `$12` the publication and `$13` the
+/// bounds of [`LOCKED`]'s `$2` and `$1`: `locked`, `marker`, and the record's columns if
+/// it was inserted (NULLs otherwise: the lock was not taken, or the key has a row). The
+/// insert is the registration's plain `INSERT … ON CONFLICT DO NOTHING`.
+const LOCKED_INSERT: &str = concat!(
+    "WITH published AS MATERIALIZED (
+        SELECT set_config('application_name', $12, true) AS name
+    ), taken AS MATERIALIZED (
+        SELECT pg_try_advisory_xact_lock(",
+    lock_number!("$1", "$2", "$3"),
+    ") AS locked, txid_current() AS marker,
+            set_config('statement_timeout', $13, true),
+            set_config('idle_in_transaction_session_timeout', $13, true)
+        FROM published WHERE published.name IS NOT NULL
+    ), inserted AS (
+        INSERT INTO idem_records
+            (operation, client, key, operation_id, fingerprint, state, attempt, token,
+             lease_until, created_at, expires_at, transactional)
+        SELECT $1, $2, $3, $4, $5, 'processing', 1, $6, $7, $8, GREATEST($9, $7, $11), $10
+        FROM taken WHERE taken.locked
+        ON CONFLICT (operation, client, key) DO NOTHING
+        RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
+                  created_at, expires_at, status, headers, body, reason, transactional
+    )
+    SELECT taken.locked, taken.marker, inserted.*
+    FROM taken LEFT JOIN inserted ON TRUE"
 );
 
 /// The attempt an `application_name` of [`LOCKED`] publishes: `idem <operation id>
