@@ -10,12 +10,22 @@ use crate::Idem;
 use crate::answer;
 use crate::attempt::Held;
 use crate::mode::Mode;
-use crate::store::{RecordKey, RecordState};
+use crate::store::{Record, RecordKey, StoreError, UnixMillis};
+
+/// A record read before the key is claimed, at the time given (unix milliseconds): the
+/// claim answers from it without registering anything.
+pub(crate) type Seen = Option<(Record, UnixMillis)>;
 
 /// Takes the right to begin the transaction before anything is registered: with
 /// SQLite's one writer the wait happens here, where a client that gives up leaves
 /// nothing behind, and it is not charged to the attempt's lease. A duplicate of a key
-/// that is held or finished is answered from its record without waiting.
+/// that is held or finished is answered from its record without waiting: the record
+/// read is returned, for the claim to answer from.
+///
+/// On PostgreSQL an attempt that registers its key in its transaction takes no turn
+/// (the pool's own wait for a connection is its only bound: it makes no statement beside
+/// its transaction while it is open), and the record is read first, once: a replay is
+/// answered from that one read, without a transaction.
 ///
 /// # Errors
 ///
@@ -25,37 +35,37 @@ pub(crate) async fn reserve(
     idem: &Idem,
     contract: &Contract,
     key: &RecordKey,
-) -> Result<(), Rejection> {
+) -> Result<Seen, Rejection> {
     let Mode::Transactional(tx) = mode else {
-        return Ok(());
+        return Ok(None);
     };
-    // A store of many writers (PostgreSQL) holds back a share of its pool for the
-    // statements an attempt makes beside its transaction; one that registers its key in
-    // its transaction makes none while it is open (no renewals, no journal), so it takes
-    // no turn: the pool's own wait for a connection is its only bound.
-    if !tx.fences_by_lock() && mode.one_commit(contract).is_some() {
-        return Ok(());
+    let unavailable = |error| answer::store_unavailable(idem, contract, None, &error);
+    let one_commit = mode.one_commit(contract).is_some();
+    if !tx.fences_by_lock() && one_commit {
+        return seen(idem, key).await.map_err(|e| unavailable(e).into());
     }
     if tx.try_reserve().await {
-        return Ok(());
+        return Ok(None);
     }
-    let unavailable = |error| answer::store_unavailable(idem, contract, None, &error);
-    let now = idem.now().await;
-    let answered_from_record = match idem.store().get(key, now).await {
-        Ok(Some(record)) => !matches!(record.state, RecordState::Released),
-        // An attempt that registered the key in its transaction (SQLite's, here) is
-        // answered from its mark on the key, at once too.
-        Ok(None) if mode.one_commit(contract).is_some() => match tx.in_flight(key).await {
-            Ok(holder) => holder.is_some(),
-            Err(error) => return Err(unavailable(error).into()),
-        },
-        Ok(None) => false,
-        Err(error) => return Err(unavailable(error).into()),
-    };
-    if !answered_from_record {
+    let found = seen(idem, key).await.map_err(unavailable)?;
+    // An attempt that registered the key in its transaction (SQLite's, here) is
+    // answered from its mark on the key, at once too.
+    let in_flight =
+        found.is_none() && one_commit && tx.in_flight(key).await.map_err(unavailable)?.is_some();
+    if found.is_none() && !in_flight {
         tx.reserve().await.map_err(unavailable)?;
     }
-    Ok(())
+    Ok(found)
+}
+
+/// The key's record, read now, unless a registration may take it over (its TTL has
+/// passed, or it is released).
+async fn seen(idem: &Idem, key: &RecordKey) -> Result<Seen, StoreError> {
+    let now = idem.now().await;
+    let record = idem.store().get(key, now).await?;
+    Ok(record
+        .filter(|record| !record.is_reclaimable(now))
+        .map(|record| (record, now)))
 }
 
 /// Begins the attempt's transaction now that `held` holds the key, and attaches it.

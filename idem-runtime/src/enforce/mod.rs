@@ -175,10 +175,11 @@ where
         client,
         same.key,
     ));
-    begin::reserve(&mode, &idem, contract, &key).await?;
+    let seen = begin::reserve(&mode, &idem, contract, &key).await?;
     let recoverer = || C::recoverer(state);
+    let fingerprint = &same.fingerprint;
     let held =
-        register::register(&idem, contract, &key, &same.fingerprint, &mode, recoverer).await?;
+        register::register(&idem, contract, &key, fingerprint, seen, &mode, recoverer).await?;
     let held = begin::begin(mode, held, contract).await?;
     Ok(Enforced {
         inner,

@@ -37,6 +37,10 @@ impl<F> Registration<'_, F> {
     /// 503 `store-unavailable` when the store fails (`store-full` when it is full); 429
     /// `client-budget-exhausted` when the key is new and the client is at its budget.
     pub(super) async fn claim(&mut self) -> Result<Claimed, Rejection> {
+        if let Some((record, at)) = self.seen.take() {
+            crate::telemetry::found_record(record.attempt);
+            return Ok(Claimed::Exists(record, at));
+        }
         let now = self.idem.now().await;
         let started = Instant::now();
         let mut new = new_record(

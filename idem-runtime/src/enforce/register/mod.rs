@@ -16,6 +16,7 @@ use self::claim::Claimed;
 use self::existing::Next;
 use super::Rejection;
 use crate::attempt::Held;
+use crate::enforce::begin::Seen;
 use crate::fingerprint::Fingerprints;
 use crate::mode::{AttemptTx, Mode};
 use crate::reconcile::Recoverer;
@@ -41,6 +42,8 @@ pub(crate) struct Registration<'a, F> {
     /// The attempt's transaction when the key is registered inside it (the
     /// transactional mode's one commit, [`Mode::one_commit`]).
     in_tx: Option<AttemptTx>,
+    /// The record stage 6 read, for the first round to answer from.
+    seen: Seen,
     /// Makes the contract's recoverer; taken by the round that wins a takeover.
     make_recoverer: Option<F>,
     /// When a `concurrency = wait(..)` wait ends, once it has begun.
@@ -50,12 +53,14 @@ pub(crate) struct Registration<'a, F> {
 }
 
 /// Claims `key` for a request whose fingerprints are `fingerprint`: the attempt that
-/// holds it, or the answer to give instead (see the module docs).
+/// holds it, or the answer to give instead (see the module docs); the first round
+/// answers from `seen`, the record stage 6 read, when there is one.
 pub(crate) async fn register<F>(
     idem: &Idem,
     contract: &'static Contract,
     key: &Arc<RecordKey>,
     fingerprint: &Fingerprints,
+    seen: Seen,
     mode: &Mode,
     make_recoverer: F,
 ) -> Result<Held, Rejection>
@@ -70,6 +75,7 @@ where
         legacy: fingerprint.legacy.as_deref(),
         transactional: mode.is_transactional(),
         in_tx: mode.one_commit(contract),
+        seen,
         make_recoverer: Some(make_recoverer),
         wait_until: None,
         last_id: None,
