@@ -79,11 +79,13 @@ use crate::store::{
 ///
 /// An axum extractor, taken anywhere before the body extractor:
 /// `tx: idem::SqliteTx` or `tx: idem::PgTx`. It is cheap to clone; every clone is the
-/// same transaction. The transaction begins once the key is registered, just before the
-/// handler runs (on SQLite under a step journal, `recovery = resume`: at the handler's
-/// first [`Tx::conn`], so that the steps before it are recorded while the one write lock
-/// is free), and ends when the handler's answer is settled; after that [`Tx::conn`]
-/// fails.
+/// same transaction. The transaction begins as the key is registered, and the key's
+/// record is written in it, just before the handler runs: the record, the handler's
+/// writes and the result commit once, together. Under a step journal (`recovery =
+/// resume`) the record is committed first and the transaction begins after it (on
+/// SQLite at the handler's first [`Tx::conn`], so that the steps before it are recorded
+/// while the one write lock is free). It ends when the handler's answer is settled;
+/// after that [`Tx::conn`] fails.
 ///
 /// Rejections: 500 `not-configured` when the router has no idem layer, or its handle
 /// was not made with `Idem::transactional` over a store of this database.
