@@ -502,11 +502,11 @@ fn main() {
     };
     std::fs::write(
         &scripts.many,
-        wrk::new_keys_script(r#""many-" .. run .. "-" .. (counter % 1000)"#, KEY),
+        wrk::orders_script(r#""many-" .. run .. "-" .. (counter % 1000)"#, KEY),
     )
     .unwrap();
     // One client for the run, new in every run.
-    std::fs::write(&scripts.one, wrk::new_keys_script(r#""one-" .. run"#, KEY)).unwrap();
+    std::fs::write(&scripts.one, wrk::orders_script(r#""one-" .. run"#, KEY)).unwrap();
     let mut runs = runs(&served);
     for round in 0..rounds {
         // Off and on of a pattern run back to back; which goes first alternates.

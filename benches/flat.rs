@@ -46,7 +46,7 @@ use orders::*;
 
 /// New keys from 1,000 clients (`c-0` … `c-999`).
 fn many_script() -> String {
-    wrk::new_keys_script(
+    wrk::orders_script(
         r#""c-" .. (counter % 1000)"#,
         r#""f-" .. run .. "-" .. tid .. "-" .. counter"#,
     )
@@ -54,7 +54,7 @@ fn many_script() -> String {
 
 /// New keys, all of client `scope`.
 fn scope_script() -> String {
-    wrk::new_keys_script(
+    wrk::orders_script(
         r#""scope""#,
         r#""s-" .. run .. "-" .. tid .. "-" .. counter"#,
     )

@@ -326,23 +326,6 @@ async fn pg_schema() -> Option<sqlx::PgPool> {
 /// How many keys the replay path cycles through.
 const REPLAY_KEYS: usize = 1000;
 
-const REPLAYS: &str = r#"
-local threads = 0
-function setup(thread)
-  threads = threads + 1
-  thread:set("tid", threads)
-end
-counter = 0
-function request()
-  counter = counter + 1
-  return wrk.format("POST", "/orders", {
-    ["Content-Type"] = "application/json",
-    ["X-Client-Id"] = "bench",
-    ["Idempotency-Key"] = "r-" .. ((counter + tid * 500) % 1000),
-  }, '{"customer_id":"cus_42","amount_minor":1999}')
-end
-"#;
-
 /// Completes the replay path's keys, then checks that one of them replays.
 async fn warm_up(client: &reqwest::Client, url: &str) {
     let post = |key: String| {
@@ -530,14 +513,16 @@ fn main() {
     let new_keys = dir.path().join("new.lua");
     std::fs::write(
         &new_keys,
-        wrk::new_keys_script(
+        wrk::orders_script(
             r#""bench-" .. (counter % 64)"#,
             r#""k-" .. run .. "-" .. tid .. "-" .. counter"#,
         ),
     )
     .unwrap();
     let replays = dir.path().join("replay.lua");
-    std::fs::write(&replays, REPLAYS).unwrap();
+    // One of the warmed-up keys, from the client that warmed them up.
+    let replay = wrk::orders_script(r#""bench""#, r#""r-" .. ((counter + tid * 500) % 1000)"#);
+    std::fs::write(&replays, replay).unwrap();
     let mut runs: Vec<Run> = (0..variants.len())
         .map(|variant| (variant, false))
         .chain(

@@ -5,12 +5,13 @@
 use std::path::Path;
 use std::process::Command;
 
-/// The Lua script of a run of `POST /orders` with new keys: each request from the client
-/// `client` and with the key `key`, both Lua expressions over `run` (the run's number,
-/// [`wrk`]), `tid` (the wrk thread, 1 or 2) and `counter` (the thread's request count),
-/// such as `"c-" .. (counter % 1000)`; the body is a 45-byte order. A non-2xx answer is
-/// written out, so that the run's failure says which it was.
-pub fn new_keys_script(client: &str, key: &str) -> String {
+/// The Lua script of a run of `POST /orders`: each request from the client `client` and
+/// with the key `key`, both Lua expressions over `run` (the run's number, [`wrk`]), `tid`
+/// (the wrk thread, 1 or 2) and `counter` (the thread's request count), such as
+/// `"c-" .. (counter % 1000)` (a key made of `run`, `tid` and `counter` is new in every
+/// request); the body is a 45-byte order. A non-2xx answer is written out, so that the
+/// run's failure says which it was.
+pub fn orders_script(client: &str, key: &str) -> String {
     format!(
         r#"
 local threads = 0

@@ -119,8 +119,6 @@ impl<DB: Database> fmt::Debug for Tx<DB> {
 struct Cell<DB: Database> {
     store: Arc<dyn TransactionalStore<Database = DB>>,
     state: Mutex<State<DB>>,
-    /// Whether the key was registered inside the transaction ([`TxControl::register`]).
-    registered: std::sync::atomic::AtomicBool,
 }
 
 /// What a deferred transaction calls once it has begun.
@@ -209,7 +207,6 @@ where
             cell: Arc::new(Cell {
                 store,
                 state: Mutex::new(State::NotBegun),
-                registered: std::sync::atomic::AtomicBool::new(false),
             }),
         };
         parts.extensions.insert(tx.clone());
@@ -266,13 +263,6 @@ impl AttemptTx {
     /// [`AttemptTx::try_reserve`] took it).
     pub(crate) async fn is_reserved(&self) -> bool {
         self.0.is_reserved().await
-    }
-
-    /// Whether the key's record was written inside the open transaction: it commits with
-    /// the result, a rollback leaves nothing of it, and the transaction's mark on the key
-    /// fences the attempt (no lease to renew).
-    pub(crate) fn registered(&self) -> bool {
-        self.0.registered()
     }
 
     /// Defers the beginning to the handler's first `Tx::conn` ([`TxControl::defer`]).
@@ -353,9 +343,6 @@ pub(crate) trait TxControl: Send + Sync {
 
     /// Whether the right to begin is held.
     async fn is_reserved(&self) -> bool;
-
-    /// Whether the key's record was written inside the open transaction.
-    fn registered(&self) -> bool;
 
     /// Defers the beginning to the handler's first [`Tx::conn`] (or to the settlement),
     /// keeping the right to begin meanwhile; `on_open` is called once it has begun. For
@@ -548,11 +535,7 @@ impl<DB: Database> TxControl for Cell<DB> {
             .begin_registered(reservation, key, new, now, within)
             .await;
         let (next, answer) = match registered? {
-            Registered::Started(record, open) => {
-                self.registered
-                    .store(true, std::sync::atomic::Ordering::SeqCst);
-                (State::Open(open), BeginInTx::Started(record))
-            }
+            Registered::Started(record, open) => (State::Open(open), BeginInTx::Started(record)),
             Registered::Exists(record, kept) => (State::Reserved(kept), BeginInTx::Exists(record)),
             Registered::InFlight(holder, kept) => {
                 (State::Reserved(kept), BeginInTx::InFlight(holder))
@@ -571,10 +554,6 @@ impl<DB: Database> TxControl for Cell<DB> {
 
     async fn is_reserved(&self) -> bool {
         matches!(*self.state.lock().await, State::Reserved(_))
-    }
-
-    fn registered(&self) -> bool {
-        self.registered.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     async fn defer(&self, until: Instant, on_open: OnOpen) {

@@ -324,7 +324,7 @@ fn main() {
     });
     let script = dir.path().join("post.lua");
     // Every request a new key, from one client.
-    let lua = wrk::new_keys_script(
+    let lua = wrk::orders_script(
         r#""bench""#,
         r#""k-" .. run .. "-" .. tid .. "-" .. counter"#,
     );

@@ -151,7 +151,7 @@ impl Held {
     /// too when the key was registered inside the transaction: no other connection sees
     /// the record, and the transaction's mark on the key fences the attempt.
     pub(crate) fn attach(&mut self, tx: AttemptTx) {
-        if tx.fences_by_lock() || tx.registered() {
+        if tx.fences_by_lock() || self.registered_as.is_some() {
             self.idem.running().pause(self.token);
         }
         self.mode = Mode::Transactional(tx);

@@ -57,8 +57,4 @@ impl AttemptTx {
     pub(crate) async fn is_reserved(&self) -> bool {
         match *self {}
     }
-
-    pub(crate) fn registered(&self) -> bool {
-        match *self {}
-    }
 }

@@ -129,31 +129,28 @@ impl<F> Registration<'_, F> {
     }
 
     /// The answer to a claim that has no right to begin (stage 6 did not wait for it: the
-    /// key had a record, or was in flight), if the key has one now: its record, unless
-    /// it may be taken over; else the attempt holding it in its transaction (the record
-    /// read again after the mark: an attempt holds the mark for a moment when it finds
-    /// the record committed, and answers from it). `None`: the key is free, wait for the
-    /// right to begin and claim it.
+    /// key was in flight, or had a record, which the first round answered from), if the
+    /// key is still held: the attempt holding it in its transaction, or the record read
+    /// after the mark, unless it may be taken over (an attempt holds the mark for a
+    /// moment when it finds the record committed, and answers from it). `None`: no
+    /// attempt holds it; wait for the right to begin and claim it, which finds any
+    /// record.
     async fn unreserved(
         &self,
         tx: &AttemptTx,
         now: UnixMillis,
     ) -> Result<Option<Claimed>, StoreError> {
-        let store = self.idem.store();
-        let exists = |record: Option<Record>| {
-            let record = record.filter(|r| !r.is_reclaimable(now))?;
-            crate::telemetry::found_record(record.attempt);
-            Some(Claimed::Exists(record, now))
-        };
-        if let Some(claimed) = exists(store.get(self.key, now).await?) {
-            return Ok(Some(claimed));
-        }
         let Some(holder) = tx.in_flight(self.key).await? else {
             return Ok(None);
         };
-        Ok(Some(
-            exists(store.get(self.key, now).await?).unwrap_or_else(|| in_flight(holder, now)),
-        ))
+        let record = self.idem.store().get(self.key, now).await?;
+        Ok(Some(match record.filter(|r| !r.is_reclaimable(now)) {
+            Some(record) => {
+                crate::telemetry::found_record(record.attempt);
+                Claimed::Exists(record, now)
+            }
+            None => in_flight(holder, now),
+        }))
     }
 
     /// The attempt that holds the key as `record` says, registered as `new` from

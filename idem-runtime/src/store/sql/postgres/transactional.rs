@@ -474,3 +474,40 @@ pub(crate) fn server_limit(within: Duration) -> Duration {
 
 /// The longest grace [`server_limit`] adds to an attempt's time left.
 pub(crate) const TX_GRACE: Duration = Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests {
+    use super::parse_published;
+
+    /// A publication names an attempt only as `LOCKED` writes it; anything else in
+    /// `application_name` (the pool's own name, another program's, a truncated or hostile
+    /// value) names none.
+    #[test]
+    fn only_idem_publications_name_an_attempt() {
+        let id = "01a242fe-ebb4-745d-a58d-8442da8d42cf";
+        let first = parse_published(&format!("idem {id} 1796420332577")).unwrap();
+        assert_eq!(
+            (first.operation_id.to_string(), first.until, first.attempt),
+            (id.to_owned(), 1_796_420_332_577, 1)
+        );
+        let reclaimed = parse_published(&format!("idem {id} 17 3")).unwrap();
+        assert_eq!(reclaimed.attempt, 3);
+        for foreign in [
+            String::new(),
+            "psql".to_owned(),
+            "idem".to_owned(),
+            "idem ".to_owned(),
+            format!("idem {id}"),
+            format!("idem {}", &id[..20]),
+            "idem not-a-uuid 17".to_owned(),
+            format!("idem {id} -17"),
+            format!("idem {id} 17 x"),
+            format!("idem {id} 99999999999999999999999"),
+            format!("IDEM {id} 17"),
+            format!("idem  {id} 17"),
+            "idem \u{0}\u{ffff} 1".to_owned(),
+        ] {
+            assert!(parse_published(&foreign).is_none(), "{foreign:?}");
+        }
+    }
+}
