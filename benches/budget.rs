@@ -375,15 +375,16 @@ async fn redis_served(url: &str) -> (Served, (ConnectionManager, String)) {
     };
     let off = store("off").await;
     let on = store("on").await;
+    let conn = redis::Client::open(url)
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
     let business = RedisState {
-        conn: redis::Client::open(url)
-            .unwrap()
-            .get_connection_manager()
-            .await
-            .unwrap(),
+        conn: idem::store::RedisConnection::Server(conn.clone()),
         prefix: Arc::from(prefix.as_str()),
     };
-    let scratch = (business.conn.clone(), prefix.clone());
+    let scratch = (conn, prefix.clone());
     let served = served(
         "redis",
         || {

@@ -473,7 +473,7 @@ fn main() {
                 .await
                 .unwrap()
                 .with_prefix(format!("{prefix}:idem"));
-            let own = |conn: ConnectionManager| RedisState {
+            let own = |conn: idem::store::RedisConnection| RedisState {
                 conn,
                 prefix: Arc::from(prefix.as_str()),
             };
@@ -488,10 +488,10 @@ fn main() {
                     "redis",
                     Router::new()
                         .route("/orders", post(redis_bare))
-                        .with_state(own(bare)),
+                        .with_state(own(idem::store::RedisConnection::Server(bare))),
                     Router::new()
                         .route("/orders", post(redis_min))
-                        .with_state(own(min)),
+                        .with_state(own(idem::store::RedisConnection::Server(min))),
                     Router::new()
                         .route("/orders", post(redis_idem))
                         .with_state(business)

@@ -44,7 +44,8 @@ async fn fill(conn: &mut redis::aio::MultiplexedConnection) {
         }
     }
     // Full is fuzzy: a connection that closes frees its buffers, and a small write fits
-    // again. Keep the server full: `maxmemory` 64 KiB below what it uses.
+    // again (the fill's own connection, with the query buffer its 64 KiB values grew, is
+    // closed right after). Keep the server full: `maxmemory` 512 KiB below what it uses.
     let info: String = redis::cmd("INFO")
         .arg("memory")
         .query_async(conn)
@@ -58,7 +59,7 @@ async fn fill(conn: &mut redis::aio::MultiplexedConnection) {
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("maxmemory")
-        .arg(used - 64 * 1024)
+        .arg(used - 512 * 1024)
         .query_async(conn)
         .await
         .unwrap();

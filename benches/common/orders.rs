@@ -92,7 +92,9 @@ pub async fn serve(router: Router) -> String {
     format!("http://{addr}")
 }
 
-/// Deletes every key under `prefix` (the run's scratch namespace).
+/// Deletes every key whose name starts with `prefix` (the run's scratch namespace): the
+/// orders (`<prefix>:order:…`), and the records and budget names of stores whose own
+/// prefix extends it (`<prefix>:on` is written `<prefix>%3Aon:…` by the store).
 pub async fn redis_clean(conn: &mut ConnectionManager, prefix: &str) -> usize {
     let mut cursor: u64 = 0;
     let mut deleted = 0;
@@ -100,7 +102,7 @@ pub async fn redis_clean(conn: &mut ConnectionManager, prefix: &str) -> usize {
         let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
-            .arg(format!("{prefix}:*"))
+            .arg(format!("{prefix}*"))
             .arg("COUNT")
             .arg(5000)
             .query_async(conn)
@@ -206,8 +208,8 @@ pub async fn pg_idem(
 /// The Redis handler's business state: a connection and the run's scratch prefix.
 #[derive(Clone)]
 pub struct RedisState {
-    /// The connection.
-    pub conn: ConnectionManager,
+    /// The connection: one server's, or a cluster's.
+    pub conn: idem::store::RedisConnection,
     /// The run's scratch prefix.
     pub prefix: Arc<str>,
 }

@@ -588,6 +588,70 @@ async fn operates_on_redis() {
     .await;
 }
 
+/// The whole operator's path on a Redis Cluster (3 masters, a replica each) named by its
+/// seed nodes; then a master killed with SIGKILL: once its replica has taken over,
+/// `idem ops list` still finds every record, on every master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operates_on_a_redis_cluster_and_after_a_failover() {
+    let Some(mut cluster) = conformance::redis::OwnCluster::start(3, 1) else {
+        return;
+    };
+    let url = cluster.url();
+    let store = RedisStore::connect(&url).await.unwrap();
+    operate(&["--store", &url], Arc::new(store.clone())).await;
+    let now = unix_now();
+    for i in 0..30 {
+        let key = k(&format!("spread-{i:02}"));
+        store
+            .begin(&key, &new_record("sha256:a", now), now)
+            .await
+            .unwrap();
+    }
+    let listed = |args: &[&str]| -> usize {
+        let json: serde_json::Value = serde_json::from_str(&succeeds(args)).unwrap();
+        json.as_array().unwrap().len()
+    };
+    let all = ["ops", "list", "--store", &url, "--json", "--limit", "1000"];
+    let before = listed(&all);
+    let victim = cluster.master_of(&store.hash_name(&k("spread-00")));
+    cluster.kill(victim);
+    // While the master is dead and not yet replaced, the listing goes on without it
+    // and says so.
+    let partial = idem(&all);
+    if partial.status.success() {
+        assert!(
+            stderr(&partial).contains("could not be scanned"),
+            "{}",
+            stderr(&partial)
+        );
+    }
+    cluster.wait_for_failover(std::time::Duration::from_secs(20));
+    // The cluster client may meet the dead master once more before it learns the new map.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let out = idem(&all);
+        if out.status.success() && !stderr(&out).contains("could not be scanned") {
+            let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(
+                json.as_array().unwrap().len(),
+                before,
+                "every record, after the failover"
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", stderr(&out));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // One seed is enough to find the cluster.
+    let one_seed = cluster.node_url(usize::from(victim == cluster.port(0)));
+    assert_eq!(
+        listed(&[
+            "ops", "list", "--store", &one_seed, "--json", "--limit", "1000"
+        ]),
+        before
+    );
+}
+
 /// A value under the store's Redis prefix that idem did not write (another program's,
 /// a manual `SET`) is skipped by `idem ops list` and `show` with a warning that names it;
 /// the rest is listed and the command succeeds.

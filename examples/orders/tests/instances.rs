@@ -1,6 +1,6 @@
 //! Many instances, one truth: three `orders` processes on one store (`--store postgres`,
-//! `--store redis`), each key sent to all three at the same moment, make one order per
-//! key.
+//! `--store redis` on one server or a cluster), each key sent to all three at the same
+//! moment, make one order per key.
 
 mod common;
 
@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Reply, Service, client, order, try_post};
+use common::{Reply, Service, client, on_a_cluster, order, orders_by_key, try_post};
 use idem_runtime::store::conformance::postgres::scratch_url;
 use idem_runtime::store::conformance::redis::url_or_skip;
 use reqwest::StatusCode;
@@ -51,6 +51,18 @@ async fn three_processes_on_redis_make_one_order_per_key() {
     // The Redis server is shared between runs: the keys are new each time.
     let prefix = format!("k-inst-{}", uuid::Uuid::new_v4().simple());
     three_processes_one_order_per_key(&services, &url, &prefix).await;
+}
+
+/// The same with the records on a Redis Cluster of the test's own (3 masters, a replica
+/// each, named by its seed nodes): the keys spread over every master, and each is still
+/// run once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_on_a_redis_cluster_make_one_order_per_key() {
+    let what = "three orders processes on a Redis Cluster and one PostgreSQL database";
+    let Some((_cluster, url, services)) = on_a_cluster(3, what).await else {
+        return;
+    };
+    three_processes_one_order_per_key(&services, &url, "k-cluster").await;
 }
 
 /// Sends each of [`KEYS`] keys (`<prefix>-NNN`) to the three `services` at once, and
@@ -124,15 +136,8 @@ async fn three_processes_one_order_per_key(services: &[Service], url: &str, pref
     assert!(took < Duration::from_secs(60), "took {took:?}");
 
     // The orders table, read directly.
-    let pool = sqlx::PgPool::connect(url).await.unwrap();
-    let rows: Vec<(String, String)> =
-        sqlx::query_as("SELECT idempotency_key, id FROM orders ORDER BY idempotency_key")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    pool.close().await;
-    assert_eq!(rows.len(), KEYS, "exactly one order per key");
-    let in_table: HashMap<String, String> = rows.into_iter().collect();
+    let in_table = orders_by_key(url).await;
+    assert_eq!(in_table.len(), KEYS, "exactly one order per key");
     assert_eq!(
         in_table, first_answers,
         "each key's order is the one answered"

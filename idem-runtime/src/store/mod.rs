@@ -125,7 +125,7 @@ pub use record::{
     StoredResponse,
 };
 #[cfg(feature = "redis")]
-pub use redis::RedisStore;
+pub use redis::{RedisConnection, RedisStore, ReplicaWait};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use sql::SqlStore;
 #[cfg(feature = "postgres")]

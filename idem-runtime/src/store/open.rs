@@ -274,8 +274,14 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
 }
 
 /// `url` with the password of its user info (`scheme://user:password@host`) replaced
-/// by `***`; any other text as it is.
+/// by `***`, in each URL of a comma-separated list of them (a cluster's seed nodes);
+/// any other text as it is.
 pub fn redact_url(url: &str) -> Cow<'_, str> {
+    // Several seed nodes of a Redis Cluster: each its own URL.
+    if url.contains(',') && url.matches("://").count() > 1 {
+        let parts: Vec<Cow<'_, str>> = url.split(',').map(redact_url).collect();
+        return Cow::Owned(parts.join(","));
+    }
     if let Some((scheme, rest)) = url.split_once("://")
         && let Some((userinfo, host)) = rest.rsplit_once('@')
         && let Some((user, _password)) = userinfo.split_once(':')
@@ -517,7 +523,11 @@ async fn redis(url: &str, _: &OpenOptions) -> Result<Arc<dyn Store>, OpenError> 
 async fn redis(url: &str, options: &OpenOptions) -> Result<Arc<dyn Store>, OpenError> {
     use super::RedisStore;
 
-    if let Err(e) = redis::Client::open(url) {
+    // One server, or the comma-separated seed nodes of a cluster: each must parse.
+    if let Err(e) = url
+        .split(',')
+        .try_for_each(|seed| redis::Client::open(seed.trim()).map(drop))
+    {
         return Err(OpenError::Malformed {
             url: redact_url(url).into_owned(),
             reason: e.to_string(),
@@ -627,6 +637,10 @@ mod tests {
             ("postgres://u:p@ss/w@h/db", "postgres://u:***@h/db"),
             ("postgres://u@h/db", "postgres://u@h/db"),
             ("orders.db", "orders.db"),
+            (
+                "redis://:a1@h1:7000,redis://u:b2@h2:7001,redis://h3:7002",
+                "redis://:***@h1:7000,redis://u:***@h2:7001,redis://h3:7002",
+            ),
         ];
         for (url, shown) in cases {
             assert_eq!(redact_url(url), shown);

@@ -35,6 +35,54 @@
 //! finds: a tool for operators and the reconciler, whose cost grows with the number of
 //! records.
 //!
+//! # Redis Cluster
+//!
+//! [`RedisStore::connect`] takes the seed nodes of a cluster as comma-separated URLs
+//! (`redis://h1:7000,redis://h2:7001`), or one node's URL (the store sees
+//! `cluster_enabled:1` and learns the others). Commands go to the master of their
+//! keys' slot through the `redis` crate's cluster client, which follows `MOVED` and
+//! `ASK` and refreshes its slot map when the cluster changes.
+//!
+//! Every name one script touches shares one hash slot. A record's name carries the hash
+//! tag of its **bucket**, `<prefix>:{<bucket>}:<operation>:…`: one of 1,024, drawn from
+//! the record's own operation, client and key (SHA-256), so that records — even one
+//! tenant's — spread over every master. The bucket's outbox, `<prefix>/outbox/{<bucket>}`,
+//! shares the tag. A client's budget names (below) carry a tag drawn from the client,
+//! in a slot of their own: on a cluster the budget is kept by calls beside the
+//! registration (a count after a new key, a size after its result) rather than in the
+//! same script, and stays within the bounds of [`super::budget`] (the requests in
+//! flight); a count that fails after its record was written is logged and the record
+//! is not counted. Names on one server have no tag: a store moved from one server to a
+//! cluster starts with no records (both are the same layout otherwise).
+//!
+//! Purge, [`OperatorStore::list`] and the reconciler scan every master (a `SCAN` on each,
+//! from `CLUSTER NODES`); a master that fails is skipped with a warning, and scanned
+//! again once its replica takes over. Run the cluster with
+//! `cluster-require-full-coverage no`, so that a failing master stops its own slots only.
+//!
+//! # Failover
+//!
+//! Replication in Redis is asynchronous: a master that acknowledged a write and died
+//! before passing it on loses it in a failover. For a claim that would mean a second
+//! attempt running beside the first. So each **claim** (a new key's registration, a
+//! reclaim, a takeover) can wait until replicas acknowledge it (`WAIT`,
+//! [`RedisStore::with_replica_wait`]); this is on by default, one replica within
+//! 500 ms, on a cluster whose masters all have replicas. A claim not acknowledged in time
+//! is released and answered 503 with `Retry-After` (the retry claims again).
+//!
+//! - **With the wait**: a claim idem acted on survives the failover of its master
+//!   (unless the master and every acknowledging replica fail at once). A completion is
+//!   not waited for: one lost in the failover leaves its record `processing`, and once
+//!   its lease ends the next retry or status lookup runs the contract's recovery — as
+//!   after a crash between the effect and the completion, below.
+//! - **Without it** (no replicas, or `with_replica_wait(None)`): a failover may lose the
+//!   claims and completions of the last moments (the replication lag, usually under a
+//!   millisecond); a lost claim lets a retry run the operation again.
+//!
+//! While a master is down and until its replica is promoted (the cluster's node timeout
+//! plus an election, a few seconds), calls for its slots fail and idem answers 503 with
+//! `Retry-After`; no handler runs without its record.
+//!
 //! # Atomicity and fencing
 //!
 //! Registration is one script that inserts the record when the key is free (or its TTL has
@@ -73,19 +121,17 @@
 //!   [`RedisStore::connect`] logs a warning when the server says it evicts.
 //! - **Durability and failover.** A record lives as long as Redis keeps it: without
 //!   persistence (`appendonly yes`, `appendfsync always` for the strictest) a restart
-//!   forgets completed keys, and an asynchronous replica promoted after a failover may lack
-//!   the last writes. Either turns a retry of a forgotten key into a new operation (an
-//!   attempt running across the restart finds its record gone, answers 503
-//!   `attempt-timed-out`, and its retry runs again). Use
-//!   the PostgreSQL store where that is not acceptable.
-//! - **One server.** Every script touches one key, but [`OperatorStore::purge_expired`]
-//!   scans one server: a primary (with replicas or Sentinel) is supported, Redis Cluster
-//!   is not.
+//!   forgets completed keys, and a replica promoted after a failover may lack the last
+//!   writes that no claim waited for ("Failover" above). Either turns a retry of a
+//!   forgotten key into a new operation (an attempt running across the restart finds its
+//!   record gone, answers 503 `attempt-timed-out`, and its retry runs again). Use the
+//!   PostgreSQL store where that is not acceptable.
 //!
 //! # Faults
 //!
-//! The connection is a [`ConnectionManager`]: one multiplexed connection, re-established
-//! after it breaks, without restarting the service. Every call is bounded by the call
+//! The connection ([`RedisConnection`]) is, on one server, a [`ConnectionManager`]: one
+//! multiplexed connection, re-established after it breaks, without restarting the
+//! service; on a cluster, a connection per node that the cluster client re-establishes. Every call is bounded by the call
 //! timeout ([`RedisStore::with_call_timeout`], 2 s by default); a server that is down, slow
 //! or refuses a write fails the call with [`StoreError::Unavailable`], which idem answers
 //! with 503 and `Retry-After`, running no handler without its record. A call that timed
@@ -93,7 +139,11 @@
 //! server: its error says so ([`StoreError::is_outcome_unknown`]). A hash that cannot be
 //! read back as a record fails with [`StoreError::Corrupt`].
 
+mod cluster;
+mod connection;
 mod journal;
+mod layout;
+mod scripts;
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -101,8 +151,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{IntoConnectionInfo, RedisError, Script, Value};
+use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisError, Value};
 
 use super::headers::{decode_headers, encode_headers};
 use super::open::Bounds;
@@ -115,6 +166,10 @@ use super::{
     journal::{Delivery, Due},
 };
 use crate::OperationId;
+pub use connection::RedisConnection;
+use connection::Waits;
+use layout::Layout;
+use scripts::Scripts;
 
 /// How long after its `expires_at` (by Redis's clock) a record's hash is forgotten by Redis
 /// itself, in milliseconds: one minute of tolerance for clocks that disagree.
@@ -129,286 +184,6 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// How many names one `SCAN` step of [`OperatorStore::purge_expired`] asks for.
 const SCAN_BATCH: usize = 500;
 
-/// Lua helpers every script starts with. Times travel as decimal strings and are compared
-/// as numbers (exact up to 2^53 ms, the year 287 396); the larger of two is written back
-/// as the string it came in.
-const PRELUDE: &str = r"
-local function later(a, b)
-  if tonumber(b) > tonumber(a) then return b end
-  return a
-end
-local function expire(key, at, margin)
-  redis.call('PEXPIREAT', key, string.format('%d', tonumber(at) + tonumber(margin)))
-end
-";
-
-/// The client budget's accounting ([`super::budget`]), for `begin` and `complete`: KEYS[2]
-/// the client's records (a sorted set of their hash names, scored by the expiry each was
-/// registered with), KEYS[3] their results' sizes (a hash: a size per name, the total
-/// under `*`). Both expire with the client's last record.
-const BUDGET: &str = r"
-local function budget_expire(margin)
-  local top = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  if top[2] then
-    expire(KEYS[2], top[2], margin)
-    expire(KEYS[3], top[2], margin)
-  end
-end
--- The client's usage at `now` without writing (a full server refuses writes that grow
--- memory before the record's own): its live records, their bytes, the expired names.
-local function budget_usage(now)
-  local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
-  local live = redis.call('ZCARD', KEYS[2]) - #gone
-  local bytes = tonumber(redis.call('HGET', KEYS[3], '*') or '0')
-  for _, name in ipairs(gone) do
-    bytes = bytes - tonumber(redis.call('HGET', KEYS[3], name) or '0')
-  end
-  return live, bytes, gone
-end
--- Counts the record KEYS[1], expiring at `exp`, after forgetting the expired ones.
-local function budget_count(now, exp, gone, margin)
-  local freed = 0
-  for _, name in ipairs(gone) do
-    freed = freed + tonumber(redis.call('HGET', KEYS[3], name) or '0')
-    redis.call('HDEL', KEYS[3], name)
-  end
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  if freed ~= 0 then redis.call('HINCRBY', KEYS[3], '*', -freed) end
-  redis.call('ZADD', KEYS[2], exp, KEYS[1])
-  budget_expire(margin)
-end
-";
-
-/// `client_usage`: KEYS[1] and KEYS[2] the client's records and sizes ([`BUDGET`]).
-/// ARGV: now. Reads only. Returns `{live records, bytes, oldest live expiry or 0}`.
-const USAGE: &str = r"
-local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-local live = redis.call('ZCARD', KEYS[1]) - #gone
-local bytes = tonumber(redis.call('HGET', KEYS[2], '*') or '0')
-for _, name in ipairs(gone) do
-  bytes = bytes - tonumber(redis.call('HGET', KEYS[2], name) or '0')
-end
-local oldest = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-return {live, bytes, tonumber(oldest[2] or '0')}
-";
-
-/// `begin`. ARGV: now, operation id, fingerprint, token, lease end, TTL end, holds until,
-/// transactional, margin, prefix, the budget's records and bytes (empty: no budget).
-/// Returns `{2}` when a new record was written (exactly `Record::started`, which the
-/// caller builds itself), `{1, fields}` when a released record was reclaimed, `{0,
-/// fields}` when it exists and may not be taken (`Record::begin_over`), `{3, records,
-/// bytes, oldest expiry}` when a new operation is over the client's budget.
-const BEGIN: &str = r"
-local now = ARGV[1]
-local cur = redis.call('HMGET', KEYS[1], 'expires_at', 'state', 'fingerprint')
-if (not cur[1]) or tonumber(cur[1]) <= tonumber(now) then
-  local budgeted = ARGV[11] ~= ''
-  local gone = {}
-  if budgeted then
-    local live, bytes
-    live, bytes, gone = budget_usage(now)
-    if live >= tonumber(ARGV[11]) or bytes >= tonumber(ARGV[12]) then
-      local oldest = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-      return {3, live, bytes, tonumber(oldest[2] or now)}
-    end
-  end
-  -- HSET first, not DEL: a full server (noeviction) refuses a script's first write that
-  -- may grow memory, and lets every write after any first write through.
-  local exp = later(later(ARGV[6], ARGV[5]), ARGV[7])
-  redis.call('HSET', KEYS[1], 'operation_id', ARGV[2], 'fingerprint', ARGV[3],
-    'state', 'processing', 'attempt', '1', 'token', ARGV[4], 'lease_until', ARGV[5],
-    'created_at', now, 'expires_at', exp, 'transactional', ARGV[8], 'prefix', ARGV[10])
-  if cur[1] then
-    redis.call('HDEL', KEYS[1], 'status', 'headers', 'body', 'reason', 'history')
-  end
-  expire(KEYS[1], exp, ARGV[9])
-  if budgeted then budget_count(now, exp, gone, ARGV[9]) end
-  return {2}
-end
-if cur[2] == 'released' and cur[3] == ARGV[3] then
-  local exp = later(later(cur[1], ARGV[5]), ARGV[7])
-  local n = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-  remember(KEYS[1], {attempt = n, began_at = tonumber(now), after = 'released'})
-  redis.call('HSET', KEYS[1], 'state', 'processing', 'token', ARGV[4],
-    'lease_until', ARGV[5], 'expires_at', exp, 'transactional', ARGV[8])
-  redis.call('HDEL', KEYS[1], 'status', 'headers', 'body', 'reason')
-  expire(KEYS[1], exp, ARGV[9])
-  return {1, redis.call('HGETALL', KEYS[1])}
-end
-return {0, redis.call('HGETALL', KEYS[1])}
-";
-
-/// Appends an event (a Lua table) to the record's `history`, keeping the last 32 (see
-/// `store::ops`).
-const HISTORY: &str = r"
-local function remember(key, event)
-  local h = redis.call('HGET', key, 'history')
-  local events = {}
-  if h then events = cjson.decode(h) end
-  table.insert(events, event)
-  while #events > 32 do table.remove(events, 1) end
-  redis.call('HSET', key, 'history', cjson.encode(events))
-end
-";
-
-/// `resolve`. ARGV: now, the attempt seen parked, the new state, status, headers, body
-/// (the last three empty when not applied), the resolution's event (JSON), margin.
-/// Returns `{1, fields}`, or `{0}` when the record is not parked at that attempt or its
-/// TTL has passed.
-const RESOLVE: &str = r"
-local cur = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'expires_at', 'reason')
-if cur[1] ~= 'unknown' or cur[2] ~= ARGV[2] or tonumber(cur[3]) <= tonumber(ARGV[1]) then
-  return {0}
-end
-local event = cjson.decode(ARGV[7])
-event['parked'] = cur[4] or ''
-remember(KEYS[1], event)
-if ARGV[3] == 'completed' then
-  redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[4], 'headers', ARGV[5],
-    'body', ARGV[6])
-else
-  redis.call('HSET', KEYS[1], 'state', 'released')
-end
-redis.call('HDEL', KEYS[1], 'reason')
-return {1, redis.call('HGETALL', KEYS[1])}
-";
-
-/// The condition of `complete` and `release`: processing under ARGV[2], live at ARGV[1].
-const LIVE_OWNER: &str = r"
-local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until')
-if cur[1] ~= 'processing' or cur[2] ~= ARGV[2] or tonumber(ARGV[1]) >= tonumber(cur[3]) then
-  return 0
-end
-";
-
-/// `complete`. ARGV: now, token, status, headers, body, the result's size, margin.
-/// Returns 1, or 0 when the lease is lost. The size is counted for the client's budget
-/// when the record is counted (KEYS[2], KEYS[3]: [`BUDGET`]).
-const COMPLETE: &str = r"
-redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[3], 'headers', ARGV[4],
-  'body', ARGV[5])
-redis.call('HDEL', KEYS[1], 'token', 'lease_until')
-if redis.call('ZSCORE', KEYS[2], KEYS[1]) then
-  local old = tonumber(redis.call('HGET', KEYS[3], KEYS[1]) or '0')
-  redis.call('HSET', KEYS[3], KEYS[1], ARGV[6])
-  redis.call('HINCRBY', KEYS[3], '*', tonumber(ARGV[6]) - old)
-  budget_expire(ARGV[7])
-end
--- The operation's staged deliveries (its journal's `staged` positions) become due with
--- a success; after anything else they never go.
-local staged = redis.call('HGET', KEYS[1], 'staged')
-if staged then
-  local status = tonumber(ARGV[3])
-  if status >= 200 and status < 300 then
-    for index in string.gmatch(staged, '%d+') do
-      redis.call('ZADD', KEYS[4], 0, index .. ':' .. KEYS[1])
-    end
-  end
-  redis.call('HDEL', KEYS[1], 'staged')
-end
-return 1
-";
-
-/// `release`. ARGV: now, token.
-const RELEASE: &str = r"
-redis.call('HSET', KEYS[1], 'state', 'released')
-redis.call('HDEL', KEYS[1], 'token', 'lease_until')
-return 1
-";
-
-/// The condition of `renew` and `park_unknown`: processing under ARGV[2], live or not.
-const CURRENT_OWNER: &str = r"
-local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'expires_at')
-if cur[1] ~= 'processing' or cur[2] ~= ARGV[2] then
-  return 0
-end
-";
-
-/// `renew`. ARGV: now, token, until, margin.
-const RENEW: &str = r"
-local exp = later(cur[3], ARGV[3])
-redis.call('HSET', KEYS[1], 'lease_until', ARGV[3], 'expires_at', exp)
-expire(KEYS[1], exp, ARGV[4])
-return 1
-";
-
-/// `park_unknown`. ARGV: now, token, reason.
-const PARK: &str = r"
-redis.call('HSET', KEYS[1], 'state', 'unknown', 'reason', ARGV[3])
-redis.call('HDEL', KEYS[1], 'token', 'lease_until')
-return 1
-";
-
-/// `take_over`. ARGV: now, expected token, new token, new lease end, margin. Returns `{1,
-/// fields}`, or `{0}` when the record is not processing under the expected token, its
-/// lease is live, or its TTL has passed.
-const TAKE_OVER: &str = r"
-local now = tonumber(ARGV[1])
-local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until', 'expires_at')
-if cur[1] ~= 'processing' or cur[2] ~= ARGV[2] or now < tonumber(cur[3])
-    or tonumber(cur[4]) <= now then
-  return {0}
-end
-local exp = later(cur[4], ARGV[4])
-local n = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-remember(KEYS[1], {attempt = n, began_at = now, after = 'lease-ended',
-  lease_until = tonumber(cur[3])})
-redis.call('HSET', KEYS[1], 'token', ARGV[3], 'lease_until', ARGV[4], 'expires_at', exp)
-expire(KEYS[1], exp, ARGV[5])
-return {1, redis.call('HGETALL', KEYS[1])}
-";
-
-/// `purge_expired`, for one batch of names. ARGV: now, prefix. Deletes only the records
-/// this prefix wrote (`SCAN` for `a:*` also finds prefix `a:b`'s names). Returns how many
-/// were deleted.
-const PURGE: &str = r"
-local n = 0
-for _, key in ipairs(KEYS) do
-  if redis.call('TYPE', key).ok == 'hash' then
-    local cur = redis.call('HMGET', key, 'expires_at', 'prefix')
-    local exp = cur[1]
-    if exp and cur[2] == ARGV[2] and tonumber(exp) <= tonumber(ARGV[1]) then
-      redis.call('DEL', key)
-      n = n + 1
-    end
-  end
-end
-return n
-";
-
-/// The scripts, loaded by their SHA-1 (`EVALSHA`, falling back to `EVAL` once per server
-/// that lacks them).
-struct Scripts {
-    begin: Script,
-    complete: Script,
-    release: Script,
-    renew: Script,
-    park: Script,
-    take_over: Script,
-    purge: Script,
-    resolve: Script,
-    usage: Script,
-    journal: journal::JournalScripts,
-}
-
-impl Scripts {
-    fn new() -> Scripts {
-        let with = |parts: &[&str]| Script::new(&parts.concat());
-        Scripts {
-            begin: with(&[PRELUDE, HISTORY, BUDGET, BEGIN]),
-            complete: with(&[PRELUDE, BUDGET, LIVE_OWNER, COMPLETE]),
-            release: with(&[LIVE_OWNER, RELEASE]),
-            renew: with(&[PRELUDE, CURRENT_OWNER, RENEW]),
-            park: with(&[CURRENT_OWNER, PARK]),
-            take_over: with(&[PRELUDE, HISTORY, TAKE_OVER]),
-            purge: with(&[PURGE]),
-            resolve: with(&[HISTORY, RESOLVE]),
-            usage: with(&[USAGE]),
-            journal: journal::JournalScripts::new(),
-        }
-    }
-}
-
 /// A [`Store`](super::Store) in Redis (or Valkey), shared by every instance of a service:
 /// see the [module docs](self) for the layout, the guarantees and what Redis's
 /// configuration does to them.
@@ -416,19 +191,41 @@ impl Scripts {
 /// Cheap to clone: clones share the connection.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
-    prefix: String,
+    conn: RedisConnection,
+    layout: Layout,
     max_result: usize,
     call_timeout: Duration,
+    replica_wait: Option<ReplicaWait>,
+    topology: std::sync::Arc<std::sync::Mutex<cluster::Topology>>,
     scripts: std::sync::Arc<Scripts>,
+}
+
+/// How a claim waits for replicas ([`RedisStore::with_replica_wait`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicaWait {
+    /// How many replicas must acknowledge the claim.
+    pub replicas: u32,
+    /// How long to wait for them.
+    pub timeout: Duration,
+}
+
+impl ReplicaWait {
+    /// One replica within 500 ms: what a cluster with replicas gets unless told
+    /// otherwise.
+    pub const DEFAULT: ReplicaWait = ReplicaWait {
+        replicas: 1,
+        timeout: Duration::from_millis(500),
+    };
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("prefix", &self.prefix)
+            .field("prefix", &self.layout.prefix)
+            .field("cluster", &self.layout.cluster)
             .field("max_result", &self.max_result)
             .field("call_timeout", &self.call_timeout)
+            .field("replica_wait", &self.replica_wait)
             .finish_non_exhaustive()
     }
 }
@@ -436,14 +233,18 @@ impl std::fmt::Debug for RedisStore {
 impl RedisStore {
     /// Connects to the server at `url` (`redis://[user:password@]host:port[/db]`, or
     /// `rediss://` for TLS where the `redis` crate is built with it) and checks that it
-    /// answers.
+    /// answers. Several URLs, comma-separated, are seed nodes of one Redis Cluster; one
+    /// URL of a node in cluster mode is a cluster too (see "Redis Cluster" in the
+    /// [module docs](self)).
     ///
     /// # Default
     ///
     /// - prefix [`DEFAULT_PREFIX`], results of up to [`DEFAULT_MAX_RESULT`] bytes;
     /// - every call bounded by [`DEFAULT_CALL_TIMEOUT`]; a new connection waits at most
     ///   1 s, and a broken one is re-established in the background (a few tries, 100 to
-    ///   500 ms apart, then again at the next call).
+    ///   500 ms apart, then again at the next call);
+    /// - on a cluster whose masters all have a replica, every claim waits for one
+    ///   ([`ReplicaWait::DEFAULT`]); elsewhere no claim waits.
     ///
     /// Logs a warning when the server's `maxmemory-policy` is not `noeviction` (see
     /// "What it does not guarantee" in the [module docs](self)); a server that refuses
@@ -466,50 +267,64 @@ impl RedisStore {
         url: &str,
         bounds: Option<Bounds>,
     ) -> Result<RedisStore, StoreError> {
-        let (connect, response, call) = match bounds {
-            Some(b) => (b.limit, b.limit, b.call),
+        let (waits, call) = match bounds {
+            Some(b) => (
+                Waits {
+                    connect: b.limit,
+                    response: b.limit,
+                },
+                b.call,
+            ),
             None => (
-                Duration::from_secs(1),
-                DEFAULT_CALL_TIMEOUT,
+                Waits {
+                    connect: Duration::from_secs(1),
+                    response: DEFAULT_CALL_TIMEOUT,
+                },
                 DEFAULT_CALL_TIMEOUT,
             ),
         };
-        let mut info = url
-            .into_connection_info()
-            .map_err(StoreError::unavailable)?;
-        if let Some(bounds) = bounds {
-            info = info.set_tcp_settings(probing(bounds.limit));
-        }
-        let client = redis::Client::open(info).map_err(StoreError::unavailable)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(connect))
-            .set_response_timeout(Some(response))
-            .set_number_of_retries(2)
-            .set_min_delay(Duration::from_millis(100))
-            .set_max_delay(Duration::from_millis(500));
-        let conn = tokio::time::timeout(call, ConnectionManager::new_with_config(client, config))
-            .await
-            .map_err(|_| StoreError::unavailable("the Redis server did not answer in time"))?
-            .map_err(StoreError::unavailable)?;
-        let store = RedisStore::from_connection(conn).with_call_timeout(call);
+        let conn = RedisConnection::open(url, waits, bounds.map(|b| probing(b.limit))).await?;
+        let mut store = RedisStore::over(conn).with_call_timeout(call);
         // The connection alone proves little: a server that wants a password accepts it
         // without one and refuses every command after (`NOAUTH`).
         let mut conn = store.conn.clone();
         let _: Value = store
             .bounded(redis::cmd("PING").query_async(&mut conn))
             .await?;
+        if store.layout.cluster {
+            let masters = store.bounded(conn.masters()).await?;
+            if !masters.is_empty() && masters.iter().all(|m| m.replicas > 0) {
+                store.replica_wait = Some(ReplicaWait::DEFAULT);
+            }
+        }
         store.warn_if_evicting().await;
         Ok(store)
     }
 
-    /// A store over a connection the application configured (its own timeouts, TLS,
-    /// credentials). Runs no command.
+    /// A store over a connection to one server that the application configured (its
+    /// own timeouts, TLS, credentials). Runs no command.
     pub fn from_connection(conn: ConnectionManager) -> RedisStore {
+        RedisStore::over(RedisConnection::Server(conn))
+    }
+
+    /// A store over a connection to a Redis Cluster that the application configured.
+    /// Runs no command; no claim waits for a replica unless
+    /// [`RedisStore::with_replica_wait`] says so.
+    pub fn from_cluster(conn: ClusterConnection) -> RedisStore {
+        RedisStore::over(RedisConnection::Cluster(conn))
+    }
+
+    fn over(conn: RedisConnection) -> RedisStore {
         RedisStore {
+            layout: Layout {
+                prefix: DEFAULT_PREFIX.to_owned(),
+                cluster: conn.is_cluster(),
+            },
             conn,
-            prefix: DEFAULT_PREFIX.to_owned(),
             max_result: DEFAULT_MAX_RESULT,
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            replica_wait: None,
+            topology: std::sync::Arc::default(),
             scripts: std::sync::Arc::new(Scripts::new()),
         }
     }
@@ -521,7 +336,7 @@ impl RedisStore {
     ///
     #[must_use]
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> RedisStore {
-        self.prefix = prefix.into();
+        self.layout.prefix = prefix.into();
         self
     }
 
@@ -547,34 +362,32 @@ impl RedisStore {
         self
     }
 
+    /// The same store, making every claim (a new key's registration, a reclaim, a
+    /// takeover) wait until `wait.replicas` replicas of the master that holds it have
+    /// acknowledged it (`WAIT`), at most `wait.timeout`; `None`: no claim waits. A claim
+    /// not acknowledged in time is released and fails with [`StoreError::Unavailable`]
+    /// (idem answers 503 with `Retry-After`; the retry claims the key again). What it
+    /// guarantees: "Failover" in the [module docs](self).
+    #[must_use]
+    pub fn with_replica_wait(mut self, wait: Option<ReplicaWait>) -> RedisStore {
+        self.replica_wait = wait;
+        self
+    }
+
+    /// How claims wait for replicas ([`RedisStore::with_replica_wait`]).
+    pub fn replica_wait(&self) -> Option<ReplicaWait> {
+        self.replica_wait
+    }
+
     /// The connection, to share it with the application.
-    pub fn connection(&self) -> &ConnectionManager {
+    pub fn connection(&self) -> &RedisConnection {
         &self.conn
     }
 
     /// The name of the hash that holds `key`'s record (the layout of the
     /// [module docs](self)).
     pub fn hash_name(&self, key: &RecordKey) -> String {
-        format!(
-            "{}:{}:{}:{}:{}",
-            segment(&self.prefix),
-            segment(&key.operation),
-            key.client.len(),
-            key.client,
-            key.key
-        )
-    }
-
-    /// The names of `client`'s budget accounting ([`super::budget`]): its records, by
-    /// expiry, and their results' sizes. `<prefix>/budget/<client length>:<client>` and
-    /// `<prefix>/budget-bytes/…`: outside the prefix's records (`<prefix>:…`), so that
-    /// listing and purging never meet them.
-    fn budget_names(&self, client: &str) -> (String, String) {
-        let prefix = segment(&self.prefix);
-        (
-            format!("{prefix}/budget/{}:{client}", client.len()),
-            format!("{prefix}/budget-bytes/{}:{client}", client.len()),
-        )
+        self.layout.record(key)
     }
 
     async fn warn_if_evicting(&self) {
@@ -805,27 +618,6 @@ fn over_budget(answer: &Value) -> Option<OverBudget> {
     })
 }
 
-/// A part of a hash name that must not contain `:`: `%` and `:` percent-encoded.
-fn segment(text: &str) -> std::borrow::Cow<'_, str> {
-    if text.contains([':', '%']) {
-        std::borrow::Cow::Owned(text.replace('%', "%25").replace(':', "%3A"))
-    } else {
-        std::borrow::Cow::Borrowed(text)
-    }
-}
-
-/// `SCAN` patterns treat `*`, `?`, `[`, `]` and `\` specially.
-fn escape_pattern(text: &str) -> String {
-    let mut escaped = String::with_capacity(text.len());
-    for c in text.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            escaped.push('\\');
-        }
-        escaped.push(c);
-    }
-    escaped
-}
-
 #[async_trait]
 impl RecordStore for RedisStore {
     async fn begin(
@@ -834,39 +626,15 @@ impl RecordStore for RedisStore {
         new: &NewRecord,
         now: UnixMillis,
     ) -> Result<Begin, StoreError> {
-        let mut conn = self.conn.clone();
-        let (records, bytes) = self.budget_names(&key.client);
-        let mut invocation = self.scripts.begin.key(self.hash_name(key));
-        invocation.key(records).key(bytes);
-        invocation
-            .arg(now)
-            .arg(new.operation_id.to_string())
-            .arg(&new.fingerprint)
-            .arg(new.lease.token.to_string())
-            .arg(new.lease.until)
-            .arg(new.expires_at)
-            .arg(new.holds_until)
-            .arg(if new.transactional { "1" } else { "0" })
-            .arg(EXPIRY_MARGIN_MS)
-            .arg(&self.prefix)
-            .arg(
-                new.budget
-                    .map(|b| b.records.to_string())
-                    .unwrap_or_default(),
-            )
-            .arg(new.budget.map(|b| b.bytes.to_string()).unwrap_or_default());
-        let answer: Value = self.bounded(invocation.invoke_async(&mut conn)).await?;
-        if let Some(over) = over_budget(&answer) {
-            return Ok(Begin::OverBudget(over));
+        let begun = if self.layout.cluster {
+            self.begin_in_cluster(key, new, now).await?
+        } else {
+            self.register(key, new, new.budget, now).await?
+        };
+        if let Begin::Started(_) = begun {
+            self.acknowledged(key, new.lease.token, now).await?;
         }
-        match flagged(answer)? {
-            (2, None) => Ok(Begin::Started(Record::started(new, now))),
-            (1, Some(record)) => Ok(Begin::Started(record)),
-            (0, Some(record)) => Ok(Begin::Exists(record)),
-            _ => Err(StoreError::Corrupt(
-                "the registration script answered in an unexpected shape".into(),
-            )),
-        }
+        Ok(begun)
     }
 
     async fn get(&self, key: &RecordKey, now: UnixMillis) -> Result<Option<Record>, StoreError> {
@@ -889,20 +657,25 @@ impl RecordStore for RedisStore {
         now: UnixMillis,
     ) -> Result<(), StoreError> {
         check_size(response, self.max_result)?;
-        let (records, bytes) = self.budget_names(&key.client);
-        let mut invocation = self.scripts.complete.key(self.hash_name(key));
+        let name = self.hash_name(key);
+        let mut invocation = self.scripts.complete.key(&name);
+        invocation.key(self.layout.outbox(key));
+        if !self.layout.cluster {
+            let (records, bytes) = self.layout.budget(&key.client);
+            invocation.key(records).key(bytes);
+        }
         invocation
-            .key(records)
-            .key(bytes)
-            .key(self.outbox_name())
             .arg(now)
             .arg(token.to_string())
             .arg(response.status)
             .arg(encode_headers(&response.headers))
             .arg(response.body.as_ref())
-            .arg(response.size())
-            .arg(EXPIRY_MARGIN_MS);
-        self.fenced(invocation).await
+            .arg(response.size());
+        self.fenced(invocation).await?;
+        if self.layout.cluster {
+            self.account_in_cluster(key, &name, response.size()).await;
+        }
+        Ok(())
     }
 
     async fn release(
@@ -961,7 +734,10 @@ impl RecordStore for RedisStore {
             .arg(EXPIRY_MARGIN_MS);
         let answer: Value = self.bounded(invocation.invoke_async(&mut conn)).await?;
         match flagged(answer)? {
-            (1, Some(record)) => Ok(record),
+            (1, Some(record)) => {
+                self.acknowledged(key, new_lease.token, now).await?;
+                Ok(record)
+            }
             (0, None) => Err(StoreError::LeaseLost),
             _ => Err(StoreError::Corrupt(
                 "the takeover script answered in an unexpected shape".into(),
@@ -987,7 +763,7 @@ impl RecordStore for RedisStore {
         now: UnixMillis,
     ) -> Result<ClientUsage, StoreError> {
         let mut conn = self.conn.clone();
-        let (records, bytes) = self.budget_names(client);
+        let (records, bytes) = self.layout.budget(client);
         let mut invocation = self.scripts.usage.key(records);
         invocation.key(bytes).arg(now);
         let answer: Vec<i64> = self.bounded(invocation.invoke_async(&mut conn)).await?;
@@ -1029,89 +805,34 @@ impl RecordStore for RedisStore {
 #[async_trait]
 impl OperatorStore for RedisStore {
     async fn purge_expired(&self, now: UnixMillis) -> Result<u64, StoreError> {
-        let mut conn = self.conn.clone();
-        let pattern = format!("{}:*", escape_pattern(&segment(&self.prefix)));
-        let mut cursor: u64 = 0;
         let mut purged = 0;
-        loop {
-            // Names as bytes: a foreign name that is not UTF-8 must not fail the purge.
-            let (next, names): (u64, Vec<Vec<u8>>) = self
-                .bounded(
-                    redis::cmd("SCAN")
-                        .arg(cursor)
-                        .arg("MATCH")
-                        .arg(&pattern)
-                        .arg("COUNT")
-                        .arg(SCAN_BATCH)
-                        .query_async(&mut conn),
-                )
-                .await?;
-            if !names.is_empty() {
+        let mut scan = self.scan(&self.layout.pattern(None)).await?;
+        while let Some(names) = self.next_names(&mut scan).await? {
+            for batch in self.by_slot(names) {
                 let mut invocation = self.scripts.purge.prepare_invoke();
-                for name in &names {
+                for name in &batch {
                     invocation.key(name);
                 }
-                invocation.arg(now).arg(&self.prefix);
+                invocation.arg(now).arg(&self.layout.prefix);
+                let mut conn = self.conn.clone();
                 let n: u64 = self.bounded(invocation.invoke_async(&mut conn)).await?;
                 purged += n;
             }
-            if next == 0 {
-                return Ok(purged);
-            }
-            cursor = next;
         }
+        Ok(purged)
     }
 
     async fn list(&self, query: &ListQuery, now: UnixMillis) -> Result<Vec<Listed>, StoreError> {
-        let mut conn = self.conn.clone();
-        let pattern = match &query.operation {
-            Some(op) => format!(
-                "{}:{}:*",
-                escape_pattern(&segment(&self.prefix)),
-                escape_pattern(&segment(op))
-            ),
-            None => format!("{}:*", escape_pattern(&segment(&self.prefix))),
-        };
-        let mut cursor: u64 = 0;
         let mut found = Vec::new();
-        loop {
-            let (next, names): (u64, Vec<Vec<u8>>) = self
-                .bounded(
-                    redis::cmd("SCAN")
-                        .arg(cursor)
-                        .arg("MATCH")
-                        .arg(&pattern)
-                        .arg("COUNT")
-                        .arg(SCAN_BATCH)
-                        .query_async(&mut conn),
-                )
-                .await?;
+        let mut scan = self
+            .scan(&self.layout.pattern(query.operation.as_deref()))
+            .await?;
+        while let Some(names) = self.next_names(&mut scan).await? {
             for name in names {
-                let Some(key) = self.key_of(&name) else {
-                    continue;
-                };
-                let answer: Result<Value, StoreError> = self
-                    .bounded(redis::cmd("HGETALL").arg(&name).query_async(&mut conn))
-                    .await;
-                // A value that is not a record (another program's, a manual `SET`) is
-                // skipped and named, never fatal to the listing.
-                let Some(fields) = skip_foreign(&name, answer.and_then(fields))? else {
-                    continue;
-                };
-                // Names of a longer prefix (`a:b` under `a`) are another store's.
-                if fields.get("prefix").map(Vec::as_slice) != Some(self.prefix.as_bytes()) {
-                    continue;
-                }
-                if let Some(Some(record)) = skip_foreign(&name, decode(&fields))?
-                    && query.matches(&key, &record, now)
-                {
-                    found.push(Listed { key, record });
+                if let Some(listed) = self.listed(&name, query, now).await? {
+                    found.push(listed);
                 }
             }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
         }
         found.sort_by(|a, b| ops::order(&a.key).cmp(&ops::order(&b.key)));
         found.truncate(query.page() as usize);
@@ -1214,20 +935,35 @@ impl OperatorStore for RedisStore {
 }
 
 impl RedisStore {
-    /// The [`RecordKey`] a hash name of this store's layout holds, or `None` for a name
-    /// of another layout or prefix.
-    fn key_of(&self, name: &[u8]) -> Option<RecordKey> {
-        let name = std::str::from_utf8(name).ok()?;
-        let rest = name
-            .strip_prefix(&*segment(&self.prefix))?
-            .strip_prefix(':')?;
-        let (operation, rest) = rest.split_once(':')?;
-        let (len, rest) = rest.split_once(':')?;
-        let len: usize = len.parse().ok()?;
-        let client = rest.get(..len)?;
-        let key = rest.get(len..)?.strip_prefix(':')?;
-        let operation = operation.replace("%3A", ":").replace("%25", "%");
-        Some(RecordKey::new(operation, client, key))
+    /// The record named `name` when it is one of this store's and `query` wants it at
+    /// `now`. A value that is not a record (another program's, a manual `SET`) is
+    /// skipped and named, never fatal to the listing.
+    async fn listed(
+        &self,
+        name: &[u8],
+        query: &ListQuery,
+        now: UnixMillis,
+    ) -> Result<Option<Listed>, StoreError> {
+        let Some(key) = self.layout.key_of(name) else {
+            return Ok(None);
+        };
+        let mut conn = self.conn.clone();
+        let answer: Result<Value, StoreError> = self
+            .bounded(redis::cmd("HGETALL").arg(name).query_async(&mut conn))
+            .await;
+        let Some(fields) = skip_foreign(name, answer.and_then(fields))? else {
+            return Ok(None);
+        };
+        // Names of a longer prefix (`a:b` under `a`) are another store's.
+        if fields.get("prefix").map(Vec::as_slice) != Some(self.layout.prefix.as_bytes()) {
+            return Ok(None);
+        }
+        match skip_foreign(name, decode(&fields))? {
+            Some(Some(record)) if query.matches(&key, &record, now) => {
+                Ok(Some(Listed { key, record }))
+            }
+            _ => Ok(None),
+        }
     }
 }
 
@@ -1238,8 +974,11 @@ mod tests {
     /// A store on a connection that is never made (nothing listens on port 1).
     fn unconnected() -> RedisStore {
         let client = redis::Client::open("redis://127.0.0.1:1").expect("a valid URL");
-        let conn = ConnectionManager::new_lazy_with_config(client, ConnectionManagerConfig::new())
-            .expect("a lazy connection");
+        let conn = ConnectionManager::new_lazy_with_config(
+            client,
+            redis::aio::ConnectionManagerConfig::new(),
+        )
+        .expect("a lazy connection");
         RedisStore::from_connection(conn)
     }
 
@@ -1322,8 +1061,8 @@ mod tests {
 
     #[test]
     fn scan_patterns_are_escaped() {
-        assert_eq!(escape_pattern("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
-        assert_eq!(escape_pattern("idem"), "idem");
+        assert_eq!(layout::escape_pattern("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+        assert_eq!(layout::escape_pattern("idem"), "idem");
     }
 
     #[test]
@@ -1451,6 +1190,7 @@ mod hostile {
     use super::*;
     use crate::store::conformance::redis::{scratch_prefix, url_or_skip};
     use crate::store::conformance::{T0, TTL, new_record};
+    use crate::store::{ClientBudget, NewRecord};
     use http::{HeaderName, HeaderValue};
 
     async fn store(url: &str, prefix: &str) -> RedisStore {
@@ -1502,8 +1242,11 @@ mod hostile {
 
     fn unconnected_with(prefix: &str) -> RedisStore {
         let client = redis::Client::open("redis://127.0.0.1:1").expect("a valid URL");
-        let conn = ConnectionManager::new_lazy_with_config(client, ConnectionManagerConfig::new())
-            .expect("a lazy connection");
+        let conn = ConnectionManager::new_lazy_with_config(
+            client,
+            redis::aio::ConnectionManagerConfig::new(),
+        )
+        .expect("a lazy connection");
         RedisStore::from_connection(conn).with_prefix(prefix)
     }
 
@@ -1629,7 +1372,7 @@ mod hostile {
             return;
         };
         let store = store(&url, &scratch_prefix()).await;
-        let mut name = format!("{}:", store.prefix).into_bytes();
+        let mut name = format!("{}:", store.layout.prefix).into_bytes();
         name.extend_from_slice(b"\xff\xfe");
         let mut conn = store.connection().clone();
         let _: () = redis::cmd("HSET")
@@ -1719,5 +1462,234 @@ mod hostile {
             panic!("exists");
         };
         assert_eq!(again.state, RecordState::Completed { response: big });
+    }
+
+    /// What `c`'s budget names hold: its names, its bytes, and how long each name lives
+    /// (unix milliseconds).
+    async fn accounting(store: &RedisStore) -> (i64, i64, i64, i64) {
+        let (names, sizes) = store.layout.budget("c");
+        let mut conn = store.connection().clone();
+        redis::pipe()
+            .cmd("ZCARD")
+            .arg(&names)
+            .cmd("HGET")
+            .arg(&sizes)
+            .arg("*")
+            .cmd("PEXPIRETIME")
+            .arg(&names)
+            .cmd("PEXPIRETIME")
+            .arg(&sizes)
+            .query_async::<(i64, Option<i64>, i64, i64)>(&mut conn)
+            .await
+            .map(|(n, b, e1, e2)| (n, b.unwrap_or(0), e1, e2))
+            .unwrap()
+    }
+
+    /// A registration that only counts (the handle's allowance) forgets at most
+    /// [`FORGET_BATCH`] of the client's expired names and their sizes, so that its
+    /// accounting shrinks as it registers; both names outlive the client's last record.
+    #[tokio::test]
+    async fn counting_forgets_expired_names_a_batch_at_a_time() {
+        let Some(url) = url_or_skip("the budget's names").await else {
+            return;
+        };
+        let store = store(&url, &scratch_prefix()).await;
+        let counting = |now| NewRecord {
+            budget: Some(ClientBudget::COUNT_ONLY),
+            ..new_record("sha256:a", now)
+        };
+        let result = response(b"0123456789");
+        let size = i64::try_from(result.size()).unwrap();
+        for i in 0..20 {
+            let k = RecordKey::new("op", "c", format!("k{i}"));
+            let new = counting(T0 + i);
+            store.begin(&k, &new, T0 + i).await.unwrap();
+            store
+                .complete(&k, new.lease.token, &result, T0 + i)
+                .await
+                .unwrap();
+        }
+        let (names, bytes, names_until, sizes_until) = accounting(&store).await;
+        assert_eq!((names, bytes), (20, 20 * size));
+        let last = i64::try_from(T0 + 19 + TTL + EXPIRY_MARGIN_MS).unwrap();
+        assert!(
+            names_until >= last && sizes_until >= last,
+            "{names_until} {sizes_until}"
+        );
+        // Every one of them has expired: each new key forgets eight at most.
+        let later = T0 + 20 + TTL;
+        let mut seen = Vec::new();
+        for i in 0..4 {
+            let k = RecordKey::new("op", "c", format!("new{i}"));
+            store.begin(&k, &counting(later), later).await.unwrap();
+            let (names, bytes, ..) = accounting(&store).await;
+            seen.push((names, bytes / size));
+        }
+        assert_eq!(seen, [(13, 12), (6, 4), (3, 0), (4, 0)]);
+        let usage = store.client_usage("c", 100, later).await.unwrap();
+        assert_eq!((usage.usage.records, usage.usage.bytes), (4, 0));
+    }
+}
+
+/// The store on a Redis Cluster of the tests' own (3 masters, a replica each).
+#[cfg(test)]
+mod on_a_cluster {
+    use std::collections::BTreeSet;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::store::conformance::redis::{OwnCluster, scratch_prefix};
+    use crate::store::conformance::{T0, created, new_record};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn passes_the_conformance_suite() {
+        let Some(cluster) = OwnCluster::start(3, 1) else {
+            return;
+        };
+        let url = cluster.url();
+        let probe = RedisStore::connect(&url).await.expect("the cluster");
+        assert!(probe.connection().is_cluster());
+        assert_eq!(probe.replica_wait(), Some(ReplicaWait::DEFAULT));
+        crate::store::conformance::run(|| {
+            let url = url.clone();
+            async move {
+                RedisStore::connect(&url)
+                    .await
+                    .expect("the cluster")
+                    .with_prefix(scratch_prefix())
+            }
+        })
+        .await;
+    }
+
+    /// One node's URL is enough: the store finds the cluster behind it, registers keys
+    /// of every slot (no `MOVED` reaches the caller), spreads one client's records over
+    /// every master, and lists and purges them all.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_seed_reaches_every_master() {
+        let Some(cluster) = OwnCluster::start(3, 0) else {
+            return;
+        };
+        let store = RedisStore::connect(&cluster.node_url(1))
+            .await
+            .expect("the cluster")
+            .with_prefix(scratch_prefix());
+        assert!(store.connection().is_cluster());
+        assert_eq!(store.replica_wait(), None, "no replicas, no wait");
+        let mut masters = BTreeSet::new();
+        for i in 0..60 {
+            let key = RecordKey::new("op", "one-tenant", format!("k{i}"));
+            let new = NewRecord {
+                expires_at: T0 + 1000,
+                ..new_record("sha256:a", T0)
+            };
+            assert!(matches!(
+                store.begin(&key, &new, T0).await,
+                Ok(Begin::Started(_))
+            ));
+            store
+                .complete(&key, new.lease.token, &created(), T0)
+                .await
+                .expect("complete");
+            masters.insert(cluster.master_of(&store.hash_name(&key)));
+        }
+        assert_eq!(masters.len(), 3, "one client's records on every master");
+        let all = ListQuery {
+            limit: 1000,
+            ..ListQuery::default()
+        };
+        let listed = store.list(&all, T0 + 1).await.expect("list");
+        assert_eq!(listed.len(), 60);
+        let purged = store.purge_expired(T0 + 3_600_000).await.expect("purge");
+        assert_eq!(purged, 60);
+        assert!(store.list(&all, T0 + 1).await.unwrap().is_empty());
+    }
+
+    /// A master killed with SIGKILL: its slots fail (never a second registration) until
+    /// its replica takes over; then every key registered before the kill is still there
+    /// (each claim waited for the replica), new keys register again, and the operator's
+    /// listing covers the new master.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failover_loses_no_acknowledged_claim() {
+        let Some(mut cluster) = OwnCluster::start(3, 1) else {
+            return;
+        };
+        let store = RedisStore::connect(&cluster.url())
+            .await
+            .expect("the cluster")
+            .with_prefix(scratch_prefix());
+        let keys: Vec<RecordKey> = (0..90)
+            .map(|i| RecordKey::new("op", "c", format!("k{i}")))
+            .collect();
+        for key in &keys {
+            let new = new_record("sha256:a", T0);
+            assert!(matches!(
+                store.begin(key, &new, T0).await,
+                Ok(Begin::Started(_))
+            ));
+        }
+        let victim = cluster.master_of(&store.hash_name(&keys[0]));
+        let dead: Vec<&RecordKey> = keys
+            .iter()
+            .filter(|k| cluster.master_of(&store.hash_name(k)) == victim)
+            .collect();
+        cluster.kill(victim);
+        let started = Instant::now();
+        // The dead master's keys fail as unavailable, or are found: never started again.
+        match store
+            .begin(dead[0], &new_record("sha256:a", T0 + 1), T0 + 1)
+            .await
+        {
+            Ok(Begin::Exists(_)) | Err(StoreError::Unavailable(_)) => {}
+            other => panic!("a key of the dead master: {other:?}"),
+        }
+        cluster.wait_for_failover(Duration::from_secs(20));
+        eprintln!("failover after {:?}", started.elapsed());
+        let mut registered_again = 0;
+        for key in &keys {
+            let new = new_record("sha256:a", T0 + 2);
+            let answer = retry_unavailable(|| store.begin(key, &new, T0 + 2)).await;
+            match answer {
+                Begin::Exists(record) => assert_eq!(record.attempt, 1),
+                other => {
+                    registered_again += 1;
+                    eprintln!("{key:?}: {other:?}");
+                }
+            }
+        }
+        assert_eq!(
+            registered_again, 0,
+            "a claim acknowledged by a replica survives"
+        );
+        let fresh = RecordKey::new("op", "c", "after-failover");
+        let new = new_record("sha256:a", T0 + 3);
+        let answer = retry_unavailable(|| store.begin(&fresh, &new, T0 + 3)).await;
+        assert!(matches!(answer, Begin::Started(_)));
+        let all = ListQuery {
+            limit: 1000,
+            ..ListQuery::default()
+        };
+        let listed = store.list(&all, T0 + 3).await.expect("list");
+        assert_eq!(listed.len(), keys.len() + 1);
+    }
+
+    /// `call` until it answers other than unavailable, for 10 s at most (the cluster
+    /// client learns the new master within a few tries).
+    async fn retry_unavailable<F, Fut>(call: F) -> Begin
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<Begin, StoreError>>,
+    {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match call().await {
+                Ok(begun) => return begun,
+                Err(error) if Instant::now() < deadline => {
+                    eprintln!("retrying: {error}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(error) => panic!("still failing after 10 s: {error}"),
+            }
+        }
     }
 }

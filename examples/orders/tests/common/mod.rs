@@ -129,6 +129,38 @@ impl Drop for Service {
     }
 }
 
+/// `n` `orders --store redis` processes with their records on a Redis Cluster of the
+/// test's own (3 masters, a replica each) and their orders in a scratch PostgreSQL
+/// database: the cluster, the database's URL and the processes; `None` (after saying
+/// why) when either cannot be had.
+pub async fn on_a_cluster(
+    n: usize,
+    what: &str,
+) -> Option<(
+    idem_runtime::store::conformance::redis::OwnCluster,
+    String,
+    Vec<Service>,
+)> {
+    let cluster = idem_runtime::store::conformance::redis::OwnCluster::start(3, 1)?;
+    let url = idem_runtime::store::conformance::postgres::scratch_url(what).await?;
+    let services = (0..n)
+        .map(|_| Service::redis(&cluster.url(), &url))
+        .collect();
+    Some((cluster, url, services))
+}
+
+/// The orders table at `url`, read directly: each order's id by its idempotency key.
+pub async fn orders_by_key(url: &str) -> std::collections::HashMap<String, String> {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT idempotency_key, id FROM orders ORDER BY idempotency_key")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    pool.close().await;
+    rows.into_iter().collect()
+}
+
 /// An HTTP client with a 20 s timeout and without reqwest's own retries (the tests
 /// decide every retry).
 pub fn client() -> reqwest::Client {

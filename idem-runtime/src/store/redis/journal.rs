@@ -6,7 +6,8 @@
 //!
 //! A staged delivery's position is kept in the record's field `staged` (a list) until the
 //! record completes; a completion with a success makes each a member
-//! `<position>:<hash name>` of the sorted set `<prefix>/outbox`, scored by when it is next
+//! `<position>:<hash name>` of the sorted set `<prefix>/outbox` (on a cluster, the outbox
+//! of the record's hash tag, `<prefix>/outbox/{<bucket>}`), scored by when it is next
 //! due, outside the prefix's records so that listing and purging never meet it. A member
 //! whose record is gone is removed when the outbox's worker meets it.
 
@@ -15,12 +16,17 @@ use std::collections::HashMap;
 use redis::{Script, Value};
 use serde::{Deserialize, Serialize};
 
-use super::{RedisStore, fields, segment};
+use futures_util::{StreamExt, stream};
+
+use super::{RedisStore, fields};
 use crate::OperationId;
 use crate::store::{
     Delivery, Due, OwnerToken, RecordKey, RecordState, Step, StepState, StepWrite, StoreError,
     UnixMillis, step_changed,
 };
+
+/// How many outboxes (a cluster has one per bucket) are read at once.
+const OUTBOXES_AT_ONCE: usize = 32;
 
 /// The prefix of a step's field in the record's hash.
 const FIELD: &str = "step:";
@@ -260,12 +266,6 @@ impl RedisStore {
         }
     }
 
-    /// The sorted set of staged deliveries: `<prefix>/outbox`, outside the prefix's
-    /// records (`<prefix>:…`).
-    pub(super) fn outbox_name(&self) -> String {
-        format!("{}/outbox", segment(&self.prefix))
-    }
-
     /// [`crate::store::OperatorStore::claim_delivery`].
     pub(super) async fn claim(
         &self,
@@ -278,7 +278,7 @@ impl RedisStore {
         let id = operation_id.to_string();
         let mut invocation = self.scripts.journal.claim.key(self.hash_name(key));
         invocation
-            .key(self.outbox_name())
+            .key(self.layout.outbox(key))
             .arg(&id)
             .arg(index)
             .arg(until)
@@ -302,7 +302,7 @@ impl RedisStore {
         let id = operation_id.to_string();
         let mut invocation = self.scripts.journal.settle.key(self.hash_name(key));
         invocation
-            .key(self.outbox_name())
+            .key(self.layout.outbox(key))
             .arg(&id)
             .arg(index)
             .arg(claim)
@@ -319,32 +319,49 @@ impl RedisStore {
     /// whose record is gone (or is another operation's now), or whose step is no longer
     /// staged, is removed; one claimed meanwhile is left.
     pub(super) async fn due(&self, limit: u32, now: UnixMillis) -> Result<Vec<Due>, StoreError> {
-        let mut conn = self.conn.clone();
-        let outbox = self.outbox_name();
-        let members: Vec<Vec<u8>> = self
-            .bounded(
-                redis::cmd("ZRANGEBYSCORE")
-                    .arg(&outbox)
-                    .arg("-inf")
-                    .arg(now)
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(limit.saturating_mul(4))
-                    .query_async(&mut conn),
-            )
-            .await?;
+        let wanted = usize::try_from(limit).unwrap_or(usize::MAX);
+        // One outbox on one server, one per bucket on a cluster: read a few at a time.
+        let mut outboxes = stream::iter(self.layout.outboxes())
+            .map(|outbox| async move {
+                let members = self.due_members(&outbox, limit, now).await;
+                (outbox, members)
+            })
+            .buffered(OUTBOXES_AT_ONCE);
         let mut due = Vec::new();
-        for member in members {
-            if due.len() >= usize::try_from(limit).unwrap_or(usize::MAX) {
-                break;
-            }
-            match self.due_member(&member, now).await? {
-                Member::Due(found) => due.push(*found),
-                Member::NotYet => {}
-                Member::Gone => self.outbox_remove(&outbox, &member).await?,
+        while let Some((outbox, members)) = outboxes.next().await {
+            for member in members? {
+                if due.len() >= wanted {
+                    return Ok(due);
+                }
+                match self.due_member(&member, now).await? {
+                    Member::Due(found) => due.push(*found),
+                    Member::NotYet => {}
+                    Member::Gone => self.outbox_remove(&outbox, &member).await?,
+                }
             }
         }
         Ok(due)
+    }
+
+    /// The members of `outbox` due at `now`, four times `limit` at most.
+    async fn due_members(
+        &self,
+        outbox: &str,
+        limit: u32,
+        now: UnixMillis,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut conn = self.conn.clone();
+        self.bounded(
+            redis::cmd("ZRANGEBYSCORE")
+                .arg(outbox)
+                .arg("-inf")
+                .arg(now)
+                .arg("LIMIT")
+                .arg(0)
+                .arg(limit.saturating_mul(4))
+                .query_async(&mut conn),
+        )
+        .await
     }
 
     /// What the outbox's `member` stands for at `now`.
@@ -357,7 +374,7 @@ impl RedisStore {
             tracing::warn!(member = %String::from_utf8_lossy(member), "idem: a member of the Redis outbox is not one of idem's; removed");
             return Ok(Member::Gone);
         };
-        let Some(key) = self.key_of(name.as_bytes()) else {
+        let Some(key) = self.layout.key_of(name.as_bytes()) else {
             return Ok(Member::Gone);
         };
         let mut conn = self.conn.clone();
@@ -462,7 +479,7 @@ mod tests {
         let read = store.steps(&k, new.operation_id, conformance::T0).await;
         assert!(matches!(read, Err(StoreError::Corrupt(_))), "{read:?}");
 
-        let outbox = store.outbox_name();
+        let outbox = store.layout.outbox(&RecordKey::new("op", "c", "gone"));
         let gone = format!("0:{}", store.hash_name(&RecordKey::new("op", "c", "gone")));
         for member in ["not a member", "7:not-a-name", gone.as_str()] {
             let _: () = redis::cmd("ZADD")
