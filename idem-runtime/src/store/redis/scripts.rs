@@ -92,9 +92,12 @@ local function budget_gone(names, now, batch)
   end
   return {}
 end
--- Records the size of `member`'s result when the record is counted.
-local function budget_size(names, sizes, member, size)
-  if redis.call('ZSCORE', names, member) then
+-- Records the size of `member`'s result (a counted record's): two commands for a first
+-- result, four when it replaces one.
+local function budget_size(sizes, member, size)
+  if redis.call('HSETNX', sizes, member, size) == 1 then
+    redis.call('HINCRBY', sizes, '*', size)
+  else
     local old = tonumber(redis.call('HGET', sizes, member) or '0')
     redis.call('HSET', sizes, member, size)
     redis.call('HINCRBY', sizes, '*', tonumber(size) - old)
@@ -122,7 +125,7 @@ return 1
 /// client's records and sizes ([`BUDGET`]). ARGV: the record's name, the result's size.
 /// Returns 1.
 const ACCOUNT: &str = r"
-budget_size(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then budget_size(KEYS[2], ARGV[1], ARGV[2]) end
 return 1
 ";
 
@@ -155,7 +158,8 @@ if (not cur[1]) or tonumber(cur[1]) <= tonumber(now) then
   local exp = later(later(ARGV[6], ARGV[5]), ARGV[7])
   redis.call('HSET', KEYS[1], 'operation_id', ARGV[2], 'fingerprint', ARGV[3],
     'state', 'processing', 'attempt', '1', 'token', ARGV[4], 'lease_until', ARGV[5],
-    'created_at', now, 'expires_at', exp, 'transactional', ARGV[8], 'prefix', ARGV[10])
+    'created_at', now, 'expires_at', exp, 'transactional', ARGV[8], 'prefix', ARGV[10],
+    'counted', budgeted and '1' or '0')
   if cur[1] then
     redis.call('HDEL', KEYS[1], 'status', 'headers', 'body', 'reason', 'history')
   end
@@ -212,8 +216,9 @@ return {1, redis.call('HGETALL', KEYS[1])}
 ";
 
 /// The condition of `complete` and `release`: processing under ARGV[2], live at ARGV[1].
+/// Leaves `cur` for the script: state, token, lease end, `counted`, `staged`.
 const LIVE_OWNER: &str = r"
-local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until')
+local cur = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until', 'counted', 'staged')
 if cur[1] ~= 'processing' or cur[2] ~= ARGV[2] or tonumber(ARGV[1]) >= tonumber(cur[3]) then
   return 0
 end
@@ -228,10 +233,12 @@ const COMPLETE: &str = r"
 redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[3], 'headers', ARGV[4],
   'body', ARGV[5])
 redis.call('HDEL', KEYS[1], 'token', 'lease_until')
-if KEYS[4] then budget_size(KEYS[3], KEYS[4], KEYS[1], ARGV[6]) end
+-- `counted`: the registration counted the record for its client's budget (a record
+-- written before the field existed is not counted for its result's size).
+if KEYS[4] and cur[4] == '1' then budget_size(KEYS[4], KEYS[1], ARGV[6]) end
 -- The operation's staged deliveries (its journal's `staged` positions) become due with
 -- a success; after anything else they never go.
-local staged = redis.call('HGET', KEYS[1], 'staged')
+local staged = cur[5]
 if staged then
   local status = tonumber(ARGV[3])
   if status >= 200 and status < 300 then
