@@ -32,7 +32,8 @@ struct Args {
     /// redis` (orders), such as `postgres://user@host/db?sslmode=disable`.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
-    /// The Redis server of `--store redis` (records).
+    /// The Redis server of `--store redis` (records), or the seed nodes of a Redis
+    /// Cluster, comma-separated (`redis://h1:7000,redis://h2:7001`).
     #[arg(
         long,
         env = "REDIS_URL",
