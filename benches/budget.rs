@@ -48,7 +48,6 @@
 //! the end; the orders also carry a one-hour expiry in case the run is interrupted.
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -484,12 +483,7 @@ fn print_table(runs: &mut [Run], served: &[Served], rounds: usize, seconds: u64)
 }
 
 fn main() {
-    if Command::new("wrk").arg("--version").output().is_err() {
-        eprintln!("the benchmark needs wrk on the PATH (apt-get install wrk)");
-        std::process::exit(2);
-    }
-    let rounds: usize = env_or("IDEM_BENCH_ROUNDS", 3);
-    let seconds: u64 = env_or("IDEM_BENCH_SECONDS", 5);
+    let (rounds, seconds) = wrk::wrk_rounds();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

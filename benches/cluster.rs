@@ -101,12 +101,7 @@ async fn served(url: &str, wait: Option<ReplicaWait>) -> String {
 }
 
 fn main() {
-    if Command::new("wrk").arg("--version").output().is_err() {
-        eprintln!("the benchmark needs wrk on the PATH (apt-get install wrk)");
-        std::process::exit(2);
-    }
-    let rounds: usize = env_or("IDEM_BENCH_ROUNDS", 3);
-    let seconds: u64 = env_or("IDEM_BENCH_SECONDS", 5);
+    let (rounds, seconds) = wrk::wrk_rounds();
     let one = OneServer::start();
     let (Some(bare), Some(cluster)) = (OwnCluster::start(3, 0), OwnCluster::start(3, 1)) else {
         eprintln!("the benchmark needs redis-server and redis-cli");

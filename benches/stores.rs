@@ -37,7 +37,6 @@
 //! the end; the orders also carry a one-hour expiry in case the run is interrupted.
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -375,12 +374,7 @@ struct Run {
 
 #[allow(clippy::too_many_lines, reason = "one store after the other, in order")]
 fn main() {
-    if Command::new("wrk").arg("--version").output().is_err() {
-        eprintln!("the benchmark needs wrk on the PATH (apt-get install wrk)");
-        std::process::exit(2);
-    }
-    let rounds: usize = env_or("IDEM_BENCH_ROUNDS", 3);
-    let seconds: u64 = env_or("IDEM_BENCH_SECONDS", 5);
+    let (rounds, seconds) = wrk::wrk_rounds();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -35,6 +35,32 @@ end
     )
 }
 
+/// Exits with 2 and says how to install it when wrk is not on the PATH; the rounds and
+/// seconds of a run otherwise (`IDEM_BENCH_ROUNDS`, default 3; `IDEM_BENCH_SECONDS`,
+/// default 5).
+#[allow(
+    dead_code,
+    reason = "not every benchmark that includes this file uses it"
+)]
+pub fn wrk_rounds() -> (usize, u64) {
+    if std::process::Command::new("wrk")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("the benchmark needs wrk on the PATH (apt-get install wrk)");
+        std::process::exit(2);
+    }
+    let read = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let rounds = usize::try_from(read("IDEM_BENCH_ROUNDS", 3)).unwrap_or(3);
+    (rounds, read("IDEM_BENCH_SECONDS", 5))
+}
+
 /// Requests per second and p99 latency in milliseconds of one `wrk -t2` run of `seconds`
 /// over `connections` connections. The script sees a global `run` (the decimal `run`), so
 /// that keys made of it are new in every run.

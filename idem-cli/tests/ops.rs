@@ -597,7 +597,7 @@ async fn operates_on_a_redis_cluster_and_after_a_failover() {
         return;
     };
     let url = cluster.url();
-    let store = RedisStore::connect(&url).await.unwrap();
+    let store = cluster.store().await;
     operate(&["--store", &url], Arc::new(store.clone())).await;
     let now = unix_now();
     for i in 0..30 {

@@ -41,6 +41,16 @@ struct Args {
         default_value = "redis://127.0.0.1:6379"
     )]
     redis_url: String,
+    /// On a Redis Cluster with replicas: how long each claim waits for one replica to
+    /// acknowledge it before answering 503 (`0s`: no claim waits).
+    #[arg(
+        long,
+        env = "REDIS_REPLICA_WAIT",
+        value_name = "DURATION",
+        value_parser = parse_duration,
+        default_value = "500ms"
+    )]
+    replica_wait: Duration,
     /// Write the OpenAPI document of the service, with the contract merged in, to PATH
     /// (`.json` for JSON, otherwise YAML) and exit.
     #[arg(long, value_name = "PATH")]
@@ -141,6 +151,7 @@ fn backend(args: &Args) -> Result<Backend, String> {
         StoreArg::Redis => Backend::Redis {
             redis_url: args.redis_url.clone(),
             database_url: database_url()?,
+            replica_wait: args.replica_wait,
         },
     })
 }

@@ -47,6 +47,8 @@ pub enum Backend {
         redis_url: String,
         /// The PostgreSQL server of the orders.
         database_url: String,
+        /// On a cluster with replicas, how long a claim waits for one (zero: none).
+        replica_wait: Duration,
     },
 }
 
@@ -169,8 +171,16 @@ impl Service {
             Backend::Redis {
                 redis_url,
                 database_url,
+                replica_wait,
             } => {
                 let store = idem::RedisStore::connect(redis_url).await?;
+                // The store waits for a replica where it has them (a cluster); here only
+                // for how long, or not at all.
+                let wait = store.replica_wait().filter(|_| !replica_wait.is_zero());
+                let store = store.with_replica_wait(wait.map(|w| idem::store::ReplicaWait {
+                    timeout: *replica_wait,
+                    ..w
+                }));
                 let orders = Orders::connect_postgres(database_url).await?;
                 let idem = settings(idem::Idem::builder(store, identity()));
                 Ok(Service::build(idem, orders, Writes::ThroughPool, demo))

@@ -10,7 +10,7 @@
 //! | [`MemoryStore`] | one process | the default for tests and single-process services; lost on restart |
 //! | `SqliteStore` (feature `sqlite`) | embedded, durable | survives a restart; one writer at a time; transactional |
 //! | `PostgresStore` (feature `postgres`) | shared by many instances | a unique key per record; transactional |
-//! | `RedisStore` (feature `redis`) | shared by many instances | one server-side script per change; not transactional with business data |
+//! | `RedisStore` (feature `redis`) | shared by many instances, on one server or a Redis Cluster | one server-side script per change; not transactional with business data |
 //!
 //! The two SQL stores are one implementation, `SqlStore`, over the database it speaks:
 //! `SqliteStore` is `SqlStore<sqlx::Sqlite>`, `PostgresStore` is `SqlStore<sqlx::Postgres>`.

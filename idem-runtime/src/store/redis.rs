@@ -1546,18 +1546,15 @@ mod on_a_cluster {
         let Some(cluster) = OwnCluster::start(3, 1) else {
             return;
         };
-        let url = cluster.url();
-        let probe = RedisStore::connect(&url).await.expect("the cluster");
+        let probe = RedisStore::connect(&cluster.url())
+            .await
+            .expect("the cluster");
         assert!(probe.connection().is_cluster());
         assert_eq!(probe.replica_wait(), Some(ReplicaWait::DEFAULT));
+        let store = cluster.store().await;
         crate::store::conformance::run(|| {
-            let url = url.clone();
-            async move {
-                RedisStore::connect(&url)
-                    .await
-                    .expect("the cluster")
-                    .with_prefix(scratch_prefix())
-            }
+            let store = store.clone();
+            async move { store.with_prefix(scratch_prefix()) }
         })
         .await;
     }
@@ -1614,10 +1611,7 @@ mod on_a_cluster {
         let Some(mut cluster) = OwnCluster::start(3, 1) else {
             return;
         };
-        let store = RedisStore::connect(&cluster.url())
-            .await
-            .expect("the cluster")
-            .with_prefix(scratch_prefix());
+        let store = cluster.store().await.with_prefix(scratch_prefix());
         let keys: Vec<RecordKey> = (0..90)
             .map(|i| RecordKey::new("op", "c", format!("k{i}")))
             .collect();

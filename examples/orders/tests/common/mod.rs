@@ -53,7 +53,13 @@ impl Service {
     /// [`Service::redis`] with more of the environment (a fault point).
     pub fn redis_with(redis_url: &str, database_url: &str, env: &[(&str, &str)]) -> Service {
         let mut env = env.to_vec();
-        env.extend([("REDIS_URL", redis_url), ("DATABASE_URL", database_url)]);
+        // A claim on a cluster waits for its replica: long enough for a loaded test
+        // machine, where a replica may not run for a while.
+        env.extend([
+            ("REDIS_URL", redis_url),
+            ("DATABASE_URL", database_url),
+            ("REDIS_REPLICA_WAIT", "5s"),
+        ]);
         Service::spawn(&["--store", "redis"], &env)
     }
 
@@ -73,6 +79,7 @@ impl Service {
             .env_remove("IDEM_FAULT_POINT")
             .env_remove("DATABASE_URL")
             .env_remove("REDIS_URL")
+            .env_remove("REDIS_REPLICA_WAIT")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -185,6 +185,25 @@ impl OwnCluster {
             .join(",")
     }
 
+    /// A store on the cluster (its [`OwnCluster::url`]) whose claims wait for a replica
+    /// up to 5 s rather than the default 500 ms, where the cluster has replicas: a
+    /// loaded test machine may not run a replica for a while, and a test of the store
+    /// must not fail for it.
+    ///
+    /// # Panics
+    ///
+    /// When the cluster does not answer.
+    pub async fn store(&self) -> RedisStore {
+        let store = RedisStore::connect(&self.url())
+            .await
+            .unwrap_or_else(|e| panic!("the test's cluster: {e}"));
+        let wait = store.replica_wait().map(|wait| crate::store::ReplicaWait {
+            timeout: std::time::Duration::from_secs(5),
+            ..wait
+        });
+        store.with_replica_wait(wait)
+    }
+
     /// The URL of one node (a single seed).
     pub fn node_url(&self, i: usize) -> String {
         format!("redis://127.0.0.1:{}", self.nodes[i].port)
