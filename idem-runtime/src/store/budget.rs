@@ -34,13 +34,21 @@
 //!
 //! A record is counted until the expiry it was registered with (`now` plus the TTL, or
 //! the end of its first lease if later); a lease that later holds it past that time is
-//! not counted for the extra time (at most one lease).
+//! not counted for the extra time (at most one lease). A store may count it, and give it
+//! as the oldest expiry, up to [`COUNT_SLACK_MS`] longer: the Redis store counts by
+//! expiry bucket of that width, so that a new key costs it the same whatever the client
+//! holds.
 
 use std::collections::{BTreeSet, HashMap};
 
 use dashmap::DashMap;
 
 use super::UnixMillis;
+
+/// How long past its registered expiry a store may still count a record, and report it as
+/// the client's oldest, in milliseconds: the width of the Redis store's expiry buckets.
+/// The memory and SQL stores count exactly.
+pub const COUNT_SLACK_MS: UnixMillis = 10_000;
 
 /// How much one client may keep in a store: its live records and the bytes of their
 /// results. Set on the handle ([`crate::IdemBuilder::client_budget`]); the defaults are

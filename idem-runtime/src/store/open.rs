@@ -800,6 +800,24 @@ mod tests {
         let e = open("redis://:s3cret@127.0.0.1:1").await.err().unwrap();
         assert!(matches!(e, OpenError::Connect { .. }), "{e}");
         assert!(e.to_string().contains("redis://:***@127.0.0.1:1"), "{e}");
+        // A cluster's seed list: one bad seed makes the whole URL malformed, named
+        // without its passwords; seeds that cannot be reached are a connect error.
+        for url in [
+            "redis://:a1@127.0.0.1:1,redis://[::1",
+            "redis://127.0.0.1:1,\u{0}",
+            "redis://127.0.0.1:1,http://127.0.0.1:2",
+        ] {
+            let e = open(url).await.err().unwrap();
+            assert!(matches!(e, OpenError::Malformed { .. }), "{url}: {e}");
+            assert!(!e.to_string().contains("a1@"), "{e}");
+        }
+        let e = open("redis://:a1@127.0.0.1:1,redis://:b2@127.0.0.1:2")
+            .await
+            .err()
+            .unwrap();
+        assert!(matches!(e, OpenError::Connect { .. }), "{e}");
+        let shown = e.to_string();
+        assert!(!shown.contains("a1") && !shown.contains("b2"), "{shown}");
     }
 
     #[cfg(not(feature = "redis"))]

@@ -29,7 +29,12 @@
 //! reclaimed, taken over or resolved (the JSON array of [`super::ops`], written by the
 //! same script); `step:<position>` for each step of the operation's journal, and `staged`
 //! until a completion moves staged deliveries to the outbox (`<prefix>/outbox`, a sorted
-//! set outside the records' names; see the journal's module, `store/redis/journal.rs`).
+//! set outside the records' names; see the journal's module, `store/redis/journal.rs`);
+//! `counted`, the expiry bucket its registration counted it in for its client's budget
+//! (`0`: not counted). A client's budget is two names outside the records',
+//! `<prefix>/budget-ends/…` and `<prefix>/budget-counts/…`: its records and their
+//! results' bytes by 10 s expiry bucket ([`super::budget::COUNT_SLACK_MS`]), so that a
+//! new key costs the same whatever the client holds (the scripts' module says how).
 //!
 //! [`OperatorStore::list`] scans the prefix (or the operation's names) and sorts what it
 //! finds: a tool for operators and the reconciler, whose cost grows with the number of
@@ -657,12 +662,10 @@ impl RecordStore for RedisStore {
         now: UnixMillis,
     ) -> Result<(), StoreError> {
         check_size(response, self.max_result)?;
-        let name = self.hash_name(key);
-        let mut invocation = self.scripts.complete.key(&name);
+        let mut invocation = self.scripts.complete.key(self.hash_name(key));
         invocation.key(self.layout.outbox(key));
         if !self.layout.cluster {
-            let (records, bytes) = self.layout.budget(&key.client);
-            invocation.key(records).key(bytes);
+            invocation.key(self.layout.budget(&key.client).1);
         }
         invocation
             .arg(now)
@@ -671,9 +674,22 @@ impl RecordStore for RedisStore {
             .arg(encode_headers(&response.headers))
             .arg(response.body.as_ref())
             .arg(response.size());
-        self.fenced(invocation).await?;
-        if self.layout.cluster {
-            self.account_in_cluster(key, &name, response.size()).await;
+        let mut conn = self.conn.clone();
+        let answer: Value = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        let bucket = match answer {
+            Value::Int(0) => return Err(StoreError::LeaseLost),
+            Value::BulkString(bucket) => bucket,
+            Value::SimpleString(bucket) => bucket.into_bytes(),
+            _ => {
+                return Err(StoreError::Corrupt(
+                    "the completion script answered in an unexpected shape".into(),
+                ));
+            }
+        };
+        if self.layout.cluster && bucket != b"0" {
+            let bucket = String::from_utf8_lossy(&bucket);
+            self.account_in_cluster(key, &bucket, response.size(), now)
+                .await;
         }
         Ok(())
     }
@@ -1188,6 +1204,7 @@ mod tests {
 #[cfg(test)]
 mod hostile {
     use super::*;
+    use crate::store::budget::COUNT_SLACK_MS;
     use crate::store::conformance::redis::{scratch_prefix, url_or_skip};
     use crate::store::conformance::{T0, TTL, new_record};
     use crate::store::{ClientBudget, NewRecord};
@@ -1464,32 +1481,36 @@ mod hostile {
         assert_eq!(again.state, RecordState::Completed { response: big });
     }
 
-    /// What `c`'s budget names hold: its names, its bytes, and how long each name lives
-    /// (unix milliseconds).
-    async fn accounting(store: &RedisStore) -> (i64, i64, i64, i64) {
-        let (names, sizes) = store.layout.budget("c");
+    /// What `c`'s budget names hold: its buckets, its records and bytes (the totals),
+    /// and how long each name lives (unix milliseconds).
+    async fn accounting(store: &RedisStore) -> (i64, i64, i64, i64, i64) {
+        let (ends, counts) = store.layout.budget("c");
         let mut conn = store.connection().clone();
-        redis::pipe()
-            .cmd("ZCARD")
-            .arg(&names)
-            .cmd("HGET")
-            .arg(&sizes)
-            .arg("*")
-            .cmd("PEXPIRETIME")
-            .arg(&names)
-            .cmd("PEXPIRETIME")
-            .arg(&sizes)
-            .query_async::<(i64, Option<i64>, i64, i64)>(&mut conn)
-            .await
-            .map(|(n, b, e1, e2)| (n, b.unwrap_or(0), e1, e2))
-            .unwrap()
+        let (buckets, totals, ends_until, counts_until): (i64, Vec<Option<i64>>, i64, i64) =
+            redis::pipe()
+                .cmd("ZCARD")
+                .arg(&ends)
+                .cmd("HMGET")
+                .arg(&counts)
+                .arg("*n")
+                .arg("*s")
+                .cmd("PEXPIRETIME")
+                .arg(&ends)
+                .cmd("PEXPIRETIME")
+                .arg(&counts)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        let total = |i: usize| totals.get(i).copied().flatten().unwrap_or(0);
+        (buckets, total(0), total(1), ends_until, counts_until)
     }
 
-    /// A registration that only counts (the handle's allowance) forgets at most
-    /// [`FORGET_BATCH`] of the client's expired names and their sizes, so that its
-    /// accounting shrinks as it registers; both names outlive the client's last record.
+    /// The accounting is by expiry bucket: twenty records registered over 20 ms fall in
+    /// two 10 s buckets; their results' bytes are added to their buckets; the names
+    /// outlive the newest bucket; a bucket stops counting at its end, and is forgotten
+    /// when a new one opens.
     #[tokio::test]
-    async fn counting_forgets_expired_names_a_batch_at_a_time() {
+    async fn the_budget_counts_by_expiry_bucket() {
         let Some(url) = url_or_skip("the budget's names").await else {
             return;
         };
@@ -1509,25 +1530,35 @@ mod hostile {
                 .await
                 .unwrap();
         }
-        let (names, bytes, names_until, sizes_until) = accounting(&store).await;
-        assert_eq!((names, bytes), (20, 20 * size));
-        let last = i64::try_from(T0 + 19 + TTL + EXPIRY_MARGIN_MS).unwrap();
+        // T0 + TTL ends a bucket: the first record is in it, the other 19 in the next.
+        let (buckets, records, bytes, ends_until, counts_until) = accounting(&store).await;
+        assert_eq!((buckets, records, bytes), (2, 20, 20 * size));
+        let newest_end = i64::try_from(T0 + TTL + COUNT_SLACK_MS + EXPIRY_MARGIN_MS).unwrap();
         assert!(
-            names_until >= last && sizes_until >= last,
-            "{names_until} {sizes_until}"
+            ends_until >= newest_end && counts_until == ends_until,
+            "{ends_until} {counts_until}"
         );
-        // Every one of them has expired: each new key forgets eight at most.
-        let later = T0 + 20 + TTL;
-        let mut seen = Vec::new();
-        for i in 0..4 {
-            let k = RecordKey::new("op", "c", format!("new{i}"));
-            store.begin(&k, &counting(later), later).await.unwrap();
-            let (names, bytes, ..) = accounting(&store).await;
-            seen.push((names, bytes / size));
-        }
-        assert_eq!(seen, [(13, 12), (6, 4), (3, 0), (4, 0)]);
-        let usage = store.client_usage("c", 100, later).await.unwrap();
-        assert_eq!((usage.usage.records, usage.usage.bytes), (4, 0));
+        let usage = |at| {
+            let store = store.clone();
+            async move {
+                let u = store.client_usage("c", 100, at).await.unwrap();
+                (u.usage.records, u.usage.bytes, u.oldest_expiry)
+            }
+        };
+        let each = u64::try_from(size).unwrap();
+        assert_eq!(usage(T0 + 30).await, (20, 20 * each, Some(T0 + TTL)));
+        assert_eq!(
+            usage(T0 + TTL).await,
+            (19, 19 * each, Some(T0 + TTL + COUNT_SLACK_MS)),
+            "the first bucket has ended"
+        );
+        // Both buckets ended: a new key opens a third and forgets them.
+        let later = T0 + TTL + 2 * COUNT_SLACK_MS;
+        let k = RecordKey::new("op", "c", "after");
+        store.begin(&k, &counting(later), later).await.unwrap();
+        let (buckets, records, bytes, ..) = accounting(&store).await;
+        assert_eq!((buckets, records, bytes), (1, 1, 0));
+        assert_eq!(usage(later).await.0, 1);
     }
 }
 

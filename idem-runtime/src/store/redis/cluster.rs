@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use super::connection::{Master, slot_of};
-use super::scripts::FORGET_BATCH;
 use super::{EXPIRY_MARGIN_MS, RedisStore, ReplicaWait, SCAN_BATCH, flagged, over_budget};
 use crate::store::{
     Begin, ClientBudget, NewRecord, OwnerToken, Record, RecordKey, RecordStore, StoreError,
@@ -17,9 +16,10 @@ use crate::store::{
 };
 
 impl RedisStore {
-    /// The registration script for `key` under `budget` (`None`: nothing counted), with
-    /// the client's accounting in the same script — on one server; on a cluster it is
-    /// called without a budget.
+    /// The registration script for `key` under `budget` (`None`: nothing counted). On
+    /// one server the client's accounting is kept in the same script; on a cluster
+    /// (`elsewhere`) the script only writes the record's bucket, and the caller counts it
+    /// in the client's slot.
     pub(super) async fn register(
         &self,
         key: &RecordKey,
@@ -27,15 +27,16 @@ impl RedisStore {
         budget: Option<ClientBudget>,
         now: UnixMillis,
     ) -> Result<Begin, StoreError> {
-        let (records, bytes) = match budget {
+        let (how, bytes) = match budget {
             None => (String::new(), String::new()),
+            Some(_) if self.layout.cluster => ("elsewhere".to_owned(), String::new()),
             Some(budget) if budget.refuses_nothing() => ("count".to_owned(), String::new()),
             Some(budget) => (budget.records.to_string(), budget.bytes.to_string()),
         };
         let mut invocation = self.scripts.begin.key(self.hash_name(key));
-        if budget.is_some() {
-            let (names, sizes) = self.layout.budget(&key.client);
-            invocation.key(names).key(sizes);
+        if budget.is_some() && !self.layout.cluster {
+            let (ends, counts) = self.layout.budget(&key.client);
+            invocation.key(ends).key(counts);
         }
         invocation
             .arg(now)
@@ -48,9 +49,8 @@ impl RedisStore {
             .arg(if new.transactional { "1" } else { "0" })
             .arg(EXPIRY_MARGIN_MS)
             .arg(&self.layout.prefix)
-            .arg(records)
-            .arg(bytes)
-            .arg(FORGET_BATCH);
+            .arg(how)
+            .arg(bytes);
         let mut conn = self.conn.clone();
         let answer: Value = self.bounded(invocation.invoke_async(&mut conn)).await?;
         if let Some(over) = over_budget(&answer) {
@@ -88,21 +88,19 @@ impl RedisStore {
                 }));
             }
         }
-        let begun = self.register(key, new, None, now).await?;
+        let begun = self.register(key, new, new.budget, now).await?;
         let is_new = matches!(&begun, Begin::Started(r) if r.attempt == 1 && r.operation_id == new.operation_id);
         if new.budget.is_some() && is_new {
             let exp = new.expires_at.max(new.lease.until).max(new.holds_until);
-            let (names, sizes) = self.layout.budget(&key.client);
-            let mut invocation = self.scripts.count.key(names);
+            let (ends, counts) = self.layout.budget(&key.client);
+            let mut invocation = self.scripts.count.key(ends);
             invocation
-                .key(sizes)
-                .arg(self.hash_name(key))
-                .arg(now)
+                .key(counts)
                 .arg(exp)
-                .arg(EXPIRY_MARGIN_MS)
-                .arg(FORGET_BATCH);
+                .arg(now)
+                .arg(EXPIRY_MARGIN_MS);
             let mut conn = self.conn.clone();
-            let counted: Result<i64, _> = self.bounded(invocation.invoke_async(&mut conn)).await;
+            let counted: Result<String, _> = self.bounded(invocation.invoke_async(&mut conn)).await;
             if let Err(error) = counted {
                 tracing::warn!(client = %key.client, %error, "idem: a new record could not be counted for its client's budget (Redis Cluster); it is not counted");
             }
@@ -110,13 +108,19 @@ impl RedisStore {
         Ok(begun)
     }
 
-    /// On a cluster, records the size of `name`'s result for its client's budget, in the
-    /// client's slot, after the completion. A failure is logged: the result is stored,
-    /// its size not counted.
-    pub(super) async fn account_in_cluster(&self, key: &RecordKey, name: &str, size: usize) {
-        let (names, sizes) = self.layout.budget(&key.client);
-        let mut invocation = self.scripts.account.key(names);
-        invocation.key(sizes).arg(name).arg(size);
+    /// On a cluster, adds a result's `size` to its record's `bucket` in the client's slot,
+    /// after the completion. A failure is logged: the result is stored, its size not
+    /// counted.
+    pub(super) async fn account_in_cluster(
+        &self,
+        key: &RecordKey,
+        bucket: &str,
+        size: usize,
+        now: UnixMillis,
+    ) {
+        let (_, counts) = self.layout.budget(&key.client);
+        let mut invocation = self.scripts.account.key(counts);
+        invocation.arg(bucket).arg(size).arg(now);
         let mut conn = self.conn.clone();
         let done: Result<i64, _> = self.bounded(invocation.invoke_async(&mut conn)).await;
         if let Err(error) = done {

@@ -58,10 +58,12 @@ impl Layout {
         )
     }
 
-    /// The names of `client`'s budget accounting: its records, by expiry, and their
-    /// results' sizes. `<prefix>/budget/<client length>:<client>` and
-    /// `<prefix>/budget-bytes/…`, outside the prefix's records (`<prefix>:…`), so that
-    /// listing and purging never meet them; on a cluster both carry the client's tag.
+    /// The names of `client`'s budget accounting (the store's scripts, `BUDGET`): its
+    /// expiry buckets by their end, and their counts.
+    /// `<prefix>/budget-ends/<client length>:<client>` and `<prefix>/budget-counts/…`,
+    /// outside the prefix's records (`<prefix>:…`), so that listing and purging never
+    /// meet them; on a cluster both carry the client's tag. (`budget/` and
+    /// `budget-bytes/` were an earlier accounting's, by record; left to expire.)
     pub(super) fn budget(&self, client: &str) -> (String, String) {
         let head = self.head();
         let tag = if self.cluster {
@@ -71,8 +73,8 @@ impl Layout {
             String::new()
         };
         (
-            format!("{head}/budget/{tag}{}:{client}", client.len()),
-            format!("{head}/budget-bytes/{tag}{}:{client}", client.len()),
+            format!("{head}/budget-ends/{tag}{}:{client}", client.len()),
+            format!("{head}/budget-counts/{tag}{}:{client}", client.len()),
         )
     }
 
@@ -194,7 +196,7 @@ mod tests {
         let key = RecordKey::new("op", "a:1", "k");
         assert_eq!(one.record(&key), "idem:op:3:a:1:k");
         assert_eq!(one.outbox(&key), "idem/outbox");
-        assert_eq!(one.budget("c").0, "idem/budget/1:c");
+        assert_eq!(one.budget("c").0, "idem/budget-ends/1:c");
         assert_eq!(one.key_of(one.record(&key).as_bytes()), Some(key));
         assert_eq!(one.tag_of(b"idem:{1}:x"), None);
     }

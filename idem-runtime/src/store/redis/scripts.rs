@@ -7,10 +7,6 @@ use redis::Script;
 
 use super::journal::JournalScripts;
 
-/// How many expired names of a client's budget a registration that only counts forgets
-/// at most ([`BUDGET`]): one new key adds one name, so a backlog drains.
-pub(super) const FORGET_BATCH: usize = 8;
-
 /// Lua helpers every script starts with. Times travel as decimal strings and are compared
 /// as numbers (exact up to 2^53 ms, the year 287 396); the larger of two is written back
 /// as the string it came in.
@@ -24,129 +20,132 @@ local function expire(key, at, margin)
 end
 ";
 
-/// The client budget's accounting ([`super::super::budget`]): `names`, the client's
-/// records (a sorted set of their hash names, scored by the expiry each was registered
-/// with), and `sizes`, their results' sizes (a hash: a size per name, the total under
-/// `*`). Both expire with the client's last record. On one server `begin` and `complete`
-/// keep them in the same script as the record; on a cluster they live in the client's
-/// own slot and [`COUNT`], [`ACCOUNT`] keep them beside it.
+/// The client budget's accounting ([`super::super::budget`]), kept by **expiry bucket**
+/// rather than by record, so that a new key costs the same whatever the client holds,
+/// and the accounting takes memory by the bucket, not by the record. A record counts in
+/// the bucket of its registered expiry, `ceil(expiry / W)` (`W` =
+/// [`COUNT_SLACK_MS`](crate::store::budget::COUNT_SLACK_MS), given to the scripts as
+/// `BUCKET_MS`), until
+/// the bucket's end (`bucket × W`, at most `W` after the record's expiry); it remembers
+/// its bucket in its own `counted` field (`0`: not counted), where a result's size is
+/// added. Two names per client:
 ///
-/// The cost is per new key, so it is kept small: the expiries are written only when they
-/// must grow (once a margin, as `now` advances; `PEXPIRETIME` is Redis 7), and a registration
-/// that only counts ([`ClientBudget::COUNT_ONLY`](crate::store::ClientBudget::COUNT_ONLY))
-/// forgets at most [`FORGET_BATCH`] expired names, and only when the oldest has expired.
+/// - `ends` (a sorted set): the client's buckets, scored by their end;
+/// - `counts` (a hash): `n:<bucket>` records and `s:<bucket>` bytes of results, and the
+///   totals `*n`, `*s` over the buckets not yet forgotten.
+///
+/// A bucket is forgotten (its counts taken off the totals) once it has ended, when a new
+/// bucket is opened or a count checks the budget. Both names live until the end of the
+/// newest bucket plus two margins; their expiry is written only when a bucket opens.
+/// On one server `begin` and `complete` keep them in the same script as the record; on a
+/// cluster they live in the client's own slot and [`COUNT`], [`ACCOUNT`] keep them.
 const BUDGET: &str = r"
--- Makes the client's names live at least until `at` plus a margin: when they would end
--- sooner, both until `at` plus two margins, so that the next keys find them long enough.
--- The sizes are made here (total 0) when missing, so that they always expire with the
--- names and a completion need not look at their expiry.
-local function expire_past(names, sizes, at, margin)
-  local want = tonumber(at) + tonumber(margin)
-  if redis.call('PEXPIRETIME', names) < want then
-    local until_ = string.format('%d', want + tonumber(margin))
-    redis.call('PEXPIREAT', names, until_)
-    redis.call('HSETNX', sizes, '*', '0')
-    redis.call('PEXPIREAT', sizes, until_)
-  end
+local function bucket_of(exp)
+  return string.format('%d', math.ceil(tonumber(exp) / BUCKET_MS))
 end
 -- The client's usage at `now` without writing (a full server refuses writes that grow
--- memory before the record's own): its live records, their bytes, the expired names.
-local function budget_usage(names, sizes, now)
-  local gone = redis.call('ZRANGEBYSCORE', names, '-inf', now)
-  local live = redis.call('ZCARD', names) - #gone
-  local bytes = tonumber(redis.call('HGET', sizes, '*') or '0')
-  for _, name in ipairs(gone) do
-    bytes = bytes - tonumber(redis.call('HGET', sizes, name) or '0')
+-- memory before the record's own): its live records, their bytes, the ended buckets.
+local function budget_usage(ends, counts, now)
+  local gone = redis.call('ZRANGEBYSCORE', ends, '-inf', now)
+  local t = redis.call('HMGET', counts, '*n', '*s')
+  local live, bytes = tonumber(t[1] or '0'), tonumber(t[2] or '0')
+  for _, b in ipairs(gone) do
+    local c = redis.call('HMGET', counts, 'n:' .. b, 's:' .. b)
+    live = live - tonumber(c[1] or '0')
+    bytes = bytes - tonumber(c[2] or '0')
   end
   return live, bytes, gone
 end
--- When the oldest live record expires, or `none`.
-local function budget_oldest(names, now, none)
-  local oldest = redis.call('ZRANGEBYSCORE', names, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+-- The end of the oldest live bucket, or `none`.
+local function budget_oldest(ends, now, none)
+  local oldest = redis.call('ZRANGEBYSCORE', ends, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   return tonumber(oldest[2] or none)
 end
--- Forgets `gone`, the lowest-scored names of the set (a ZRANGEBYSCORE from -inf), and
--- their sizes.
-local function forget(names, sizes, gone)
+-- Forgets `gone`, the oldest buckets (a ZRANGEBYSCORE from -inf).
+local function forget(ends, counts, gone)
   if #gone == 0 then return end
-  local freed = 0
-  for _, name in ipairs(gone) do
-    freed = freed + tonumber(redis.call('HGET', sizes, name) or '0')
-    redis.call('HDEL', sizes, name)
+  local records, bytes = 0, 0
+  for _, b in ipairs(gone) do
+    local c = redis.call('HMGET', counts, 'n:' .. b, 's:' .. b)
+    records = records + tonumber(c[1] or '0')
+    bytes = bytes + tonumber(c[2] or '0')
+    redis.call('HDEL', counts, 'n:' .. b, 's:' .. b)
   end
-  redis.call('ZREMRANGEBYRANK', names, 0, #gone - 1)
-  if freed ~= 0 then redis.call('HINCRBY', sizes, '*', -freed) end
+  redis.call('ZREMRANGEBYRANK', ends, 0, #gone - 1)
+  redis.call('HINCRBY', counts, '*n', -records)
+  if bytes ~= 0 then redis.call('HINCRBY', counts, '*s', -bytes) end
 end
--- Counts the record `member`, expiring at `exp`, after forgetting `gone`.
-local function budget_count(names, sizes, member, exp, gone, margin)
-  forget(names, sizes, gone)
-  redis.call('ZADD', names, exp, member)
-  expire_past(names, sizes, exp, margin)
-end
--- The names expired at `now` that a count-only registration forgets: none unless the
--- oldest has expired, and then a bounded batch.
-local function budget_gone(names, now, batch)
-  local oldest = redis.call('ZRANGE', names, 0, 0, 'WITHSCORES')
-  if oldest[2] and tonumber(oldest[2]) <= tonumber(now) then
-    return redis.call('ZRANGEBYSCORE', names, '-inf', now, 'LIMIT', 0, batch)
+-- Counts a record expiring at `exp` at `now` (after forgetting `gone`, the buckets a
+-- check found ended, when given); returns its bucket. Two commands, unless the bucket is
+-- new: then up to 8 ended buckets are forgotten and both names made to outlive it.
+local function budget_count(ends, counts, exp, now, gone, margin)
+  if gone then forget(ends, counts, gone) end
+  local b = bucket_of(exp)
+  redis.call('HINCRBY', counts, '*n', 1)
+  if redis.call('HINCRBY', counts, 'n:' .. b, 1) == 1 then
+    local bucket_end = tonumber(b) * BUCKET_MS
+    if not gone then
+      forget(ends, counts, redis.call('ZRANGEBYSCORE', ends, '-inf', now, 'LIMIT', 0, 8))
+    end
+    redis.call('ZADD', ends, bucket_end, b)
+    local until_ = bucket_end + 2 * tonumber(margin)
+    if redis.call('PEXPIRETIME', ends) < until_ then
+      redis.call('PEXPIREAT', ends, string.format('%d', until_))
+      redis.call('PEXPIREAT', counts, string.format('%d', until_))
+    end
   end
-  return {}
+  return b
 end
--- Records the size of `member`'s result (a counted record's): two commands for a first
--- result, four when it replaces one.
-local function budget_size(sizes, member, size)
-  if redis.call('HSETNX', sizes, member, size) == 1 then
-    redis.call('HINCRBY', sizes, '*', size)
-  else
-    local old = tonumber(redis.call('HGET', sizes, member) or '0')
-    redis.call('HSET', sizes, member, size)
-    redis.call('HINCRBY', sizes, '*', tonumber(size) - old)
+-- Adds a result of `size` bytes to bucket `b`, unless the bucket has ended at `now`
+-- (then it is, or will be, forgotten).
+local function budget_size(counts, b, size, now)
+  if tonumber(b) * BUCKET_MS > tonumber(now) then
+    redis.call('HINCRBY', counts, 's:' .. b, size)
+    redis.call('HINCRBY', counts, '*s', size)
   end
 end
 ";
 
-/// `client_usage`: KEYS[1] and KEYS[2] the client's records and sizes ([`BUDGET`]).
-/// ARGV: now. Reads only. Returns `{live records, bytes, oldest live expiry or 0}`.
+/// `client_usage`: KEYS[1] and KEYS[2] the client's `ends` and `counts` ([`BUDGET`]).
+/// ARGV: now. Reads only. Returns `{live records, bytes, end of the oldest live bucket
+/// or 0}`.
 const USAGE: &str = r"
 local live, bytes = budget_usage(KEYS[1], KEYS[2], ARGV[1])
 return {live, bytes, budget_oldest(KEYS[1], ARGV[1], '0')}
 ";
 
 /// A cluster's count of a record registered in another slot: KEYS[1] and KEYS[2] the
-/// client's records and sizes ([`BUDGET`]). ARGV: the record's name, now, its expiry,
-/// margin, the most expired names to forget. Returns 1.
+/// client's `ends` and `counts` ([`BUDGET`]). ARGV: the record's registered expiry,
+/// now, margin. Returns its bucket.
 const COUNT: &str = r"
-local gone = budget_gone(KEYS[1], ARGV[2], ARGV[5])
-budget_count(KEYS[1], KEYS[2], ARGV[1], ARGV[3], gone, ARGV[4])
-return 1
+return budget_count(KEYS[1], KEYS[2], ARGV[1], ARGV[2], nil, ARGV[3])
 ";
 
-/// A cluster's record of a result's size stored in another slot: KEYS[1] and KEYS[2] the
-/// client's records and sizes ([`BUDGET`]). ARGV: the record's name, the result's size.
-/// Returns 1.
+/// A cluster's record of a result's size stored in another slot: KEYS[1] the client's
+/// `counts` ([`BUDGET`]). ARGV: the record's bucket, the result's size, now. Returns 1.
 const ACCOUNT: &str = r"
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then budget_size(KEYS[2], ARGV[1], ARGV[2]) end
+budget_size(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
 return 1
 ";
 
-/// `begin`. ARGV: now, operation id, fingerprint, token, lease end, TTL end, holds until,
-/// transactional, margin, prefix, the budget's records and bytes (both empty: no budget;
-/// `count` and empty: count without checking,
-/// [`ClientBudget::COUNT_ONLY`](super::ClientBudget::COUNT_ONLY)), the most expired names
-/// a count forgets. Returns `{2}` when a new record was written (exactly
-/// `Record::started`, which the caller builds itself), `{1, fields}` when a released
-/// record was reclaimed, `{0, fields}` when it exists and may not be taken
-/// (`Record::begin_over`), `{3, records, bytes, oldest expiry}` when a new operation is
-/// over the client's budget.
+/// `begin`. KEYS[2] and KEYS[3] the client's `ends` and `counts` ([`BUDGET`]) when it is
+/// counted here. ARGV: now, operation id, fingerprint, token, lease end, TTL end, holds
+/// until, transactional, margin, prefix, then the budget: empty (none), `count` (count
+/// without checking, [`ClientBudget::COUNT_ONLY`](crate::store::ClientBudget::COUNT_ONLY)),
+/// `elsewhere` (a cluster counts it in the client's slot: only its bucket is written), or
+/// the records and bytes to check against (ARGV[11], ARGV[12]). Returns `{2}` when a new
+/// record was written (exactly `Record::started`, which the caller builds itself),
+/// `{1, fields}` when a released record was reclaimed, `{0, fields}` when it exists and
+/// may not be taken (`Record::begin_over`), `{3, records, bytes, oldest expiry}` when a
+/// new operation is over the client's budget.
 const BEGIN: &str = r"
 local now = ARGV[1]
 local cur = redis.call('HMGET', KEYS[1], 'expires_at', 'state', 'fingerprint')
 if (not cur[1]) or tonumber(cur[1]) <= tonumber(now) then
   local budgeted = ARGV[11] ~= ''
-  local gone = {}
-  if ARGV[11] == 'count' then
-    gone = budget_gone(KEYS[2], now, ARGV[13])
-  elseif budgeted then
+  local here = budgeted and ARGV[11] ~= 'elsewhere'
+  local gone = nil
+  if here and ARGV[11] ~= 'count' then
     local live, bytes
     live, bytes, gone = budget_usage(KEYS[2], KEYS[3], now)
     if live >= tonumber(ARGV[11]) or bytes >= tonumber(ARGV[12]) then
@@ -159,12 +158,12 @@ if (not cur[1]) or tonumber(cur[1]) <= tonumber(now) then
   redis.call('HSET', KEYS[1], 'operation_id', ARGV[2], 'fingerprint', ARGV[3],
     'state', 'processing', 'attempt', '1', 'token', ARGV[4], 'lease_until', ARGV[5],
     'created_at', now, 'expires_at', exp, 'transactional', ARGV[8], 'prefix', ARGV[10],
-    'counted', budgeted and '1' or '0')
+    'counted', budgeted and bucket_of(exp) or '0')
   if cur[1] then
     redis.call('HDEL', KEYS[1], 'status', 'headers', 'body', 'reason', 'history')
   end
   expire(KEYS[1], exp, ARGV[9])
-  if budgeted then budget_count(KEYS[2], KEYS[3], KEYS[1], exp, gone, ARGV[9]) end
+  if here then budget_count(KEYS[2], KEYS[3], exp, now, gone, ARGV[9]) end
   return {2}
 end
 if cur[2] == 'released' and cur[3] == ARGV[3] then
@@ -224,18 +223,19 @@ if cur[1] ~= 'processing' or cur[2] ~= ARGV[2] or tonumber(ARGV[1]) >= tonumber(
 end
 ";
 
-/// `complete`. KEYS[2] the outbox of the record's slot, KEYS[3] and KEYS[4] the client's
-/// records and sizes ([`BUDGET`]) when they share the record's slot (one server; absent
-/// on a cluster). ARGV: now, token, status, headers, body, the result's size. Returns 1,
-/// or 0 when the lease is lost. The size is counted for the client's budget when the
-/// record is counted.
+/// `complete`. KEYS[2] the outbox of the record's slot, KEYS[3] the client's `counts`
+/// ([`BUDGET`]) when it shares the record's slot (one server; absent on a cluster).
+/// ARGV: now, token, status, headers, body, the result's size. Returns 0 when the lease
+/// is lost, else the record's bucket (`0`: not counted), so that a cluster can add the
+/// result's size to it in the client's slot.
 const COMPLETE: &str = r"
 redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[3], 'headers', ARGV[4],
   'body', ARGV[5])
 redis.call('HDEL', KEYS[1], 'token', 'lease_until')
--- `counted`: the registration counted the record for its client's budget (a record
--- written before the field existed is not counted for its result's size).
-if KEYS[4] and cur[4] == '1' then budget_size(KEYS[4], KEYS[1], ARGV[6]) end
+-- `counted`: the bucket the registration counted the record in ('0', or a record
+-- written before the field existed: not counted).
+local counted = cur[4] or '0'
+if KEYS[3] and counted ~= '0' then budget_size(KEYS[3], counted, ARGV[6], ARGV[1]) end
 -- The operation's staged deliveries (its journal's `staged` positions) become due with
 -- a success; after anything else they never go.
 local staged = cur[5]
@@ -248,7 +248,7 @@ if staged then
   end
   redis.call('HDEL', KEYS[1], 'staged')
 end
-return 1
+return counted
 ";
 
 /// `release`. ARGV: now, token.
@@ -337,7 +337,18 @@ pub(super) struct Scripts {
 
 impl Scripts {
     pub(super) fn new() -> Scripts {
-        let with = |parts: &[&str]| Script::new(&parts.concat());
+        let bucket = format!(
+            "local BUCKET_MS = {}\n",
+            crate::store::budget::COUNT_SLACK_MS
+        );
+        let with = |parts: &[&str]| {
+            let text = parts.concat();
+            if parts.contains(&BUDGET) {
+                Script::new(&format!("{bucket}{text}"))
+            } else {
+                Script::new(&text)
+            }
+        };
         Scripts {
             begin: with(&[PRELUDE, HISTORY, BUDGET, BEGIN]),
             complete: with(&[BUDGET, LIVE_OWNER, COMPLETE]),
