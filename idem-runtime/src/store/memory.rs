@@ -18,7 +18,7 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use http::{HeaderName, HeaderValue};
 
-use super::budget::{ClientUsage, OverBudget, Tallies};
+use super::budget::{ClientUsage, OverBudget, Tallies, member_of};
 use super::ops::{self, Event};
 use super::{
     Begin, DEFAULT_MAX_RESULT, Delivery, Due, Inspection, Lease, ListQuery, Listed, NewRecord,
@@ -170,7 +170,7 @@ impl MemoryStore {
             return Ok(());
         };
         self.tallies
-            .admit(&key.client, &member(key), record.expires_at, budget, now)
+            .admit(&key.client, member_of(key), record.expires_at, budget, now)
     }
 }
 
@@ -236,7 +236,7 @@ impl RecordStore for MemoryStore {
             }
             slot.state = SlotState::Completed(encoded);
             let size = u64::try_from(response.size()).unwrap_or(u64::MAX);
-            self.tallies.stored(&key.client, &member(key), size);
+            self.tallies.stored(&key.client, member_of(key), size);
             Ok(())
         })
     }
@@ -664,16 +664,6 @@ fn compact_key(key: &RecordKey) -> Box<[u8]> {
     out.extend_from_slice(client);
     out.extend_from_slice(key.key.as_bytes());
     out.into_boxed_slice()
-}
-
-/// The name of `key`'s record among its client's records ([`Tallies`]): the operation,
-/// then the key.
-fn member(key: &RecordKey) -> Vec<u8> {
-    let mut out = Vec::with_capacity(key.operation.len() + 1 + key.key.len());
-    out.extend_from_slice(key.operation.as_bytes());
-    out.push(0xff);
-    out.extend_from_slice(key.key.as_bytes());
-    out
 }
 
 /// A [`Record`] as the table keeps it.
