@@ -185,14 +185,11 @@ fn load() -> String {
 }
 
 fn main() {
-    if Command::new("wrk").arg("--version").output().is_err() {
-        eprintln!("the benchmark needs wrk on the PATH (apt-get install wrk)");
-        std::process::exit(2);
-    }
+    let (rounds, seconds) = wrk::wrk_rounds();
     let only = std::env::var("IDEM_BENCH_ONLY").unwrap_or_default();
     let mut bench = Bench {
-        seconds: env_or("IDEM_BENCH_SECONDS", 5),
-        rounds: env_or("IDEM_BENCH_ROUNDS", 3),
+        seconds,
+        rounds,
         dir: tempfile::tempdir().unwrap(),
         runs: 0,
         errors: 0,

@@ -142,6 +142,17 @@ enum State<DB: Database> {
     Ended,
 }
 
+impl<DB: Database> State<DB> {
+    /// The reservation held (none when not [`State::Reserved`]), leaving the state
+    /// [`State::Ended`] until the caller sets the next one.
+    fn take_reservation(&mut self) -> Reservation {
+        match std::mem::replace(self, State::Ended) {
+            State::Reserved(reservation) => reservation,
+            _ => Reservation::default(),
+        }
+    }
+}
+
 impl<DB: Database> Tx<DB> {
     /// The connection of the attempt's transaction, for the handler's business reads and
     /// writes: `sqlx::query(..).execute(&mut *tx.conn().await?)`. Holding it keeps other
@@ -508,10 +519,7 @@ impl<DB: Database> TxControl for Cell<DB> {
 
     async fn begin(&self, until: Instant) -> Result<(), StoreError> {
         let mut state = self.state.lock().await;
-        let reservation = match std::mem::replace(&mut *state, State::Ended) {
-            State::Reserved(reservation) => reservation,
-            _ => Reservation::default(),
-        };
+        let reservation = state.take_reservation();
         let within = until.saturating_duration_since(Instant::now());
         *state = State::Open(self.store.begin_transaction(reservation, within).await?);
         Ok(())
@@ -525,10 +533,7 @@ impl<DB: Database> TxControl for Cell<DB> {
         until: Instant,
     ) -> Result<BeginInTx, StoreError> {
         let mut state = self.state.lock().await;
-        let reservation = match std::mem::replace(&mut *state, State::Ended) {
-            State::Reserved(reservation) => reservation,
-            _ => Reservation::default(),
-        };
+        let reservation = state.take_reservation();
         let within = until.saturating_duration_since(Instant::now());
         let registered = self
             .store
@@ -558,10 +563,7 @@ impl<DB: Database> TxControl for Cell<DB> {
 
     async fn defer(&self, until: Instant, on_open: OnOpen) {
         let mut state = self.state.lock().await;
-        let reservation = match std::mem::replace(&mut *state, State::Ended) {
-            State::Reserved(reservation) => reservation,
-            _ => Reservation::default(),
-        };
+        let reservation = state.take_reservation();
         *state = State::Deferred {
             reservation,
             until,

@@ -24,7 +24,6 @@
 //! `IDEM_BENCH_ROUNDS` (default 3) and `IDEM_BENCH_SECONDS` (default 5) to change them.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
@@ -211,18 +210,7 @@ async fn serve(router: Router) -> String {
 }
 
 fn main() {
-    if Command::new("wrk").arg("--version").output().is_err() {
-        eprintln!("the benchmark needs wrk on the PATH (apt-get install wrk)");
-        std::process::exit(2);
-    }
-    let rounds: usize = std::env::var("IDEM_BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
-    let seconds: u64 = std::env::var("IDEM_BENCH_SECONDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+    let (rounds, seconds) = wrk::wrk_rounds();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -223,6 +223,25 @@ fn malformed_store_flags_are_refused_before_listening() {
             "{url:?}: {stderr}"
         );
     }
+    // A cluster's seed list with one bad seed.
+    let stderr = run(
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            "redis://127.0.0.1:1,redis://[::1",
+        ],
+        &[pg],
+    );
+    assert!(stderr.contains("--store redis: idem's store"), "{stderr}");
+    // The replica wait is a duration, whether from the flag or the environment.
+    for wait in ["", "soon", "-1s", "5 parsecs", "99999999999999999999s"] {
+        let flag = format!("--replica-wait={wait}");
+        let stderr = run(&["--store", "redis", &flag], &[pg]);
+        assert!(stderr.contains("--replica-wait"), "{wait:?}: {stderr}");
+        let stderr = run(&["--store", "redis"], &[pg, ("REDIS_REPLICA_WAIT", wait)]);
+        assert!(stderr.contains("--replica-wait"), "{wait:?}: {stderr}");
+    }
 }
 
 /// A NUL in an identifier is a 422 naming the field on every store, not the 500 that

@@ -1481,6 +1481,35 @@ mod hostile {
         assert_eq!(again.state, RecordState::Completed { response: big });
     }
 
+    /// A claim that no replica acknowledges within the wait (here: one server without
+    /// replicas, asked for one) is released, not left processing, and fails as
+    /// unavailable; the retry claims the key again (as attempt 2).
+    #[tokio::test]
+    async fn a_claim_no_replica_acknowledged_is_released_and_unavailable() {
+        let Some(url) = url_or_skip("a claim without its replica").await else {
+            return;
+        };
+        let store = store(&url, &scratch_prefix())
+            .await
+            .with_replica_wait(Some(ReplicaWait {
+                replicas: 1,
+                timeout: Duration::from_millis(50),
+            }));
+        let k = RecordKey::new("op", "c", "unacknowledged");
+        for attempt in 1..=2 {
+            let begun = store.begin(&k, &new_record("sha256:a", T0), T0).await;
+            match begun {
+                Err(StoreError::Unavailable(why)) => {
+                    assert!(why.to_string().contains("0 of the 1 replica(s)"), "{why}")
+                }
+                other => panic!("attempt {attempt}: {other:?}"),
+            }
+            let record = store.get(&k, T0).await.unwrap().expect("the record");
+            assert_eq!(record.attempt, attempt);
+            assert_eq!(record.state, RecordState::Released, "not left processing");
+        }
+    }
+
     /// What `c`'s budget names hold: its buckets, its records and bytes (the totals),
     /// and how long each name lives (unix milliseconds).
     async fn accounting(store: &RedisStore) -> (i64, i64, i64, i64, i64) {

@@ -3,7 +3,6 @@
 //! records), scans that cover every master, and the wait for replicas after a claim.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -89,9 +88,15 @@ impl RedisStore {
             }
         }
         let begun = self.register(key, new, new.budget, now).await?;
-        let is_new = matches!(&begun, Begin::Started(r) if r.attempt == 1 && r.operation_id == new.operation_id);
-        if new.budget.is_some() && is_new {
-            let exp = new.expires_at.max(new.lease.until).max(new.holds_until);
+        // A new record (not a reclaimed one) is counted, until the expiry it was
+        // registered with.
+        let counted = match &begun {
+            Begin::Started(r) if r.attempt == 1 && r.operation_id == new.operation_id => {
+                new.budget.map(|_| r.expires_at)
+            }
+            _ => None,
+        };
+        if let Some(exp) = counted {
             let (ends, counts) = self.layout.budget(&key.client);
             let mut invocation = self.scripts.count.key(ends);
             invocation
@@ -334,19 +339,11 @@ impl Topology {
 /// Says that claims on `name`'s master wait for fewer replicas than asked for, at most
 /// once a minute in a process.
 fn unreplicated(name: &str, has: usize, asked: usize) {
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let now = Instant::now()
-        .duration_since(*START.get_or_init(Instant::now))
-        .as_secs()
-        + 60;
-    let last = LAST.load(Ordering::Relaxed);
-    if now >= last + 60
-        && LAST
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-    {
-        tracing::warn!(record = %name, replicas = has, asked, "idem: a Redis Cluster master has fewer replicas than claims wait for (a failover, or a replica down): its claims wait for the replicas it has; a failover of it now may lose them");
+    static LAST: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    if last.is_some_and(|at| at.elapsed() < Duration::from_secs(60)) {
+        return;
     }
+    *last = Some(Instant::now());
+    tracing::warn!(record = %name, replicas = has, asked, "idem: a Redis Cluster master has fewer replicas than claims wait for (a failover, or a replica down): its claims wait for the replicas it has; a failover of it now may lose them");
 }
-
-static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
