@@ -81,6 +81,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod build;
 pub mod children;
 pub mod driver;
 pub mod load;
