@@ -12,7 +12,7 @@ use idem_contract::{Contract, KeyError};
 
 use crate::answer;
 use crate::enforce::admit;
-use crate::operation::{Contracted, Recover};
+use crate::operation::{Contracted, OperationRef, Recover};
 use crate::problem::{Problem, ProblemType};
 use crate::reconcile::Recoverer;
 use crate::recovery::{Recovered, recover};
@@ -67,7 +67,8 @@ where
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
-        let admitted = admit::<C>(parts).map_err(IntoResponse::into_response)?;
+        let admitted =
+            admit(parts, &OperationRef::of::<C>()).map_err(IntoResponse::into_response)?;
         let client = admitted
             .identify(parts)
             .map_err(IntoResponse::into_response)?;

@@ -1,6 +1,7 @@
 //! The contracted operation as a type: what the macro implements for
 //! `create_order::Operation`, and what the runtime asks of it.
 
+use std::any::{TypeId, type_name};
 use std::marker::PhantomData;
 
 use idem_contract::Contract;
@@ -84,6 +85,36 @@ pub trait Contracted: Send + Sync + 'static {
     /// the transaction (`idem::PgTx`, `idem::SqliteTx`). The macro reads it from the
     /// handler's arguments; the default is [`HandlerMode::Plain`].
     const MODE: HandlerMode = HandlerMode::Plain;
+}
+
+/// A contracted operation `C` as plain data: what the parts of the request path that are
+/// not generic need of it. Those parts are compiled once for every handler instead of
+/// once per handler.
+#[derive(Clone, Copy)]
+pub(crate) struct OperationRef {
+    /// `C::CONTRACT`.
+    pub(crate) contract: &'static Contract,
+    /// `C`'s type, which claims the operation's name ([`crate::idem::names`]).
+    pub(crate) id: TypeId,
+    /// `C`'s type name, for the message when another type holds the name.
+    pub(crate) type_name: &'static str,
+    /// [`Contracted::body_fields`].
+    pub(crate) body_fields: fn() -> Option<&'static [&'static str]>,
+    /// [`Contracted::query_fields`].
+    pub(crate) query_fields: fn() -> Option<&'static [&'static str]>,
+}
+
+impl OperationRef {
+    /// The operation `C`.
+    pub(crate) fn of<C: Contracted>() -> OperationRef {
+        OperationRef {
+            contract: C::CONTRACT,
+            id: TypeId::of::<C>(),
+            type_name: type_name::<C>(),
+            body_fields: C::body_fields,
+            query_fields: C::query_fields,
+        }
+    }
 }
 
 /// How a contracted operation recovers, given the router's state `S`.

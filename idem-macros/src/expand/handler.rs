@@ -197,19 +197,20 @@ fn rewrite(paths: &Paths, contract: &Contract, func: ItemFn) -> TokenStream {
     let take_journal =
         takes(is_journal).then(|| quote!(let #journal = #p::Guard::journal(&#guard);));
 
-    let asyncness = &sig.asyncness;
     let fn_token = &sig.fn_token;
     let generics = &sig.generics;
     let where_clause = &sig.generics.where_clause;
+    // Not an `async fn`: the future it returns is `Guard::run`'s, so that no future of its
+    // own is compiled per handler.
     quote! {
         #(#attrs)*
         #[doc = #doc]
-        #vis #asyncness #fn_token #ident #generics (#(#outer_inputs),*) -> #p::Response #where_clause {
+        #vis #fn_token #ident #generics (#(#outer_inputs),*) -> impl ::core::future::Future<Output = #p::Response> + ::core::marker::Send + 'static #where_clause {
             #inner
             let (#last_binding, #guard) = #p::Enforced::into_parts(#enforced);
             #take_current
             #take_journal
-            #p::Guard::run(#guard, #inner_ident(#(#call_args),*)).await
+            #p::Guard::run(#guard, #inner_ident(#(#call_args),*))
         }
     }
 }

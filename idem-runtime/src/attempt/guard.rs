@@ -10,7 +10,7 @@ use tracing::Instrument;
 use super::Held;
 use super::current::Attempt;
 use super::journal::Journal;
-use super::run::{detached, run_and_settle};
+use super::run::{Handler, detached, run_and_settle};
 use crate::OperationId;
 use crate::answer;
 use crate::fault::TestFault;
@@ -125,11 +125,20 @@ impl Guard {
     /// the rest of the attempt is spawned on the runtime and still runs to its end, so its
     /// result is stored and the client's retry is answered with the replay. Every answer
     /// carries the `Operation-Id` header.
-    pub async fn run<F>(mut self, handler: F) -> Response
+    pub fn run<F>(self, handler: F) -> impl Future<Output = Response> + Send + 'static
     where
         F: Future + Send + 'static,
         F::Output: IntoResponse + Send,
     {
+        // The one part that depends on the handler's types. The rest is compiled once for
+        // every handler, and boxed: a handler's future that held it by value would make
+        // every handler compile its layout and drop glue again.
+        let handler: Handler = Box::pin(async move { handler.await.into_response() });
+        Box::pin(self.run_boxed(handler))
+    }
+
+    /// [`Guard::run`] once the handler's answer is a [`Response`].
+    async fn run_boxed(mut self, handler: Handler) -> Response {
         let Some(attempt) = self.attempt.take() else {
             return answer::attempt_failed(self.operation_id, "had already run", 1);
         };

@@ -3,8 +3,9 @@
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use futures_util::FutureExt;
 use tokio::time::Instant;
 use tracing::Span;
@@ -15,18 +16,18 @@ use crate::fault::{TestFault, run_test_fault};
 use crate::telemetry::AttemptTelemetry;
 use crate::{OperationId, answer};
 
+/// The handler's future, its answer made a [`Response`]: boxed, so that what runs and
+/// settles it is compiled once for every handler.
+pub(super) type Handler = Pin<Box<dyn Future<Output = Response> + Send>>;
+
 /// Runs `handler` (or the test `fault` in its place) under `held`, settles its answer, and
 /// ends the attempt's telemetry with the settlement.
-pub(super) async fn run_and_settle<F>(
+pub(super) async fn run_and_settle(
     held: Held,
-    handler: F,
+    handler: Handler,
     fault: Option<TestFault>,
     telemetry: Option<AttemptTelemetry>,
-) -> Response
-where
-    F: Future + Send + 'static,
-    F::Output: IntoResponse + Send,
-{
+) -> Response {
     let response = match fault {
         Some(fault) => match run_test_fault(fault, handler).await {
             // As if the handler had answered it.
@@ -44,25 +45,18 @@ where
     response
 }
 
-/// Runs `handler` within the handler's time, panics caught, and settles what it came to.
-async fn run<F>(held: &Held, handler: F) -> Response
-where
-    F: Future,
-    F::Output: IntoResponse,
-{
+/// Runs `handler` within the handler's time, panics caught (in the handler or in the
+/// making of its response), and settles what it came to.
+async fn run(held: &Held, handler: Handler) -> Response {
     let ran = tokio::time::timeout_at(
         held.handler_deadline(),
         AssertUnwindSafe(handler).catch_unwind(),
     )
     .await;
-    let response = match ran {
-        Ok(Ok(output)) => std::panic::catch_unwind(AssertUnwindSafe(|| output.into_response())),
-        Ok(Err(panic)) => Err(panic),
-        Err(_elapsed) => return held.settle_ended(Ended::TimedOut).await,
-    };
-    match response {
-        Ok(response) => held.settle(response).await,
-        Err(_panic) => held.settle_ended(Ended::Panicked).await,
+    match ran {
+        Ok(Ok(response)) => held.settle(response).await,
+        Ok(Err(_panic)) => held.settle_ended(Ended::Panicked).await,
+        Err(_elapsed) => held.settle_ended(Ended::TimedOut).await,
     }
 }
 

@@ -8,7 +8,7 @@ use super::Rejection;
 use crate::Idem;
 use crate::answer;
 use crate::idem::names::Claim;
-use crate::operation::Contracted;
+use crate::operation::OperationRef;
 use crate::serde_names::SerdeNames;
 
 /// A request admitted for an operation.
@@ -46,18 +46,18 @@ impl Admitted {
     }
 }
 
-/// Admits a request for `C`: its handle, and `C`'s claim on its name.
+/// Admits a request for `operation`: its handle, and the operation's claim on its name.
 ///
 /// # Errors
 ///
 /// 500 `not-configured` without a handle (the router has no idem layer) or when another
 /// contracted handler holds the name.
-pub(crate) fn admit<C: Contracted>(parts: &Parts) -> Result<Admitted, Rejection> {
+pub(crate) fn admit(parts: &Parts, operation: &OperationRef) -> Result<Admitted, Rejection> {
     let idem = handle(parts)?;
     let claim = idem
         .names()
-        .claim::<C>()
-        .map_err(|other| answer::operation_name_taken(C::CONTRACT, other))?;
+        .claim_operation(operation)
+        .map_err(|other| answer::operation_name_taken(operation.contract, other))?;
     Ok(Admitted { idem, claim })
 }
 

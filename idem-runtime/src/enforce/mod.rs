@@ -68,19 +68,25 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
+use futures_util::future::BoxFuture;
+use http::request::Parts;
 use idem_contract::Contract;
 use tracing::Instrument;
 
 pub(crate) use self::admit::admit;
 pub use self::rejection::Rejection;
 pub use crate::attempt::{Attempt, Guard};
+use crate::fault::TestFault;
+use crate::fingerprint::Fingerprints;
 use crate::mode::Mode;
-use crate::operation::Recover;
 pub use crate::operation::{Contracted, HandlerMode};
+use crate::operation::{OperationRef, Recover};
+use crate::reconcile::Recoverer;
 use crate::store::RecordKey;
 use crate::telemetry::AttemptTelemetry;
-use crate::{answer, fault};
+use crate::{Idem, answer, fault};
 
 /// The extractor of a contracted handler: the handler's own last extractor `E`, plus the
 /// [`Guard`] of the attempt that holds the key of operation `C`.
@@ -119,71 +125,178 @@ where
 
     /// Runs the stages of the [module docs](self) in the attempt's span
     /// ([`crate::telemetry`]), which the guard carries on into the handler's run.
+    ///
+    /// Only the handler's own extractor (stage 5) and the recoverer depend on the
+    /// handler's types: the stages before and after it ([`Extraction::prepare`],
+    /// [`Extraction::hold`]) are compiled once for every handler rather than once per
+    /// handler.
     async fn from_request(request: Request, state: &S) -> Result<Self, Rejection> {
-        let mut telemetry = AttemptTelemetry::start(C::CONTRACT, &request);
-        let span = telemetry.span().clone();
-        match extract::<S, E, M, C>(request, state, &mut telemetry)
-            .instrument(span)
-            .await
-        {
-            Ok(mut enforced) => {
-                telemetry.registered(enforced.guard.operation_id(), enforced.guard.attempt());
-                enforced.guard.observe(telemetry);
-                Ok(enforced)
-            }
-            Err(rejection) => {
-                match &rejection {
-                    Rejection::Problem(problem) => telemetry.answered_problem(problem),
-                    Rejection::Replayed(response)
-                    | Rejection::Accepted(response)
-                    | Rejection::Recovered(response)
-                    | Rejection::Refused(response) => telemetry.answered(response),
-                }
-                Err(rejection)
-            }
-        }
+        let extraction = Extraction::start(C::CONTRACT, &request);
+        let (extraction, parts, bytes, prepared) =
+            extraction.prepare(request, OperationRef::of::<C>()).await?;
+        let inner = inner::inner::<S, E, M>(parts, bytes, state).await;
+        let inner = match inner.map_err(Rejection::refused) {
+            Ok(inner) => inner,
+            Err(rejection) => return Err(extraction.answered(rejection)),
+        };
+        let recoverer = || C::recoverer(state);
+        let guard = extraction.hold(prepared, &recoverer).await?;
+        Ok(Enforced {
+            inner,
+            guard,
+            contract: PhantomData,
+        })
     }
 }
 
-/// The stages of the module docs, one after the other.
-async fn extract<S, E, M, C>(
+/// The stages that do not depend on the handler's types, as a boxed future: a handler's
+/// future that held theirs by value would make every handler compile their layout and
+/// drop glue again (most of what a contracted handler added to the build).
+type Stages<'a, T> = BoxFuture<'a, Result<T, Rejection>>;
+
+/// One request's way through the stages, with its telemetry: the part of
+/// [`Enforced::from_request`] that is the same for every handler.
+struct Extraction {
+    telemetry: AttemptTelemetry,
+}
+
+impl Extraction {
+    fn start(contract: &'static Contract, request: &Request) -> Extraction {
+        Extraction {
+            telemetry: AttemptTelemetry::start(contract, request),
+        }
+    }
+
+    fn span(&self) -> tracing::Span {
+        self.telemetry.span().clone()
+    }
+
+    /// Stages 1 to 4 ([`prepare`]), in the attempt's span.
+    fn prepare(
+        mut self,
+        request: Request,
+        operation: OperationRef,
+    ) -> Stages<'static, (Extraction, Parts, Bytes, Prepared)> {
+        Box::pin(async move {
+            let span = self.span();
+            match prepare(request, operation, &mut self.telemetry)
+                .instrument(span)
+                .await
+            {
+                Ok((parts, bytes, prepared)) => Ok((self, parts, bytes, prepared)),
+                Err(rejection) => Err(self.answered(rejection)),
+            }
+        })
+    }
+
+    /// Stages 6 to 8 ([`Prepared::hold`]), in the attempt's span; the guard carries the
+    /// telemetry on into the handler's run.
+    fn hold(
+        self,
+        prepared: Prepared,
+        make_recoverer: &(dyn Fn() -> Recoverer + Sync),
+    ) -> Stages<'_, Guard> {
+        Box::pin(async move {
+            let span = self.span();
+            match prepared.hold(make_recoverer).instrument(span).await {
+                Ok(mut guard) => {
+                    let mut telemetry = self.telemetry;
+                    telemetry.registered(guard.operation_id(), guard.attempt());
+                    guard.observe(telemetry);
+                    Ok(guard)
+                }
+                Err(rejection) => Err(self.answered(rejection)),
+            }
+        })
+    }
+
+    /// Ends the telemetry with the answer `rejection` is, and returns it.
+    fn answered(self, rejection: Rejection) -> Rejection {
+        match &rejection {
+            Rejection::Problem(problem) => self.telemetry.answered_problem(problem),
+            Rejection::Replayed(response)
+            | Rejection::Accepted(response)
+            | Rejection::Recovered(response)
+            | Rejection::Refused(response) => self.telemetry.answered(response),
+        }
+        rejection
+    }
+}
+
+/// A request through stages 1 to 4: what registration needs of it.
+struct Prepared {
+    idem: Idem,
+    contract: &'static Contract,
+    key: Arc<RecordKey>,
+    fingerprint: Fingerprints,
+    mode: Mode,
+    fault: Option<TestFault>,
+}
+
+/// Stages 1 to 4: admits the request for `operation`, reads its key, its body and what
+/// counts as the same request. Returns the request's parts and body for the handler's
+/// extractor, and the rest for registration.
+async fn prepare(
     request: Request,
-    state: &S,
+    operation: OperationRef,
     telemetry: &mut AttemptTelemetry,
-) -> Result<Enforced<E, C>, Rejection>
-where
-    E: FromRequest<S, M> + Send,
-    C: Recover<S>,
-    S: Send + Sync,
-{
-    let contract: &'static Contract = C::CONTRACT;
+) -> Result<(Parts, Bytes, Prepared), Rejection> {
+    let contract = operation.contract;
     let (mut parts, body) = request.into_parts();
-    let admitted = admit::<C>(&parts)?;
+    let admitted = admit(&parts, &operation)?;
     telemetry.set_metrics(&admitted.claim.metrics);
     let names = admitted.serde_names(&contract.operation)?;
     let client = admitted.identify(&parts)?;
     let header_key = key::from_header(&parts.headers, contract)?;
-    let read = read::read(&mut parts, body, state, contract).await?;
+    let read = read::read(&mut parts, body, contract).await?;
     let same = significant::significant(&parts, &read, names, header_key, contract)?;
     let mode = Mode::of(&parts.extensions);
     let fault = fault::requested(admitted.idem.test_faults(), &parts.headers)
         .map_err(answer::body_malformed)?;
-    let inner = inner::inner::<S, E, M>(parts, read.bytes, state).await?;
-    let idem = admitted.idem;
     let key = Arc::new(RecordKey::new(
         contract.operation.as_ref(),
         client,
         same.key,
     ));
-    let seen = begin::reserve(&mode, &idem, contract, &key).await?;
-    let recoverer = || C::recoverer(state);
-    let fingerprint = &same.fingerprint;
-    let held =
-        register::register(&idem, contract, &key, fingerprint, seen, &mode, recoverer).await?;
-    let held = begin::begin(mode, held, contract).await?;
-    Ok(Enforced {
-        inner,
-        guard: Guard::new(held, fault),
-        contract: PhantomData,
-    })
+    let prepared = Prepared {
+        idem: admitted.idem,
+        contract,
+        key,
+        fingerprint: same.fingerprint,
+        mode,
+        fault,
+    };
+    Ok((parts, read.bytes, prepared))
+}
+
+impl Prepared {
+    /// Stages 6 to 8: the mode's right to begin, the key claimed (or the answer from its
+    /// record), the attempt's transaction begun. `make_recoverer` makes the contract's
+    /// recoverer, for a takeover.
+    async fn hold(
+        self,
+        make_recoverer: &(dyn Fn() -> Recoverer + Sync),
+    ) -> Result<Guard, Rejection> {
+        let Prepared {
+            idem,
+            contract,
+            key,
+            fingerprint,
+            mode,
+            fault,
+        } = self;
+        let seen = begin::reserve(&mode, &idem, contract, &key).await?;
+        let held = register::register(
+            &idem,
+            contract,
+            &key,
+            &fingerprint,
+            seen,
+            &mode,
+            make_recoverer,
+        )
+        .await?;
+        let held = begin::begin(mode, held, contract).await?;
+        Ok(Guard::new(held, fault))
+    }
 }

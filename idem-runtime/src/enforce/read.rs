@@ -29,13 +29,12 @@ pub(crate) struct Read {
 /// 413 `body-too-large` past axum's `DefaultBodyLimit`; 400 `body-malformed` for a body
 /// cut short; 408 `request-timeout` for a body that has not arrived within the
 /// contract's time for one attempt.
-pub(crate) async fn read<S: Send + Sync>(
+pub(crate) async fn read(
     parts: &mut Parts,
     body: Body,
-    state: &S,
     contract: &Contract,
 ) -> Result<Read, Rejection> {
-    let path_params = match RawPathParams::from_request_parts(parts, state).await {
+    let path_params = match RawPathParams::from_request_parts(parts, &()).await {
         Ok(params) => params
             .iter()
             .map(|(name, value)| (name.to_owned(), value.to_owned()))
@@ -48,7 +47,7 @@ pub(crate) async fn read<S: Send + Sync>(
     let mut shadow = Request::new(body);
     *shadow.extensions_mut() = parts.extensions.clone();
     let limit = contract.deadline.attempt_timeout().to_std();
-    let bytes = tokio::time::timeout(limit, Bytes::from_request(shadow, state))
+    let bytes = tokio::time::timeout(limit, Bytes::from_request(shadow, &()))
         .await
         .map_err(|_elapsed| answer::body_timed_out(limit))?
         .map_err(|rejection| answer::body_unreadable(&rejection))?;

@@ -6,12 +6,12 @@
 //!
 //! [`Idem`]: crate::Idem
 
-use std::any::{TypeId, type_name};
+use std::any::TypeId;
 use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use crate::operation::Contracted;
+use crate::operation::{Contracted, OperationRef};
 use crate::serde_names::{self, SerdeNames};
 use crate::telemetry::OperationMetrics;
 
@@ -37,27 +37,35 @@ impl Names {
     ///
     /// The type name of the other operation that holds the name.
     pub(crate) fn claim<C: Contracted>(&self) -> Result<Claim, &'static str> {
-        let contract: &'static idem_contract::Contract = C::CONTRACT;
+        self.claim_operation(&OperationRef::of::<C>())
+    }
+
+    /// Claims `operation`'s name for its type, and returns the claim.
+    ///
+    /// # Errors
+    ///
+    /// The type name of the other operation that holds the name.
+    pub(crate) fn claim_operation(&self, operation: &OperationRef) -> Result<Claim, &'static str> {
+        let contract: &'static idem_contract::Contract = operation.contract;
         let name: &'static str = &contract.operation;
-        let id = TypeId::of::<C>();
         let claim = match self.0.get(name) {
             Some(claim) => claim.clone(),
             None => self
                 .0
                 .entry(name)
                 .or_insert_with(|| Claim {
-                    id,
-                    type_name: type_name::<C>(),
+                    id: operation.id,
+                    type_name: operation.type_name,
                     names: Arc::new(serde_names::resolve(
                         contract,
-                        C::body_fields(),
-                        C::query_fields(),
+                        (operation.body_fields)(),
+                        (operation.query_fields)(),
                     )),
                     metrics: Arc::new(OperationMetrics::new(name)),
                 })
                 .clone(),
         };
-        if claim.id == id {
+        if claim.id == operation.id {
             Ok(claim)
         } else {
             Err(claim.type_name)
@@ -67,6 +75,8 @@ impl Names {
 
 #[cfg(test)]
 mod tests {
+    use std::any::type_name;
+
     use super::*;
 
     struct First;

@@ -11,7 +11,7 @@ use crate::store::{ClientBudget, OverBudget, UnixMillis};
 /// The bytes of headers a result may add besides its body, for the allowance.
 const HEADERS_PER_KEY: u64 = 1024;
 
-impl<F> Registration<'_, F> {
+impl Registration<'_> {
     /// The budget the claim registers under at `now`: `None` without one,
     /// [`ClientBudget::COUNT_ONLY`] while the client's allowance lasts (or for a key it
     /// holds), the budget itself near it (the store then decides).

@@ -29,7 +29,7 @@ pub(super) enum Claimed {
     InFlight(InFlight, UnixMillis),
 }
 
-impl<F> Registration<'_, F> {
+impl Registration<'_> {
     /// Registers the key as processing, or finds its record.
     ///
     /// # Errors

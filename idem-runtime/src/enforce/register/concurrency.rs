@@ -15,7 +15,7 @@ use crate::{OperationId, answer};
 /// (`concurrency = wait(..)`).
 const WAIT_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_millis(200));
 
-impl<F> Registration<'_, F> {
+impl Registration<'_> {
     /// The answer to a duplicate of the attempt holding `lease` (operation `id`) at `now`:
     /// 409 `operation-in-progress` with `Retry-After`, 202 with the status lookup's
     /// `Location`, or a bounded wait for the record to change, then a look again (or 409

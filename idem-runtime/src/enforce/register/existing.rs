@@ -4,7 +4,6 @@ use super::Registration;
 use crate::answer;
 use crate::attempt::Held;
 use crate::enforce::Rejection;
-use crate::reconcile::Recoverer;
 use crate::recovery::{Recovered, recover};
 use crate::replay::replay;
 use crate::store::{Record, RecordState, UnixMillis};
@@ -17,7 +16,7 @@ pub(super) enum Next {
     LookAgain,
 }
 
-impl<F: FnOnce() -> Recoverer> Registration<'_, F> {
+impl Registration<'_> {
     /// Answers from `record` as it was at `now`, or says what to do next.
     ///
     /// | the record | the answer |

@@ -27,8 +27,13 @@ use crate::{Idem, OperationId, answer};
 /// a lost takeover, the end of a wait) before it answers 409.
 const MAX_ROUNDS: usize = 8;
 
+/// Makes the contract's recoverer (from the router's state), when a round takes an ended
+/// lease over: the one part of registration that depends on the handler's types, passed
+/// as a trait object so that registration is compiled once for every handler.
+pub(crate) type MakeRecoverer<'a> = &'a (dyn Fn() -> Recoverer + Sync);
+
 /// One registration of a key, across its rounds.
-pub(crate) struct Registration<'a, F> {
+pub(crate) struct Registration<'a> {
     idem: &'a Idem,
     contract: &'static Contract,
     key: &'a Arc<RecordKey>,
@@ -45,7 +50,7 @@ pub(crate) struct Registration<'a, F> {
     /// The record stage 6 read, for the first round to answer from.
     seen: Seen,
     /// Makes the contract's recoverer; taken by the round that wins a takeover.
-    make_recoverer: Option<F>,
+    make_recoverer: Option<MakeRecoverer<'a>>,
     /// When a `concurrency = wait(..)` wait ends, once it has begun.
     wait_until: Option<Instant>,
     /// The operation id of the last record seen.
@@ -55,18 +60,15 @@ pub(crate) struct Registration<'a, F> {
 /// Claims `key` for a request whose fingerprints are `fingerprint`: the attempt that
 /// holds it, or the answer to give instead (see the module docs); the first round
 /// answers from `seen`, the record stage 6 read, when there is one.
-pub(crate) async fn register<F>(
+pub(crate) async fn register(
     idem: &Idem,
     contract: &'static Contract,
     key: &Arc<RecordKey>,
     fingerprint: &Fingerprints,
     seen: Seen,
     mode: &Mode,
-    make_recoverer: F,
-) -> Result<Held, Rejection>
-where
-    F: FnOnce() -> Recoverer,
-{
+    make_recoverer: MakeRecoverer<'_>,
+) -> Result<Held, Rejection> {
     let mut registration = Registration {
         idem,
         contract,
