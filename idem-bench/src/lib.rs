@@ -6,6 +6,10 @@
 //! cargo bench -p idem-bench --bench overhead
 //! ```
 //!
+//! The crate's other benchmarks: `paths` (the request path in process, no sockets:
+//! `benches/paths.rs`) and `build` (what contracts cost the build: the same handlers
+//! compiled bare and contracted, [`build`]).
+//!
 //! # What runs
 //!
 //! One `POST /orders` handler body ([`order::create`]): parse
