@@ -282,6 +282,7 @@ const STAGES: &[&str] = &[
     "key",
     "read",
     "significant",
+    "look",
     "inner",
     "begin",
     "register",

@@ -1,4 +1,4 @@
-//! Stage 9, run: the handler to its end, detached from the connection, its panics
+//! Stage 10, run: the handler to its end, detached from the connection, its panics
 //! caught, in the attempt's span, within the attempt's time; then its answer settled.
 
 use std::future::Future;

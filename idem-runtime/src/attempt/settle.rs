@@ -1,4 +1,4 @@
-//! Stage 10, settle: record the handler's answer, release the key, or hand the operation
+//! Stage 11, settle: record the handler's answer, release the key, or hand the operation
 //! to recovery (the table of [`super`]); the transactional mode's side is
 //! `transactional.rs`.
 

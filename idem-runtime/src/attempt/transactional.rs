@@ -1,4 +1,4 @@
-//! Stage 10 in the transactional mode: the handler's writes and the key's final state
+//! Stage 11 in the transactional mode: the handler's writes and the key's final state
 //! commit in the attempt's transaction, or everything rolls back and the key is released
 //! ([`crate::transaction`]).
 

@@ -1,4 +1,4 @@
-//! Stage 6 and 8, the mode's two moments around registration: the right to begin the
+//! Stages 7 and 9, the mode's two moments around registration: the right to begin the
 //! attempt's transaction is taken before the key is registered, and the transaction
 //! begins once the key is held, unless the key was registered inside it (the
 //! transactional mode's one commit, `register/claim.rs`). The plain mode does neither.
@@ -6,15 +6,12 @@
 use idem_contract::Contract;
 
 use super::Rejection;
+use super::look::{Seen, seen};
 use crate::Idem;
 use crate::answer;
 use crate::attempt::Held;
 use crate::mode::Mode;
-use crate::store::{Record, RecordKey, StoreError, UnixMillis};
-
-/// A record read before the key is claimed, at the time given (unix milliseconds): the
-/// claim answers from it without registering anything.
-pub(crate) type Seen = Option<(Record, UnixMillis)>;
+use crate::store::RecordKey;
 
 /// Takes the right to begin the transaction before anything is registered: with
 /// SQLite's one writer the wait happens here, where a client that gives up leaves
@@ -24,8 +21,9 @@ pub(crate) type Seen = Option<(Record, UnixMillis)>;
 ///
 /// On PostgreSQL an attempt that registers its key in its transaction takes no turn
 /// (the pool's own wait for a connection is its only bound: it makes no statement beside
-/// its transaction while it is open), and the record is read first, once: a replay is
-/// answered from that one read, without a transaction.
+/// its transaction while it is open); its record was read before the extractor (stage 5,
+/// `look.rs`), once: a replay is answered from that one read, without a transaction.
+/// `looked` is what stage 5 read, handed on to the claim.
 ///
 /// # Errors
 ///
@@ -35,14 +33,15 @@ pub(crate) async fn reserve(
     idem: &Idem,
     contract: &Contract,
     key: &RecordKey,
+    looked: Seen,
 ) -> Result<Seen, Rejection> {
     let Mode::Transactional(tx) = mode else {
-        return Ok(None);
+        return Ok(looked);
     };
     let unavailable = |error| answer::store_unavailable(idem, contract, None, &error);
     let one_commit = mode.one_commit(contract).is_some();
-    if !tx.fences_by_lock() && one_commit {
-        return seen(idem, key).await.map_err(|e| unavailable(e).into());
+    if (!tx.fences_by_lock() && one_commit) || looked.is_some() {
+        return Ok(looked);
     }
     if tx.try_reserve().await {
         return Ok(None);
@@ -56,16 +55,6 @@ pub(crate) async fn reserve(
         tx.reserve().await.map_err(unavailable)?;
     }
     Ok(found)
-}
-
-/// The key's record, read now, unless a registration may take it over (its TTL has
-/// passed, or it is released).
-async fn seen(idem: &Idem, key: &RecordKey) -> Result<Seen, StoreError> {
-    let now = idem.now().await;
-    let record = idem.store().get(key, now).await?;
-    Ok(record
-        .filter(|record| !record.is_reclaimable(now))
-        .map(|record| (record, now)))
 }
 
 /// Begins the attempt's transaction now that `held` holds the key, and attaches it.
@@ -83,7 +72,7 @@ pub(crate) async fn begin(
         return Ok(held);
     };
     if held.mode.is_transactional() {
-        // Begun with the key registered inside it (stage 7).
+        // Begun with the key registered inside it (stage 8).
         return Ok(held);
     }
     if tx.fences_by_lock() && matches!(contract.recovery, idem_contract::Recovery::Resume) {

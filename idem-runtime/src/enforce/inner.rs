@@ -1,4 +1,4 @@
-//! Stage 4, the handler's own extractor: run on the bytes already read, before anything
+//! Stage 6, the handler's own extractor: run on the bytes already read, before anything
 //! is registered. What it refuses (a wrong `Content-Type`, a body that does not
 //! deserialize) did nothing, so it must not be stored and replayed for the whole TTL.
 

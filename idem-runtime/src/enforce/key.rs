@@ -1,4 +1,4 @@
-//! Stage 3a, the idempotency key: from its header (before the body is read), or from a
+//! Stage 2, the idempotency key: from its header (before the body is read), or from a
 //! member of the body (once the body is parsed, [`super::significant`]).
 
 use http::HeaderMap;

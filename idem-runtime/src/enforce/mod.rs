@@ -32,19 +32,20 @@
 //! | 2 | the key from its header, before the body is read | `key.rs` | 400 `key-missing`, `key-malformed` |
 //! | 3 | read: the path parameters and the body, once (axum's `DefaultBodyLimit` applies), the body within the attempt's time | `read.rs` | 413 `body-too-large`, 400 `body-malformed`, 408 `request-timeout` |
 //! | 4 | what counts as the same request: the body parsed once, a key in the body, the fingerprint of the body fields, path and query parameters | `significant.rs` | 400 `body-malformed`, `key-missing`, `key-malformed` |
-//! | 5 | the handler's own extractor `E`, on the same bytes (what it refuses did nothing, so nothing is registered) | `inner.rs` | `E`'s own rejection |
-//! | 6 | the transactional mode's right to begin, taken before registration | `begin.rs` | 503 `store-unavailable` |
-//! | 7 | register: claim the key atomically, or answer from its record | `register/` | a replay, 422 `fingerprint-mismatch`, the contract's concurrency answer, recovery's answer, 409 `operation-outcome-unknown`, 503 `store-unavailable` |
-//! | 8 | begin the mode: the attempt's transaction begins once the key is held | `begin.rs` | 503 `store-unavailable` |
-//! | 9 | run: the handler, detached from the connection, panics caught, in the attempt's span, within its time | `crate::attempt` (`guard.rs`, `run.rs`) | — |
-//! | 10 | settle: record the answer, release the key, or hand the operation to recovery | `crate::attempt` (`settle.rs`, `transactional.rs`) | — |
+//! | 5 | look: the key's record read before the extractor, where that read costs no round trip of its own (a store that reads in this process, the memory store; PostgreSQL's transactional mode, which reads it first anyway); a completed key answered from it, anything else handed on to stage 8 | `look.rs` | a replay, 422 `fingerprint-mismatch`, 503 `store-unavailable` |
+//! | 6 | the handler's own extractor `E`, on the same bytes (what it refuses did nothing, so nothing is registered); outside the attempt's span | `inner.rs` | `E`'s own rejection |
+//! | 7 | the transactional mode's right to begin, taken before registration | `begin.rs` | 503 `store-unavailable` |
+//! | 8 | register: claim the key atomically, or answer from its record | `register/` | a replay, 422 `fingerprint-mismatch`, the contract's concurrency answer, recovery's answer, 409 `operation-outcome-unknown`, 503 `store-unavailable` |
+//! | 9 | begin the mode: the attempt's transaction begins once the key is held | `begin.rs` | 503 `store-unavailable` |
+//! | 10 | run: the handler, detached from the connection, panics caught, in the attempt's span, within its time | `crate::attempt` (`guard.rs`, `run.rs`) | — |
+//! | 11 | settle: record the answer, release the key, or hand the operation to recovery | `crate::attempt` (`settle.rs`, `transactional.rs`) | — |
 //!
 //! # Where each property of the contract is enforced
 //!
 //! | property | enforced by |
 //! |---|---|
 //! | `key_scope` | `key.rs` and `significant.rs` (where the key is read, its rules); `admit.rs` (the client's identity, the key's namespace with the operation's name) |
-//! | `fingerprint` | `significant.rs` (computed once from the bytes received); `register/existing.rs` (another fingerprint under the key: 422) |
+//! | `fingerprint` | `significant.rs` (computed once from the bytes received); `look.rs` and `register/existing.rs` (another fingerprint under the key: 422) |
 //! | `ttl` | `register/claim.rs` (the record's expiry); the store's purge ([`Idem::spawn_purger`](crate::Idem::spawn_purger)) |
 //! | `deadline` | its per-attempt part (or the whole deadline without one): the time the body may take to arrive (`read.rs`), then the attempt's time, `crate::attempt` (`run.rs`, less a margin kept to settle); its total across attempts: the client ([`idem_client`'s policy](https://docs.rs/idem-client)) |
 //! | `max_attempts` | the client, which stops after it; the server counts every attempt that runs the handler ([`Attempt::attempt`], the record's attempt, shown by the status lookup and `idem ops`) but does not refuse the next one: a retry past the budget is a client's bug, and refusing it could not undo what earlier attempts did |
@@ -59,6 +60,7 @@ mod admit;
 mod begin;
 mod inner;
 mod key;
+mod look;
 mod read;
 mod register;
 mod rejection;
@@ -76,6 +78,7 @@ use idem_contract::Contract;
 use tracing::Instrument;
 
 pub(crate) use self::admit::admit;
+use self::look::Seen;
 pub use self::rejection::Rejection;
 pub use crate::attempt::{Attempt, Guard};
 use crate::fault::TestFault;
@@ -126,7 +129,7 @@ where
     /// Runs the stages of the [module docs](self) in the attempt's span
     /// ([`crate::telemetry`]), which the guard carries on into the handler's run.
     ///
-    /// Only the handler's own extractor (stage 5) and the recoverer depend on the
+    /// Only the handler's own extractor (stage 6) and the recoverer depend on the
     /// handler's types: the stages before and after it ([`Extraction::prepare`],
     /// [`Extraction::hold`]) are compiled once for every handler rather than once per
     /// handler.
@@ -171,7 +174,7 @@ impl Extraction {
         self.telemetry.span().clone()
     }
 
-    /// Stages 1 to 4 ([`prepare`]), in the attempt's span.
+    /// Stages 1 to 5 ([`prepare`]), in the attempt's span.
     fn prepare(
         mut self,
         request: Request,
@@ -189,7 +192,7 @@ impl Extraction {
         })
     }
 
-    /// Stages 6 to 8 ([`Prepared::hold`]), in the attempt's span; the guard carries the
+    /// Stages 7 to 9 ([`Prepared::hold`]), in the attempt's span; the guard carries the
     /// telemetry on into the handler's run.
     fn hold(
         self,
@@ -223,7 +226,7 @@ impl Extraction {
     }
 }
 
-/// A request through stages 1 to 4: what registration needs of it.
+/// A request through stages 1 to 5: what registration needs of it.
 struct Prepared {
     idem: Idem,
     contract: &'static Contract,
@@ -231,11 +234,14 @@ struct Prepared {
     fingerprint: Fingerprints,
     mode: Mode,
     fault: Option<TestFault>,
+    /// The record stage 5 read, if it read one.
+    seen: Seen,
 }
 
-/// Stages 1 to 4: admits the request for `operation`, reads its key, its body and what
-/// counts as the same request. Returns the request's parts and body for the handler's
-/// extractor, and the rest for registration.
+/// Stages 1 to 5: admits the request for `operation`, reads its key, its body and what
+/// counts as the same request, and answers a completed key where its record is read
+/// first. Returns the request's parts and body for the handler's extractor, and the rest
+/// for registration.
 async fn prepare(
     request: Request,
     operation: OperationRef,
@@ -258,6 +264,7 @@ async fn prepare(
         client,
         same.key,
     ));
+    let seen = look::look(&admitted.idem, contract, &mode, &key, &same.fingerprint).await?;
     let prepared = Prepared {
         idem: admitted.idem,
         contract,
@@ -265,12 +272,13 @@ async fn prepare(
         fingerprint: same.fingerprint,
         mode,
         fault,
+        seen,
     };
     Ok((parts, read.bytes, prepared))
 }
 
 impl Prepared {
-    /// Stages 6 to 8: the mode's right to begin, the key claimed (or the answer from its
+    /// Stages 7 to 9: the mode's right to begin, the key claimed (or the answer from its
     /// record), the attempt's transaction begun. `make_recoverer` makes the contract's
     /// recoverer, for a takeover.
     async fn hold(
@@ -284,8 +292,9 @@ impl Prepared {
             fingerprint,
             mode,
             fault,
+            seen,
         } = self;
-        let seen = begin::reserve(&mode, &idem, contract, &key).await?;
+        let seen = begin::reserve(&mode, &idem, contract, &key, seen).await?;
         let held = register::register(
             &idem,
             contract,

@@ -1,4 +1,4 @@
-//! Stage 2, read: the path parameters and the body, each read once, before anything is
+//! Stage 3, read: the path parameters and the body, each read once, before anything is
 //! registered. The body must arrive within the attempt's time (the contract's
 //! `per_attempt`, else its total deadline): a connection that trickles it in holds
 //! nothing of idem's, and is answered 408 and closed when that time is up.

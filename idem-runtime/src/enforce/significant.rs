@@ -1,4 +1,4 @@
-//! Stage 3b, what counts as the same request: the body parsed once (JSON, or a form), the
+//! Stage 4, what counts as the same request: the body parsed once (JSON, or a form), the
 //! key taken from it when the contract puts it there, and the fingerprint of the
 //! significant content — the contract's body fields, the path parameters and the query
 //! parameters the contract names — computed once from the bytes received.

@@ -75,8 +75,14 @@ macro_rules! forward_store {
     ) => {
         $crate::forward_store!(@names $ctx [$($names)* $name] $($rest)*);
     };
+    (@names $ctx:tt [$($names:ident)*]
+        $(#[$meta:meta])* fn $name:ident $args:tt -> $ret:ty $body:block $($rest:tt)*
+    ) => {
+        $crate::forward_store!(@names $ctx [$($names)* $name] $($rest)*);
+    };
     (@names {RecordStore $($ctx:tt)*} $names:tt) => {
-        $crate::forward_store!(@each {RecordStore $($ctx)*} $names [] [
+        $crate::forward_store!(@each {RecordStore $($ctx)*} $names [] [] [
+            {reads_locally sync}
             {begin [key: &$crate::store::RecordKey, new: &$crate::store::NewRecord,
                 now: $crate::store::UnixMillis] [$crate::store::Begin]}
             {get [key: &$crate::store::RecordKey, now: $crate::store::UnixMillis]
@@ -103,7 +109,7 @@ macro_rules! forward_store {
         ]);
     };
     (@names {OperatorStore $($ctx:tt)*} $names:tt) => {
-        $crate::forward_store!(@each {OperatorStore $($ctx)*} $names [] [
+        $crate::forward_store!(@each {OperatorStore $($ctx)*} $names [] [] [
             {list [query: &$crate::store::ListQuery, now: $crate::store::UnixMillis]
                 [::std::vec::Vec<$crate::store::Listed>]}
             {inspect [key: &$crate::store::RecordKey, now: $crate::store::UnixMillis]
@@ -122,18 +128,22 @@ macro_rules! forward_store {
         ]);
     };
 
-    // Each method of the trait, `{name [parameters] [output]}`: forwarded (added to the
-    // third group) unless the block writes it.
-    (@each $ctx:tt $names:tt $forwarded:tt []) => {
-        $crate::forward_store!(@impl $ctx $forwarded);
+    // Each method of the trait, `{name [parameters] [output]}` (or `{name sync}` for a
+    // method that is not async and returns `bool`): forwarded (added to the third group,
+    // or the fourth) unless the block writes it.
+    (@each $ctx:tt $names:tt $forwarded:tt $sync:tt []) => {
+        $crate::forward_store!(@impl $ctx $forwarded $sync);
     };
-    (@each $ctx:tt $names:tt $forwarded:tt [$method:tt $($todo:tt)*]) => {
-        $crate::forward_store!(@written $method $names $ctx $names $forwarded [$($todo)*]);
+    (@each $ctx:tt $names:tt $forwarded:tt $sync:tt [$method:tt $($todo:tt)*]) => {
+        $crate::forward_store!(@written $method $names $ctx $names $forwarded $sync [$($todo)*]);
     };
 
     // Whether the block writes `method`: its name is among the names (one rule a name,
     // since macro_rules compares an identifier only with one written out). A method added
     // to a trait gets its line in the trait's table above and its rule here.
+    (@written {reads_locally $($_s:tt)*} [reads_locally $($_n:tt)*] $($k:tt)*) => {
+        $crate::forward_store!(@each $($k)*);
+    };
     (@written {begin $($_s:tt)*} [begin $($_n:tt)*] $($k:tt)*) => {
         $crate::forward_store!(@each $($k)*);
     };
@@ -191,17 +201,27 @@ macro_rules! forward_store {
     (@written $method:tt [$_name:ident $($names:ident)*] $($k:tt)*) => {
         $crate::forward_store!(@written $method [$($names)*] $($k)*);
     };
-    (@written $method:tt [] $ctx:tt $names:tt [$($forwarded:tt)*] $todo:tt) => {
-        $crate::forward_store!(@each $ctx $names [$($forwarded)* $method] $todo);
+    (@written {$name:ident sync} [] $ctx:tt $names:tt $forwarded:tt [$($sync:ident)*] $todo:tt) => {
+        $crate::forward_store!(@each $ctx $names $forwarded [$($sync)* $name] $todo);
+    };
+    (@written $method:tt [] $ctx:tt $names:tt [$($forwarded:tt)*] $sync:tt $todo:tt) => {
+        $crate::forward_store!(@each $ctx $names [$($forwarded)* $method] $sync $todo);
     };
 
     // The impl: the block's methods, then the forwarded ones.
     (@impl {$trait:ident [$($generics:tt)*] [$ty:ty] [$this:ident $inner:expr] [$($items:tt)*]}
         [$({$method:ident [$($param:ident: $param_ty:ty),*] [$output:ty]})*]
+        [$($sync:ident)*]
     ) => {
         #[$crate::__private::async_trait]
         impl<$($generics)*> $crate::store::$trait for $ty {
             $($items)*
+            $(
+                fn $sync(&self) -> bool {
+                    let $this = self;
+                    $crate::store::$trait::$sync($inner)
+                }
+            )*
             $(
                 async fn $method(
                     &self,

@@ -176,6 +176,11 @@ impl MemoryStore {
 
 #[async_trait]
 impl RecordStore for MemoryStore {
+    /// `true`: a record is a lookup in this process's map.
+    fn reads_locally(&self) -> bool {
+        true
+    }
+
     async fn begin(
         &self,
         key: &RecordKey,

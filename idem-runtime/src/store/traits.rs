@@ -29,6 +29,15 @@ use super::{
 /// tests.
 #[async_trait]
 pub trait RecordStore: Send + Sync + 'static {
+    /// Whether [`get`](RecordStore::get) is answered in this process, without a round
+    /// trip (the [`MemoryStore`](crate::store::MemoryStore)). The request path then reads
+    /// a key's record before the handler's extractor runs, so that a replay is answered
+    /// from that one read and the extractor never runs for it; a store over a network keeps
+    /// the default, `false`, where the read would cost every new key a round trip.
+    fn reads_locally(&self) -> bool {
+        false
+    }
+
     /// Registers `key` as processing under `new.lease`, if it may be registered:
     ///
     /// - the key is unknown, or its record's TTL has passed at `now`: a new operation,

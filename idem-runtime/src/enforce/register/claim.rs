@@ -89,7 +89,7 @@ impl Registration<'_> {
     /// with the key registered inside it ([`AttemptTx::register`]), and the handler runs
     /// in it; nothing is committed before the handler's answer, and no lease needs
     /// renewing (the transaction's mark on the key fences the attempt). Without SQLite's
-    /// turn to begin (stage 6 did not wait for it: the key was in flight, or had a
+    /// turn to begin (stage 7 did not wait for it: the key was in flight, or had a
     /// record), the key is looked at first, and the turn waited for only if it is free.
     ///
     /// # Errors
@@ -102,7 +102,7 @@ impl Registration<'_> {
         now: UnixMillis,
         started: Instant,
     ) -> Result<Claimed, Rejection> {
-        // Without the turn to begin, with one writer (SQLite): stage 6 did not wait
+        // Without the turn to begin, with one writer (SQLite): stage 7 did not wait
         // for it. A store of many writers takes no turn for this mode.
         if tx.fences_by_lock() && !tx.is_reserved().await {
             let unavailable = |error| self.unavailable(self.last_id, &error);
@@ -128,7 +128,7 @@ impl Registration<'_> {
         Ok(Claimed::Held(held))
     }
 
-    /// The answer to a claim that has no right to begin (stage 6 did not wait for it: the
+    /// The answer to a claim that has no right to begin (stage 7 did not wait for it: the
     /// key was in flight, or had a record, which the first round answered from), if the
     /// key is still held: the attempt holding it in its transaction, or the record read
     /// after the mark, unless it may be taken over (an attempt holds the mark for a

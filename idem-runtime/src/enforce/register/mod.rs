@@ -1,4 +1,4 @@
-//! Stage 5, register: claim the key with one insert-if-absent, or answer from what the
+//! Stage 8, register: claim the key with one insert-if-absent, or answer from what the
 //! store knows — a replay, 422, the contract's concurrency answer, a recovery, 409 for an
 //! unknown outcome, or 503 when the store fails (fail closed).
 
@@ -16,7 +16,7 @@ use self::claim::Claimed;
 use self::existing::Next;
 use super::Rejection;
 use crate::attempt::Held;
-use crate::enforce::begin::Seen;
+use crate::enforce::look::Seen;
 use crate::fingerprint::Fingerprints;
 use crate::mode::{AttemptTx, Mode};
 use crate::reconcile::Recoverer;
@@ -47,7 +47,7 @@ pub(crate) struct Registration<'a> {
     /// The attempt's transaction when the key is registered inside it (the
     /// transactional mode's one commit, [`Mode::one_commit`]).
     in_tx: Option<AttemptTx>,
-    /// The record stage 6 read, for the first round to answer from.
+    /// The record stage 5 or 7 read, for the first round to answer from.
     seen: Seen,
     /// Makes the contract's recoverer; taken by the round that wins a takeover.
     make_recoverer: Option<MakeRecoverer<'a>>,
@@ -59,7 +59,7 @@ pub(crate) struct Registration<'a> {
 
 /// Claims `key` for a request whose fingerprints are `fingerprint`: the attempt that
 /// holds it, or the answer to give instead (see the module docs); the first round
-/// answers from `seen`, the record stage 6 read, when there is one.
+/// answers from `seen`, the record stage 5 or 7 read, when there is one.
 pub(crate) async fn register(
     idem: &Idem,
     contract: &'static Contract,

@@ -1,0 +1,93 @@
+//! Stage 5, look: the key's record read once before the handler's extractor runs, where
+//! that read costs no extra round trip — the store reads in this process
+//! ([`RecordStore::reads_locally`](crate::store::RecordStore::reads_locally)), or the
+//! transactional mode on PostgreSQL, which reads the record before its transaction
+//! anyway. A completed key is answered here (its replay, or 422 for another
+//! fingerprint): the extractor never runs for a replay, and a read registers nothing, so
+//! nothing needs undoing. Any other record is handed on to registration (stage 8), which
+//! answers from it without reading it again.
+
+use idem_contract::Contract;
+
+use super::Rejection;
+use crate::Idem;
+use crate::answer;
+use crate::fingerprint::Fingerprints;
+use crate::mode::Mode;
+use crate::replay::replay;
+use crate::store::{Record, RecordKey, RecordState, StoreError, UnixMillis};
+
+/// A record read before the key is claimed, at the time given (unix milliseconds): the
+/// claim answers from it without registering anything.
+pub(crate) type Seen = Option<(Record, UnixMillis)>;
+
+/// Reads the key's record now, where that costs no extra round trip (see the module
+/// docs), and answers a completed key from it.
+///
+/// # Errors
+///
+/// The replay of a completed key with this request's fingerprint; 422
+/// `fingerprint-mismatch` for a completed key with another; 503 `store-unavailable` when
+/// the record cannot be read.
+pub(crate) async fn look(
+    idem: &Idem,
+    contract: &'static Contract,
+    mode: &Mode,
+    key: &RecordKey,
+    fingerprint: &Fingerprints,
+) -> Result<Seen, Rejection> {
+    if !reads_first(idem, mode, contract) {
+        return Ok(None);
+    }
+    let seen = seen(idem, key)
+        .await
+        .map_err(|error| answer::store_unavailable(idem, contract, None, &error))?;
+    let Some((record, _)) = &seen else {
+        return Ok(seen);
+    };
+    let RecordState::Completed { response } = &record.state else {
+        return Ok(seen);
+    };
+    crate::telemetry::found_record(record.attempt);
+    if is_same_request(record, fingerprint) {
+        Err(Rejection::Replayed(Box::new(replay(
+            response,
+            record.operation_id,
+        ))))
+    } else {
+        Err(answer::fingerprint_mismatch(contract, record).into())
+    }
+}
+
+/// Whether the record is read before the extractor: a read in this process, or the
+/// transactional mode's one commit on PostgreSQL (not SQLite's, whose one writer is
+/// waited for first).
+fn reads_first(idem: &Idem, mode: &Mode, contract: &Contract) -> bool {
+    if idem.store().reads_locally() {
+        return true;
+    }
+    match mode {
+        Mode::Transactional(tx) => !tx.fences_by_lock() && mode.one_commit(contract).is_some(),
+        Mode::Plain => false,
+    }
+}
+
+/// The key's record, read now, unless a registration may take it over (its TTL has
+/// passed, or it is released).
+pub(crate) async fn seen(idem: &Idem, key: &RecordKey) -> Result<Seen, StoreError> {
+    let now = idem.now().await;
+    let record = idem.store().get(key, now).await?;
+    Ok(record
+        .filter(|record| !record.is_reclaimable(now))
+        .map(|record| (record, now)))
+}
+
+/// Whether `record` was written for this request: the same fingerprint, under the current
+/// rule or the earlier one (see `crate::fingerprint`).
+pub(crate) fn is_same_request(record: &Record, fingerprint: &Fingerprints) -> bool {
+    record.fingerprint == fingerprint.current
+        || fingerprint
+            .legacy
+            .as_deref()
+            .is_some_and(|legacy| record.fingerprint == legacy)
+}

@@ -1,0 +1,152 @@
+//! Stage 5 of the request path (`enforce/look.rs`): on a store that reads in this
+//! process, a completed key is answered from one read before the handler's extractor
+//! runs; on any other store the extractor runs first, as it always did. Over real
+//! sockets, with the extractor's runs and the handler's counted apart.
+
+mod common;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{FromRef, FromRequest, Request, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::post;
+use common::answer::send;
+use common::counter::Counter;
+use common::server::TestServer;
+use idem::store::{MemoryStore, Store};
+use idem::{Idem, identity};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+/// The runs of the extractor and of the handler.
+#[derive(Clone, Default)]
+struct Counts {
+    extracted: Counter,
+    runs: Counter,
+}
+
+impl FromRef<Counts> for Counter {
+    fn from_ref(counts: &Counts) -> Counter {
+        counts.runs.clone()
+    }
+}
+
+/// `Json<Value>`, counting each time it runs.
+struct CountedJson(Value);
+
+impl FromRequest<Counts> for CountedJson {
+    type Rejection = axum::extract::rejection::JsonRejection;
+
+    async fn from_request(request: Request, state: &Counts) -> Result<Self, Self::Rejection> {
+        state.extracted.bump();
+        let axum::Json(value) = axum::Json::<Value>::from_request(request, state).await?;
+        Ok(CountedJson(value))
+    }
+}
+
+#[idem::contract(
+    key_scope = client,
+    fingerprint = body,
+    ttl = "1h",
+    deadline = "10s",
+    max_attempts = 3,
+    retryable = [503],
+    concurrency = conflict,
+    status_lookup = status,
+    recovery = manual("https://runbooks.example.com/counted"),
+)]
+async fn counted(State(runs): State<Counter>, CountedJson(body): CountedJson) -> impl IntoResponse {
+    let n = runs.bump();
+    (
+        StatusCode::CREATED,
+        axum::Json(json!({ "run": n, "body": body })),
+    )
+}
+
+async fn status(
+    lookup: idem::Lookup<counted::Operation>,
+    axum::extract::Path(key): axum::extract::Path<String>,
+) -> idem::OperationStatus {
+    lookup.status(&key).await
+}
+
+/// A store that reads over a network, as far as the request path can tell: the memory
+/// store with `reads_locally` written `false` (every other method forwarded).
+struct Remote(MemoryStore);
+
+idem_runtime::forward_store! {
+    impl[] RecordStore for Remote {
+        forward |this| &this.0;
+
+        fn reads_locally(&self) -> bool {
+            false
+        }
+    }
+    impl[] OperatorStore for Remote {
+        forward |this| &this.0;
+    }
+}
+
+async fn serve(store: impl Store) -> (TestServer, Counts) {
+    let counts = Counts::default();
+    let idem = Idem::new(store, identity::header("x-client-id"));
+    let app = Router::new()
+        .route("/counted", post(counted))
+        .with_state(counts.clone())
+        .layer(idem.layer());
+    (TestServer::start(app).await, counts)
+}
+
+async fn order(server: &TestServer, key: &str, body: Value) -> common::answer::Answer {
+    send(
+        server
+            .request(Method::POST, "/counted", "client-a", Some(key))
+            .json(&body),
+    )
+    .await
+}
+
+/// Through `Arc<MemoryStore>` (the wrapper forwards `reads_locally`): a new key runs the
+/// extractor and the handler once; its replay, and another body under the key (422), run
+/// neither.
+#[tokio::test]
+async fn a_replay_on_the_memory_store_never_runs_the_extractor() {
+    let (server, counts) = serve(Arc::new(MemoryStore::new())).await;
+    let first = order(&server, "k-1", json!({ "amount": 100 })).await;
+    assert_eq!(first.status, 201);
+    assert_eq!((counts.extracted.get(), counts.runs.get()), (1, 1));
+
+    let again = order(&server, "k-1", json!({ "amount": 100 })).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!(again.operation_id(), first.operation_id());
+    let other = order(&server, "k-1", json!({ "amount": 900 })).await;
+    other.problem(422, "fingerprint-mismatch");
+    assert_eq!(
+        (counts.extracted.get(), counts.runs.get()),
+        (1, 1),
+        "neither the replay nor the 422 ran the extractor"
+    );
+
+    let second = order(&server, "k-2", json!({ "amount": 100 })).await;
+    assert_eq!(second.status, 201, "a new key still runs");
+    assert_eq!((counts.extracted.get(), counts.runs.get()), (2, 2));
+}
+
+/// A store that does not read in this process: the extractor runs before the key is
+/// registered, on every request (a read first would cost each new key a round trip);
+/// the answers are the same.
+#[tokio::test]
+async fn a_store_over_a_network_runs_the_extractor_first() {
+    let (server, counts) = serve(Remote(MemoryStore::new())).await;
+    let first = order(&server, "k-1", json!({ "amount": 100 })).await;
+    assert_eq!(first.status, 201);
+    let again = order(&server, "k-1", json!({ "amount": 100 })).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    let other = order(&server, "k-1", json!({ "amount": 900 })).await;
+    other.problem(422, "fingerprint-mismatch");
+    assert_eq!((counts.extracted.get(), counts.runs.get()), (3, 1));
+}
