@@ -130,8 +130,8 @@ where
     /// ([`crate::telemetry`]), which the guard carries on into the handler's run.
     ///
     /// Only the handler's own extractor (stage 6) and the recoverer depend on the
-    /// handler's types: the stages before and after it ([`Extraction::prepare`],
-    /// [`Extraction::hold`]) are compiled once for every handler rather than once per
+    /// handler's types: the stages before and after it (`Extraction::prepare`,
+    /// `Extraction::hold`) are compiled once for every handler rather than once per
     /// handler.
     async fn from_request(request: Request, state: &S) -> Result<Self, Rejection> {
         let extraction = Extraction::start(C::CONTRACT, &request);
