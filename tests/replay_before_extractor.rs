@@ -109,8 +109,9 @@ async fn order(server: &TestServer, key: &str, body: Value) -> common::answer::A
 }
 
 /// Through `Arc<MemoryStore>` (the wrapper forwards `reads_locally`): a new key runs the
-/// extractor and the handler once; its replay, and another body under the key (422), run
-/// neither.
+/// extractor and the handler once; its replay runs neither; another body under the key
+/// runs the extractor (which answers a malformed request first, as on every store), then
+/// 422, and a request the extractor refuses gets the extractor's answer, not 422.
 #[tokio::test]
 async fn a_replay_on_the_memory_store_never_runs_the_extractor() {
     let (server, counts) = serve(Arc::new(MemoryStore::new())).await;
@@ -122,17 +123,25 @@ async fn a_replay_on_the_memory_store_never_runs_the_extractor() {
     assert!(again.replayed());
     assert_eq!(again.body, first.body);
     assert_eq!(again.operation_id(), first.operation_id());
-    let other = order(&server, "k-1", json!({ "amount": 900 })).await;
-    other.problem(422, "fingerprint-mismatch");
     assert_eq!(
         (counts.extracted.get(), counts.runs.get()),
         (1, 1),
-        "neither the replay nor the 422 ran the extractor"
+        "the replay ran neither the extractor nor the handler"
     );
+    let other = order(&server, "k-1", json!({ "amount": 900 })).await;
+    other.problem(422, "fingerprint-mismatch");
+    assert_eq!((counts.extracted.get(), counts.runs.get()), (2, 1));
+    let untyped = send(
+        server
+            .request(Method::POST, "/counted", "client-a", Some("k-1"))
+            .body(r#"{"amount":900}"#),
+    )
+    .await;
+    assert_eq!(untyped.status, 415, "the extractor's own answer, not 422");
 
     let second = order(&server, "k-2", json!({ "amount": 100 })).await;
     assert_eq!(second.status, 201, "a new key still runs");
-    assert_eq!((counts.extracted.get(), counts.runs.get()), (2, 2));
+    assert_eq!(counts.runs.get(), 2);
 }
 
 /// A store that does not read in this process: the extractor runs before the key is

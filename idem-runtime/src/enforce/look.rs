@@ -2,10 +2,11 @@
 //! that read costs no extra round trip — the store reads in this process
 //! ([`RecordStore::reads_locally`](crate::store::RecordStore::reads_locally)), or the
 //! transactional mode on PostgreSQL, which reads the record before its transaction
-//! anyway. A completed key is answered here (its replay, or 422 for another
-//! fingerprint): the extractor never runs for a replay, and a read registers nothing, so
-//! nothing needs undoing. Any other record is handed on to registration (stage 8), which
-//! answers from it without reading it again.
+//! anyway. A completed key with this request's fingerprint is replayed here: the
+//! extractor never runs for a replay, and a read registers nothing, so nothing needs
+//! undoing. Any other record (another fingerprint included, so that the extractor still
+//! answers a malformed request first, as on every store) is handed on to registration
+//! (stage 8), which answers from it without reading it again.
 
 use idem_contract::Contract;
 
@@ -22,13 +23,11 @@ use crate::store::{Record, RecordKey, RecordState, StoreError, UnixMillis};
 pub(crate) type Seen = Option<(Record, UnixMillis)>;
 
 /// Reads the key's record now, where that costs no extra round trip (see the module
-/// docs), and answers a completed key from it.
+/// docs), and replays a completed key with this request's fingerprint from it.
 ///
 /// # Errors
 ///
-/// The replay of a completed key with this request's fingerprint; 422
-/// `fingerprint-mismatch` for a completed key with another; 503 `store-unavailable` when
-/// the record cannot be read.
+/// The replay; 503 `store-unavailable` when the record cannot be read.
 pub(crate) async fn look(
     idem: &Idem,
     contract: &'static Contract,
@@ -45,17 +44,18 @@ pub(crate) async fn look(
     let Some((record, _)) = &seen else {
         return Ok(seen);
     };
-    let RecordState::Completed { response } = &record.state else {
-        return Ok(seen);
-    };
-    crate::telemetry::found_record(record.attempt);
-    if is_same_request(record, fingerprint) {
-        Err(Rejection::Replayed(Box::new(replay(
-            response,
-            record.operation_id,
-        ))))
-    } else {
-        Err(answer::fingerprint_mismatch(contract, record).into())
+    match &record.state {
+        RecordState::Completed { response } if is_same_request(record, fingerprint) => {
+            crate::telemetry::found_record(record.attempt);
+            Err(Rejection::Replayed(Box::new(replay(
+                response,
+                record.operation_id,
+            ))))
+        }
+        // Another request under the key (422 at registration) may also be one the
+        // extractor refuses (no `Content-Type`, say): the extractor answers first, as on
+        // every store.
+        _ => Ok(seen),
     }
 }
 

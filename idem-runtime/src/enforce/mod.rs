@@ -32,7 +32,7 @@
 //! | 2 | the key from its header, before the body is read | `key.rs` | 400 `key-missing`, `key-malformed` |
 //! | 3 | read: the path parameters and the body, once (axum's `DefaultBodyLimit` applies), the body within the attempt's time | `read.rs` | 413 `body-too-large`, 400 `body-malformed`, 408 `request-timeout` |
 //! | 4 | what counts as the same request: the body parsed once, a key in the body, the fingerprint of the body fields, path and query parameters | `significant.rs` | 400 `body-malformed`, `key-missing`, `key-malformed` |
-//! | 5 | look: the key's record read before the extractor, where that read costs no round trip of its own (a store that reads in this process, the memory store; PostgreSQL's transactional mode, which reads it first anyway); a completed key answered from it, anything else handed on to stage 8 | `look.rs` | a replay, 422 `fingerprint-mismatch`, 503 `store-unavailable` |
+//! | 5 | look: the key's record read before the extractor, where that read costs no round trip of its own (a store that reads in this process, the memory store; PostgreSQL's transactional mode, which reads it first anyway); a completed key with this request's fingerprint replayed from it, anything else (another fingerprint too: the extractor answers first) handed on to stage 8 | `look.rs` | a replay, 503 `store-unavailable` |
 //! | 6 | the handler's own extractor `E`, on the same bytes (what it refuses did nothing, so nothing is registered); outside the attempt's span | `inner.rs` | `E`'s own rejection |
 //! | 7 | the transactional mode's right to begin, taken before registration | `begin.rs` | 503 `store-unavailable` |
 //! | 8 | register: claim the key atomically, or answer from its record | `register/` | a replay, 422 `fingerprint-mismatch`, the contract's concurrency answer, recovery's answer, 409 `operation-outcome-unknown`, 503 `store-unavailable` |
@@ -45,7 +45,7 @@
 //! | property | enforced by |
 //! |---|---|
 //! | `key_scope` | `key.rs` and `significant.rs` (where the key is read, its rules); `admit.rs` (the client's identity, the key's namespace with the operation's name) |
-//! | `fingerprint` | `significant.rs` (computed once from the bytes received); `look.rs` and `register/existing.rs` (another fingerprint under the key: 422) |
+//! | `fingerprint` | `significant.rs` (computed once from the bytes received); `register/existing.rs` (another fingerprint under the key: 422) |
 //! | `ttl` | `register/claim.rs` (the record's expiry); the store's purge ([`Idem::spawn_purger`](crate::Idem::spawn_purger)) |
 //! | `deadline` | its per-attempt part (or the whole deadline without one): the time the body may take to arrive (`read.rs`), then the attempt's time, `crate::attempt` (`run.rs`, less a margin kept to settle); its total across attempts: the client ([`idem_client`'s policy](https://docs.rs/idem-client)) |
 //! | `max_attempts` | the client, which stops after it; the server counts every attempt that runs the handler ([`Attempt::attempt`], the record's attempt, shown by the status lookup and `idem ops`) but does not refuse the next one: a retry past the budget is a client's bug, and refusing it could not undo what earlier attempts did |
