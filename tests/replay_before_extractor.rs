@@ -14,6 +14,7 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use common::answer::send;
 use common::counter::Counter;
+use common::faults::{Call, FaultyStore};
 use common::server::TestServer;
 use idem::store::{MemoryStore, Store};
 use idem::{Idem, identity};
@@ -158,4 +159,36 @@ async fn a_store_over_a_network_runs_the_extractor_first() {
     let other = order(&server, "k-1", json!({ "amount": 900 })).await;
     other.problem(422, "fingerprint-mismatch");
     assert_eq!((counts.extracted.get(), counts.runs.get()), (3, 1));
+}
+
+/// The read before the extractor fails (the store is down for reads): 503
+/// `store-unavailable` for a new key and for a completed one, the extractor and the
+/// handler not run, nothing registered; once reads work again the completed key replays
+/// and the new key runs, once each.
+#[tokio::test]
+async fn a_failed_read_before_the_extractor_fails_closed() {
+    let store = FaultyStore::memory();
+    let (server, counts) = serve(store.clone()).await;
+    let done = order(&server, "k-done", json!({ "amount": 100 })).await;
+    assert_eq!(done.status, 201);
+    assert_eq!((counts.extracted.get(), counts.runs.get()), (1, 1));
+
+    store.fail(Call::Get);
+    for key in ["k-done", "k-new"] {
+        let answer = order(&server, key, json!({ "amount": 100 })).await;
+        answer.problem(503, "store-unavailable");
+    }
+    assert_eq!(
+        (counts.extracted.get(), counts.runs.get()),
+        (1, 1),
+        "neither the extractor nor the handler ran"
+    );
+
+    store.heal(Call::Get);
+    let again = order(&server, "k-done", json!({ "amount": 100 })).await;
+    assert!(again.replayed());
+    assert_eq!(again.operation_id(), done.operation_id());
+    let new = order(&server, "k-new", json!({ "amount": 100 })).await;
+    assert_eq!(new.status, 201);
+    assert_eq!((counts.extracted.get(), counts.runs.get()), (2, 2));
 }

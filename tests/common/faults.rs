@@ -137,6 +137,12 @@ impl<S: Store> FaultyStore<S> {
 
 #[async_trait]
 impl<S: Store> RecordStore for FaultyStore<S> {
+    /// As the wrapped store: over the memory store, the record is read before the
+    /// extractor (and that read fails on demand as any `get`).
+    fn reads_locally(&self) -> bool {
+        self.inner.reads_locally()
+    }
+
     async fn begin(
         &self,
         key: &RecordKey,

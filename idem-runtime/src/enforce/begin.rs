@@ -39,10 +39,10 @@ pub(crate) async fn reserve(
         return Ok(looked);
     };
     let unavailable = |error| answer::store_unavailable(idem, contract, None, &error);
-    let one_commit = mode.one_commit(contract).is_some();
-    if (!tx.fences_by_lock() && one_commit) || looked.is_some() {
+    if mode.reads_before_its_transaction(contract) || looked.is_some() {
         return Ok(looked);
     }
+    let one_commit = mode.one_commit(contract).is_some();
     if tx.try_reserve().await {
         return Ok(None);
     }

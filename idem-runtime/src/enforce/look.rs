@@ -63,13 +63,7 @@ pub(crate) async fn look(
 /// transactional mode's one commit on PostgreSQL (not SQLite's, whose one writer is
 /// waited for first).
 fn reads_first(idem: &Idem, mode: &Mode, contract: &Contract) -> bool {
-    if idem.store().reads_locally() {
-        return true;
-    }
-    match mode {
-        Mode::Transactional(tx) => !tx.fences_by_lock() && mode.one_commit(contract).is_some(),
-        Mode::Plain => false,
-    }
+    idem.store().reads_locally() || mode.reads_before_its_transaction(contract)
 }
 
 /// The key's record, read now, unless a registration may take it over (its TTL has

@@ -48,6 +48,17 @@ impl Mode {
         }
     }
 
+    /// Whether the record is read before the attempt's transaction begins, once: the
+    /// one-commit mode on a database whose transactions do not fence by its one write
+    /// lock (PostgreSQL), where an attempt takes no turn to begin (`enforce`'s stages 5
+    /// and 7).
+    pub(crate) fn reads_before_its_transaction(&self, contract: &idem_contract::Contract) -> bool {
+        match self {
+            Mode::Transactional(tx) => !tx.fences_by_lock() && self.one_commit(contract).is_some(),
+            Mode::Plain => false,
+        }
+    }
+
     /// Whether the attempt's transaction holds the database's only write lock (SQLite):
     /// no other connection can write until it ends.
     pub(crate) fn holds_the_write_lock(&self) -> bool {
