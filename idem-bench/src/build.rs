@@ -5,7 +5,7 @@
 //! Both crates have the same handlers: handler `i` takes `State<App>` and
 //! `Json<Order<i>>` (a body type of its own, two fields), counts the order and answers
 //! 201 with `Location` and a JSON body. The contracted crate adds only the attribute (the
-//! contract of `benches/stores.rs`), the idem layer and one status lookup route. Each is a
+//! contract of `idem-bench/src/stores`), the idem layer and one status lookup route. Each is a
 //! binary whose `main` routes every handler, so none is left out of the build.
 //!
 //! The crates live in a workspace of their own under the directory given, with a copy of
@@ -149,6 +149,23 @@ impl Generated {
         Ok(Built { time, cpu, binary })
     }
 
+    /// Times `rounds` builds of each crate in `profile`, interleaved (bare, contracted,
+    /// bare, …), after [`Generated::prepare`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Generated::prepare`] and [`Generated::time`].
+    pub fn compare(&self, profile: Profile, rounds: usize) -> Result<Comparison, String> {
+        self.prepare(profile)?;
+        let mut bare = Vec::new();
+        let mut contracted = Vec::new();
+        for _ in 0..rounds.max(1) {
+            bare.push(self.time(Variant::Bare, profile)?);
+            contracted.push(self.time(Variant::Contracted, profile)?);
+        }
+        Ok(Comparison::of(&bare, &contracted))
+    }
+
     fn cargo(&self, profile: Profile, variants: &[Variant]) -> Result<(), String> {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut command = Command::new(cargo);
@@ -178,6 +195,105 @@ impl Generated {
             ))
         }
     }
+}
+
+/// Medians of the rounds: wall time, CPU time (seconds) and binary size (bytes), bare
+/// and contracted.
+#[derive(Clone, Copy, Debug)]
+pub struct Comparison {
+    /// The bare crate's wall time (s), CPU time (s) and binary (bytes).
+    pub bare: [f64; 3],
+    /// The contracted crate's, likewise.
+    pub contracted: [f64; 3],
+}
+
+impl Comparison {
+    /// The medians of each side's rounds (the binary's size: the first round's; every
+    /// round builds the same one).
+    ///
+    /// # Panics
+    ///
+    /// When either side has no round.
+    #[must_use]
+    pub fn of(bare: &[Built], contracted: &[Built]) -> Comparison {
+        let medians = |builds: &[Built]| {
+            let median = |of: fn(&Built) -> Duration| {
+                let mut times: Vec<Duration> = builds.iter().map(of).collect();
+                times.sort();
+                times[times.len() / 2].as_secs_f64()
+            };
+            [
+                median(|b| b.time),
+                median(|b| b.cpu),
+                builds[0].binary as f64,
+            ]
+        };
+        Comparison {
+            bare: medians(bare),
+            contracted: medians(contracted),
+        }
+    }
+
+    /// What the handlers between `smaller`'s count and this row's add, per handler set:
+    /// the ratio of the two differences is the cost of one contracted handler against
+    /// one bare, without what both counts share (the runtime, `main`, the link).
+    #[must_use]
+    pub fn minus(self, smaller: Comparison) -> Comparison {
+        let sub = |a: [f64; 3], b: [f64; 3]| [a[0] - b[0], a[1] - b[1], a[2] - b[2]];
+        Comparison {
+            bare: sub(self.bare, smaller.bare),
+            contracted: sub(self.contracted, smaller.contracted),
+        }
+    }
+
+    /// Contracted over bare: wall time, CPU time, binary.
+    #[must_use]
+    pub fn ratios(&self) -> [f64; 3] {
+        let [b, bc, bb] = self.bare;
+        let [c, cc, cb] = self.contracted;
+        [c / b, cc / bc, cb / bb]
+    }
+
+    /// A row of the benchmark's markdown table.
+    pub fn print(&self, profile: &str, handlers: &str) {
+        let [b, bc, bb] = self.bare;
+        let [c, cc, cb] = self.contracted;
+        let mb = |bytes: f64| bytes / 1_000_000.0;
+        println!(
+            "| {profile} | {handlers} | {b:.2} s | {c:.2} s | **{:.2}** | {bc:.2} s | {cc:.2} s | **{:.2}** | {:.2} MB | {:.2} MB | **{:.2}** |",
+            c / b,
+            cc / bc,
+            mb(bb),
+            mb(cb),
+            cb / bb,
+        );
+    }
+}
+
+/// The checkout of idem the contracted crate is built against: `IDEM_BENCH_IDEM`, or this
+/// repository.
+#[must_use]
+pub fn repository() -> PathBuf {
+    let repository = std::env::var_os("IDEM_BENCH_IDEM").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".."),
+        PathBuf::from,
+    );
+    repository.canonicalize().unwrap_or(repository)
+}
+
+/// The target directory the running bench binary was built into
+/// (`<target>/<profile>/deps/<binary>`), where the generated workspace is kept.
+///
+/// # Panics
+///
+/// When the binary does not live three levels below a directory.
+#[must_use]
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the bench binary's path");
+    exe.ancestors()
+        .nth(3)
+        .map(PathBuf::from)
+        .expect("the bench binary lives in <target>/<profile>/deps")
 }
 
 /// The CPU time (user and system) of this process's children that have ended, and of

@@ -1,16 +1,24 @@
+//! idem's benchmarks. `cargo bench -p idem-bench` runs one of them, [`figures`]: every
+//! figure of the performance goals in one table (`-- --quick`: the harness at a tiny
+//! scale, which `cargo test` runs too). The others run by name (`cargo bench -p idem-bench
+//! --bench <name>`; the loopback ones need `wrk`: `apt-get install wrk`):
+//!
+//! | benchmark | what it measures |
+//! |---|---|
+//! | `overhead` | idem's cost against the same handler bare and behind `axum-idempotent`, memory included (below) |
+//! | `paths` | the request path in process, no sockets (`benches/paths.rs`) |
+//! | `stores` | each store under idem against the hand-written minimum on the same store ([`stores`]) |
+//! | `flat` | new keys as the store grows to millions of records, and during a purge ([`flat`]) |
+//! | `budget` | the client budget's cost on a new key (`benches/budget.rs`) |
+//! | `cluster` | the Redis store on a Redis Cluster against one server (`benches/cluster.rs`) |
+//! | `build` | what contracts cost the build: the same handlers compiled bare and contracted ([`build`]) |
+//!
+//! # `overhead`
+//!
 //! What idem costs a handler, measured on loopback against the same handler bare and behind
-//! the `axum-idempotent` crate:
+//! the `axum-idempotent` crate.
 //!
-//! ```sh
-//! apt-get install wrk        # the load generator
-//! cargo bench -p idem-bench --bench overhead
-//! ```
-//!
-//! The crate's other benchmarks: `paths` (the request path in process, no sockets:
-//! `benches/paths.rs`) and `build` (what contracts cost the build: the same handlers
-//! compiled bare and contracted, [`build`]).
-//!
-//! # What runs
+//! ## What runs
 //!
 //! One `POST /orders` handler body ([`order::create`]): parse
 //! `{"customer_id": "...", "amount_minor": n}`, make an id (`ord_` and a UUID v7), insert
@@ -25,12 +33,12 @@
 //! |---|---|
 //! | `bare` | the handler alone |
 //! | `axum-idempotent` | the handler behind `axum_idempotent::IdempotentLayer` 0.6.0, as its README sets it up: `use_idempotency_key_header(Some("idempotency-key"), true)` (the client's key is the cache key, nothing hashed, no fingerprint), `expire_after(24 h)`, inside a `ruts` `SessionLayer` on a `MokaStore` and tower-cookies' `CookieManagerLayer`. It keeps responses in the caller's session: a get, then the handler, then a set, with no claim while the handler runs. It caches only for a request that already carries a session and never opens one, so the server also has `POST /session`, which opens one as an application's login would |
-//! | `idem` | the handler under the `#[idem::contract(..)]` of `benches/stores.rs` (client-scoped keys, fingerprint of both fields, 24 h TTL, deadlines, `concurrency = conflict`, a status lookup, manual recovery) with `idem::MemoryStore` and `idem::identity::header("x-client-id")` |
+//! | `idem` | the handler under the `#[idem::contract(..)]` of `idem-bench/src/stores` (client-scoped keys, fingerprint of both fields, 24 h TTL, deadlines, `concurrency = conflict`, a status lookup, manual recovery) with `idem::MemoryStore` and `idem::identity::header("x-client-id")` |
 //!
 //! Each server also answers `GET /stats` with `{"orders": n, "records": m, "rss_kb": k}`
 //! (the orders in its map, idem's `MemoryStore::len()` or 0, its `VmRSS`).
 //!
-//! # Clients and paths
+//! ## Clients and paths
 //!
 //! `IDEM_BENCH_CLIENTS` clients (1,000): idem knows client `i` by `X-Client-Id: client-<i>`,
 //! `axum-idempotent` by the session the warm-up opened for it (`Cookie: sid=…`). Every
@@ -52,7 +60,7 @@
 //! fails the run with wrk's output. The load generator shares the 2 cores with the server,
 //! so read ratios, not capacity.
 //!
-//! # Memory
+//! ## Memory
 //!
 //! After the rounds, from each server's `/stats` before any load and at the end: resident
 //! memory, completed keys (idem's records; the orders of the other two: bare keeps only
@@ -67,7 +75,7 @@
 //! RSS moves in steps (a map doubling, the allocator keeping freed pages), so these are
 //! figures for a long run (millions of keys), not for a short one.
 //!
-//! # Knobs
+//! ## Knobs
 //!
 //! | variable | default | what |
 //! |---|---|---|
@@ -88,14 +96,14 @@
 pub mod build;
 pub mod children;
 pub mod driver;
+pub mod figures;
+pub mod flat;
 pub mod load;
 pub mod order;
 pub mod report;
 pub mod serve;
-
-#[allow(dead_code, reason = "shared with the root crate's benches")]
-#[path = "../../benches/common/wrk.rs"]
-mod wrk;
+pub mod stores;
+pub mod wrk;
 
 /// The bench binary's `main`: a server when `IDEM_BENCH_SERVE` names a variant, otherwise
 /// the driver.

@@ -202,7 +202,7 @@ async fn bare(State(orders): State<Orders>, Json(body): Json<CreateOrder>) -> Re
     order::create(&orders, body)
 }
 
-/// The same handler under the contract of `benches/stores.rs`.
+/// The same handler under the contract of `idem-bench/src/stores`.
 #[idem::contract(
     key_scope = client, fingerprint = [customer_id, amount_minor], ttl = "24h",
     deadline = ("30s", per_attempt = "10s"), max_attempts = 4, retryable = [503, timeout],

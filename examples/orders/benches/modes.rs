@@ -34,7 +34,11 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-#[path = "../../../benches/common/wrk.rs"]
+#[allow(
+    dead_code,
+    reason = "idem-bench's driver: this benchmark uses a part of it"
+)]
+#[path = "../../../idem-bench/src/wrk.rs"]
 mod wrk;
 use wrk::{median, wrk};
 

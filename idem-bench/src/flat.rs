@@ -1,7 +1,7 @@
-//! Flat as the store grows (issue 20, goal 3): `cargo bench -p idem --bench flat` (needs
-//! `wrk` on the PATH: `apt-get install wrk`).
+//! Flat as the store grows: `cargo bench -p idem-bench --bench flat` (needs `wrk` on the
+//! PATH: `apt-get install wrk`).
 //!
-//! **memory**: the contracted `POST /orders` handler of `benches/common/orders.rs` with
+//! **memory**: the contracted `POST /orders` handler of [`crate::stores::handlers`] with
 //! `MemoryStore`, every request a new key of one client (one key scope), under a budget
 //! it never reaches (so that the per-client accounting runs as in a service): a fresh
 //! store (a new one each round) against one that already holds
@@ -36,13 +36,8 @@ use axum::Router;
 use axum::routing::post;
 use idem::store::{ClientBudget, OperatorStore, RecordKey, RecordStore, StoredResponse};
 
-#[macro_use]
-#[path = "common/orders.rs"]
-mod orders;
-#[allow(dead_code, reason = "shared with the other benches")]
-#[path = "common/wrk.rs"]
-mod wrk;
-use orders::*;
+use crate::stores::handlers::*;
+use crate::wrk;
 
 /// New keys from 1,000 clients (`c-0` … `c-999`).
 fn many_script() -> String {
@@ -79,16 +74,29 @@ const LOAD: &str = "INSERT INTO idem_records
 
 /// One purge: the store's own (`batch` `None`), or the store's statement in batches of
 /// `batch` with `pause` between them.
-#[derive(Clone, Copy)]
-struct Purge {
-    batch: Option<u64>,
-    pause: Duration,
+#[derive(Clone, Copy, Debug)]
+pub struct Purge {
+    /// Records deleted a statement; `None` for the store's own `purge_expired`.
+    pub batch: Option<u64>,
+    /// The pause between two batches.
+    pub pause: Duration,
 }
 
 impl Purge {
+    /// The store's own `purge_expired`.
+    pub const STORE: Purge = Purge {
+        batch: None,
+        pause: Duration::ZERO,
+    };
+
     /// The purges `IDEM_BENCH_PURGES` names, comma-separated: `store` (the store's
     /// `purge_expired`) or `<batch>:<pause in ms>`; by default `store,5000:0`.
-    fn from_env() -> Vec<Purge> {
+    ///
+    /// # Panics
+    ///
+    /// When a batch or a pause is not a number.
+    #[must_use]
+    pub fn from_env() -> Vec<Purge> {
         let list = std::env::var("IDEM_BENCH_PURGES").unwrap_or_else(|_| "store,5000:0".into());
         list.split(',')
             .map(|p| match p.trim().split_once(':') {
@@ -105,7 +113,8 @@ impl Purge {
     }
 
     /// Its name in the table.
-    fn name(self) -> String {
+    #[must_use]
+    pub fn name(self) -> String {
         match self.batch {
             None => "purge_expired (5000 a batch, 250 ms pause)".into(),
             Some(batch) if self.pause.is_zero() => format!("{batch} a batch"),
@@ -115,12 +124,108 @@ impl Purge {
 }
 
 /// One line of the table.
-struct Line {
-    variant: String,
-    records: u64,
-    rps: f64,
-    p99: f64,
-    ratio: f64,
+#[derive(Clone, Debug)]
+pub struct Line {
+    /// What ran: the store, the traffic, and the purge if one ran beside it.
+    pub variant: String,
+    /// The records in the store the traffic ran on.
+    pub records: u64,
+    /// Requests per second, the median of the rounds (or of the purge's windows).
+    pub rps: f64,
+    /// The 99th percentile of latency in milliseconds, the median likewise.
+    pub p99: f64,
+    /// `rps` over the same run's baseline (the line before it, whose ratio is 1).
+    pub ratio: f64,
+    /// What the line is: a baseline, the traffic on a grown store, or during a purge.
+    pub kind: LineKind,
+}
+
+/// What a [`Line`] measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LineKind {
+    /// The traffic on a fresh store, or without a purge: the next line's baseline.
+    Baseline,
+    /// The memory store's one scope, grown.
+    MemoryGrown,
+    /// PostgreSQL, grown.
+    PgGrown,
+    /// PostgreSQL while a purge runs.
+    PgPurging,
+}
+
+/// How a run is shaped.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Interleaved rounds (the purge's baseline windows too).
+    pub rounds: usize,
+    /// The length of one `wrk` window, in seconds.
+    pub seconds: u64,
+    /// `memory`, `pg`, or both (`None`).
+    pub only: Option<String>,
+    /// Records of the one scope in the grown memory store.
+    pub memory_records: u64,
+    /// Records loaded into the grown PostgreSQL schema.
+    pub records: i64,
+    /// Expired records each purge deletes (at most a share of the expired half).
+    pub purge: i64,
+    /// The purges, one after the other.
+    pub purges: Vec<Purge>,
+}
+
+impl Settings {
+    /// `IDEM_BENCH_ROUNDS` (3), `IDEM_BENCH_SECONDS` (5), `IDEM_BENCH_ONLY`,
+    /// `IDEM_BENCH_MEMORY_RECORDS` (4,000,000), `IDEM_BENCH_RECORDS` (10,000,000),
+    /// `IDEM_BENCH_PURGE` (1,000,000) and `IDEM_BENCH_PURGES` ([`Purge::from_env`]).
+    ///
+    /// Exits with 2 when `wrk` is not on the `PATH`.
+    #[must_use]
+    pub fn from_env() -> Settings {
+        let (rounds, seconds) = wrk::wrk_rounds();
+        Settings {
+            rounds,
+            seconds,
+            only: std::env::var("IDEM_BENCH_ONLY")
+                .ok()
+                .filter(|o| !o.is_empty()),
+            memory_records: env_or("IDEM_BENCH_MEMORY_RECORDS", 4_000_000),
+            records: env_or("IDEM_BENCH_RECORDS", 10_000_000),
+            purge: env_or("IDEM_BENCH_PURGE", 1_000_000),
+            purges: Purge::from_env(),
+        }
+    }
+
+    fn runs(&self, part: &str) -> bool {
+        self.only.as_deref().is_none_or(|only| only == part)
+    }
+}
+
+/// What a run measured.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The table's lines, each baseline before what is measured against it.
+    pub lines: Vec<Line>,
+    /// Answers that were not 2xx, over the whole run.
+    pub errors: u64,
+}
+
+impl Report {
+    /// The markdown table.
+    pub fn print(&self) {
+        println!("| variant | records in the store | requests/s | p99 | ratio |");
+        println!("|---|---|---|---|---|");
+        for l in &self.lines {
+            println!(
+                "| {} | {} | {:.0} | {:.2} ms | {:.2} |",
+                l.variant, l.records, l.rps, l.p99, l.ratio
+            );
+        }
+    }
+
+    /// The first line of `kind`.
+    #[must_use]
+    pub fn find(&self, kind: LineKind) -> Option<&Line> {
+        self.lines.iter().find(|l| l.kind == kind)
+    }
 }
 
 /// The knobs and the place of the Lua scripts.
@@ -184,13 +289,18 @@ fn load() -> String {
     )
 }
 
-fn main() {
-    let (rounds, seconds) = wrk::wrk_rounds();
-    let only = std::env::var("IDEM_BENCH_ONLY").unwrap_or_default();
+/// Runs the parts `settings` keeps: the memory store's and PostgreSQL's (left out, with
+/// the reason printed, when the server does not answer).
+///
+/// # Panics
+///
+/// When the temporary directory, the runtime, `wrk` or a store's setup fails.
+#[must_use]
+pub fn run(settings: &Settings) -> Report {
     let mut bench = Bench {
-        seconds,
-        rounds,
-        dir: tempfile::tempdir().unwrap(),
+        seconds: settings.seconds,
+        rounds: settings.rounds,
+        dir: tempfile::tempdir().expect("a temporary directory"),
         runs: 0,
         errors: 0,
     };
@@ -198,24 +308,20 @@ fn main() {
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap();
+        .expect("a tokio runtime");
     eprintln!("load average at the start: {}", load());
     let mut lines = Vec::new();
-    if only.is_empty() || only == "memory" {
-        lines.extend(memory(&runtime, &mut bench));
+    if settings.runs("memory") {
+        lines.extend(memory(&runtime, &mut bench, settings.memory_records));
     }
-    if only.is_empty() || only == "pg" {
-        lines.extend(pg(&runtime, &mut bench));
+    if settings.runs("pg") {
+        lines.extend(pg(&runtime, &mut bench, settings));
     }
     eprintln!("load average at the end: {}", load());
     eprintln!("answers that were not 2xx: {}", bench.errors);
-    println!("| variant | records in the store | requests/s | p99 | ratio |");
-    println!("|---|---|---|---|---|");
-    for l in &lines {
-        println!(
-            "| {} | {} | {:.0} | {:.2} ms | {:.2} |",
-            l.variant, l.records, l.rps, l.p99, l.ratio
-        );
+    Report {
+        lines,
+        errors: bench.errors,
     }
 }
 
@@ -290,8 +396,7 @@ async fn operation_of(store: &dyn OperatorStore, url: &str, client: &str) -> Str
 
 /// The memory part: one scope's new keys on a fresh store (a new one each round)
 /// against one that holds `IDEM_BENCH_MEMORY_RECORDS` records of that scope.
-fn memory(runtime: &tokio::runtime::Runtime, bench: &mut Bench) -> Vec<Line> {
-    let n: u64 = env_or("IDEM_BENCH_MEMORY_RECORDS", 4_000_000);
+fn memory(runtime: &tokio::runtime::Runtime, bench: &mut Bench, n: u64) -> Vec<Line> {
     let full = Arc::new(idem::MemoryStore::new());
     let full_url = runtime.block_on(async {
         let full_url = memory_served(Arc::clone(&full)).await;
@@ -317,7 +422,13 @@ fn memory(runtime: &tokio::runtime::Runtime, bench: &mut Bench) -> Vec<Line> {
             filled[round].0
         );
     }
-    baseline_and("memory, one scope, new keys", &mut empty, &mut filled, n)
+    baseline_and(
+        "memory, one scope, new keys",
+        LineKind::MemoryGrown,
+        &mut empty,
+        &mut filled,
+        n,
+    )
 }
 
 /// `pair` in its order in even rounds, reversed in odd ones.
@@ -340,6 +451,7 @@ fn medians(runs: &mut [(f64, f64)]) -> (f64, f64) {
 /// their rounds.
 fn baseline_and(
     variant: &str,
+    kind: LineKind,
     empty: &mut [(f64, f64)],
     filled: &mut [(f64, f64)],
     n: u64,
@@ -353,6 +465,7 @@ fn baseline_and(
             rps: rps0,
             p99: p0,
             ratio: 1.0,
+            kind: LineKind::Baseline,
         },
         Line {
             variant: variant.into(),
@@ -360,6 +473,7 @@ fn baseline_and(
             rps,
             p99,
             ratio: rps / rps0,
+            kind,
         },
     ]
 }
@@ -368,10 +482,12 @@ fn baseline_and(
 
 /// The PostgreSQL part: new keys on a fresh schema (a new one each round) against one
 /// with `IDEM_BENCH_RECORDS` records, then during each purge of `IDEM_BENCH_PURGES`.
-fn pg(runtime: &tokio::runtime::Runtime, bench: &mut Bench) -> Vec<Line> {
-    let n: i64 = env_or("IDEM_BENCH_RECORDS", 10_000_000);
-    let purges = Purge::from_env();
-    let purged: i64 = env_or("IDEM_BENCH_PURGE", 1_000_000).min(n / 2 / purges.len() as i64);
+fn pg(runtime: &tokio::runtime::Runtime, bench: &mut Bench, settings: &Settings) -> Vec<Line> {
+    let n = settings.records;
+    let purges = &settings.purges;
+    let purged = settings
+        .purge
+        .min(n / 2 / i64::try_from(purges.len().max(1)).unwrap_or(1));
     let Some((store, url)) = runtime.block_on(pg_served()) else {
         eprintln!("PostgreSQL is not reachable: the pg part is left out");
         return Vec::new();
@@ -392,7 +508,13 @@ fn pg(runtime: &tokio::runtime::Runtime, bench: &mut Bench) -> Vec<Line> {
         );
     }
     let records = u64::try_from(n).unwrap();
-    let mut lines = baseline_and("pg-tx, new keys", &mut empty, &mut filled, records);
+    let mut lines = baseline_and(
+        "pg-tx, new keys",
+        LineKind::PgGrown,
+        &mut empty,
+        &mut filled,
+        records,
+    );
     for (k, purge) in purges.iter().enumerate() {
         // The k-th slice of `purged` records of the expired half (oldest first).
         let upto = now - DAY_MS / 2 + (k as i64 + 1) * purged * DAY_MS / n;
@@ -407,6 +529,7 @@ fn pg(runtime: &tokio::runtime::Runtime, bench: &mut Bench) -> Vec<Line> {
             rps: without,
             p99: p_without,
             ratio: 1.0,
+            kind: LineKind::Baseline,
         });
         lines.push(Line {
             variant: format!("pg-tx, new keys, purging {purged}: {}", purge.name()),
@@ -414,6 +537,7 @@ fn pg(runtime: &tokio::runtime::Runtime, bench: &mut Bench) -> Vec<Line> {
             rps: during,
             p99: p_during,
             ratio: during / without,
+            kind: LineKind::PgPurging,
         });
     }
     runtime.block_on(pg_drop(&store));

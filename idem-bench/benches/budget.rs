@@ -1,8 +1,8 @@
 //! The cost of the per-client store budget on a new key, per store (issue 23, item 1):
-//! `cargo bench -p idem --bench budget` (needs `wrk` on the PATH: `apt-get install wrk`).
+//! `cargo bench -p idem-bench --bench budget` (needs `wrk` on the PATH: `apt-get install wrk`).
 //!
 //! One handler (`POST /orders`: a small JSON body, one order written, 201 with `Location`)
-//! is served under the contract of `benches/stores.rs` on each store, through handles that
+//! is served under the contract of the `stores` benchmark on each store, through handles that
 //! differ only in their client budget:
 //!
 //! | store | idem | business write |
@@ -25,7 +25,7 @@
 //! | `one-default` | burst of [`UNDER_DEFAULT`] requests | one new id per run, which stays under the default budget | `DEFAULT` |
 //! | `one@1k`, `one@10k` | burst of [`FILLED_BURST`] requests | one new id per run, first given 1,000 or 10,000 live records by an unmeasured burst | [`LARGE`] |
 //!
-//! The timed runs are `wrk -t2 -c32 -d5s` (`benches/common/wrk.rs`, which stops the
+//! The timed runs are `wrk -t2 -c32 -d5s` (`idem_bench::wrk`, which stops the
 //! benchmark on a non-2xx answer; the scripts print each such answer with its body
 //! first). A run that must stay
 //! under a number of requests cannot be timed by wrk, whose rate divides by the whole
@@ -57,13 +57,8 @@ use axum::routing::post;
 use idem::store::ClientBudget;
 use redis::aio::ConnectionManager;
 
-#[macro_use]
-#[path = "common/orders.rs"]
-mod orders;
-#[path = "common/wrk.rs"]
-mod wrk;
-use orders::*;
-use wrk::{median, wrk};
+use idem_bench::stores::handlers::*;
+use idem_bench::wrk::{self, median, wrk};
 
 /// The key of a request in the budget's wrk scripts: new within the run's client.
 const KEY: &str = r#""k-" .. tid .. "-" .. counter"#;

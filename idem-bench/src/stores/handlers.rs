@@ -1,11 +1,7 @@
-//! What the loopback benchmarks of the root crate share (`benches/stores.rs`,
-//! `benches/budget.rs`, `benches/flat.rs`): the order a `POST /orders` carries, its
-//! answer, the orders table and its inserts, the contracted handler on each store, serving
-//! a router on 127.0.0.1, and cleaning Redis.
-//!
-//! Each benchmark includes it (`#[macro_use] #[path = "common/orders.rs"] mod orders;`)
-//! and uses a part of it.
-#![allow(dead_code)]
+//! What the loopback benchmarks over the stores share (`stores`, `flat`, `budget`,
+//! `cluster`): the order a `POST /orders` carries, its answer, the orders table and its
+//! inserts, the contracted handler on each store, serving a router on 127.0.0.1, and
+//! cleaning Redis.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -20,32 +16,42 @@ use redis::aio::ConnectionManager;
 use serde::Deserialize;
 use serde_json::json;
 
+/// The body of `POST /orders`: `{"customer_id": "...", "amount_minor": n}`.
 #[derive(Deserialize)]
 pub struct CreateOrder {
+    /// Who orders.
     pub customer_id: String,
+    /// How much, in minor units.
     pub amount_minor: i64,
 }
 
 /// An order as the memory variants keep it.
 #[allow(dead_code, reason = "written, never read back")]
 pub struct Order {
+    /// The operation that wrote it (the order's own id for the bare and minimum forms).
     pub operation_id: String,
+    /// Who ordered.
     pub customer_id: String,
+    /// How much, in minor units.
     pub amount_minor: i64,
 }
 
+/// The memory variants' orders, by id.
 pub type Orders = Arc<DashMap<String, Order>>;
 
+/// Now, in milliseconds since the Unix epoch (0 before it).
 pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(0))
 }
 
+/// The order's JSON, as the 201 carries it and Redis keeps it.
 pub fn order_json(id: &str, order: &CreateOrder) -> serde_json::Value {
     json!({ "id": id, "customer_id": order.customer_id, "amount_minor": order.amount_minor })
 }
 
+/// 201 with the order's JSON and `Location: /orders/<id>`.
 pub fn created(id: &str, order: &CreateOrder) -> Response {
     let mut response = (StatusCode::CREATED, Json(order_json(id, order))).into_response();
     if let Ok(location) = HeaderValue::from_str(&format!("/orders/{id}")) {
@@ -54,18 +60,23 @@ pub fn created(id: &str, order: &CreateOrder) -> Response {
     response
 }
 
+/// A new order id: `ord_` and a UUID v7.
 pub fn new_id() -> String {
     format!("ord_{}", uuid::Uuid::now_v7().simple())
 }
 
+/// 500, when a business write fails.
 pub fn error() -> Response {
     StatusCode::INTERNAL_SERVER_ERROR.into_response()
 }
 
+/// The orders table, on SQLite and PostgreSQL.
 pub const ORDERS: &str = "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, operation_id TEXT NOT NULL UNIQUE, customer_id TEXT NOT NULL, amount_minor BIGINT NOT NULL, created_at BIGINT NOT NULL)";
 
+/// An order's insert on SQLite (id, operation id, customer, amount, creation time).
 pub const SQLITE_INSERT: &str = "INSERT INTO orders (id, operation_id, customer_id, amount_minor, created_at) VALUES (?, ?, ?, ?, ?)";
 
+/// An order's insert on PostgreSQL, likewise.
 pub const PG_INSERT: &str = "INSERT INTO orders (id, operation_id, customer_id, amount_minor, created_at) VALUES ($1, $2, $3, $4, $5)";
 
 /// One of the `*_INSERT` statements with the order's columns bound.
@@ -83,8 +94,14 @@ macro_rules! insert_order {
 /// How long a Redis order lives: a safety net should the run stop before its clean-up.
 pub const ORDER_TTL_MS: u64 = 3_600_000;
 
+/// The body every request carries (45 bytes).
 pub const BODY: &str = r#"{"customer_id":"cus_42","amount_minor":1999}"#;
 
+/// Serves `router` on a new port of 127.0.0.1 on this runtime: its base URL.
+///
+/// # Panics
+///
+/// When no port can be bound.
 pub async fn serve(router: Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -120,6 +137,7 @@ pub async fn redis_clean(conn: &mut ConnectionManager, prefix: &str) -> usize {
     }
 }
 
+/// The variable `name` parsed, or `default` when it is unset or does not parse.
 pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
@@ -129,7 +147,7 @@ pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 
 // ---- the contracted handler on each store (the same in every benchmark) -------------
 
-/// The status lookup the contracts name (routed by `benches/budget.rs` only).
+/// The status lookup the contracts name (routed by `idem-bench/benches/budget.rs` only).
 pub async fn lookup(
     lookup: idem::Lookup<memory_idem::Operation>,
     axum::extract::Path(key): axum::extract::Path<String>,

@@ -1,5 +1,5 @@
-//! The `wrk` driver the loopback benchmarks share (`benches/stores.rs` of the root crate,
-//! `examples/orders/benches/modes.rs`, `idem-bench`): one timed run of a Lua script, its
+//! The `wrk` driver the loopback benchmarks share (this crate's `stores`, `flat`, `budget`
+//! and `cluster`, and `examples/orders/benches/modes.rs`): one timed run of a Lua script, its
 //! requests per second and p99 latency, and the median of rounds.
 
 use std::path::Path;
@@ -35,22 +35,18 @@ end
     )
 }
 
-/// Exits with 2 and says how to install it when wrk is not on the PATH; the rounds and
-/// seconds of a run otherwise (`IDEM_BENCH_ROUNDS`, default 3; `IDEM_BENCH_SECONDS`,
-/// default 5).
-#[allow(
-    dead_code,
-    reason = "not every benchmark that includes this file uses it"
-)]
-pub fn wrk_rounds() -> (usize, u64) {
-    if std::process::Command::new("wrk")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
+/// Exits with 2 and says how to install it when wrk is not on the PATH.
+pub fn require() {
+    if Command::new("wrk").arg("--version").output().is_err() {
         eprintln!("the benchmark needs wrk on the PATH (apt-get install wrk)");
         std::process::exit(2);
     }
+}
+
+/// The rounds and seconds of a run (`IDEM_BENCH_ROUNDS`, default 3;
+/// `IDEM_BENCH_SECONDS`, default 5), after [`require`].
+pub fn wrk_rounds() -> (usize, u64) {
+    require();
     let read = |name: &str, default: u64| {
         std::env::var(name)
             .ok()

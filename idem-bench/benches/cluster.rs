@@ -1,7 +1,7 @@
 //! The Redis store on one server against a Redis Cluster (issue 24):
-//! `cargo bench -p idem --bench cluster` (needs `wrk`, `redis-server` and `redis-cli`).
+//! `cargo bench -p idem-bench --bench cluster` (needs `wrk`, `redis-server` and `redis-cli`).
 //!
-//! The contracted `POST /orders` handler of `benches/common/orders.rs` (the order written
+//! The contracted `POST /orders` handler of `idem_bench::stores::handlers` (the order written
 //! with `PSETEX` on the same Redis as the records, 201 with `Location`), through
 //! `Idem::new(RedisStore)`, on servers the benchmark starts itself (no persistence):
 //!
@@ -29,13 +29,8 @@ use axum::routing::post;
 use idem::store::{RedisStore, ReplicaWait};
 use idem_runtime::store::conformance::redis::OwnCluster;
 
-#[macro_use]
-#[path = "common/orders.rs"]
-mod orders;
-#[path = "common/wrk.rs"]
-mod wrk;
-use orders::*;
-use wrk::{median, wrk};
+use idem_bench::stores::handlers::*;
+use idem_bench::wrk::{self, median, wrk};
 
 /// How many clients the new keys come from (`X-Client-Id`).
 const CLIENTS: usize = 64;

@@ -1,0 +1,412 @@
+//! Every figure of idem's performance goals in one table:
+//!
+//! ```sh
+//! apt-get install wrk                       # the load generator
+//! cargo bench -p idem-bench                 # the figures (about 10 minutes)
+//! cargo bench -p idem-bench -- --quick      # the harness end to end at a tiny scale
+//! ```
+//!
+//! One run measures, each against its baseline in the same run:
+//!
+//! | goal | figure | baseline | target | from |
+//! |---|---|---|---|---|
+//! | one commit | PostgreSQL and SQLite, new keys, transactional mode | the hand-written minimum (the business insert and one key insert in one transaction) | ≥ 0.90 | [`crate::stores`] |
+//! | memory and Redis | memory new keys; Redis new keys | the minimum | ≥ 0.90; ≥ 0.80 | [`crate::stores`] |
+//! | replay | a completed key replayed, memory and Redis | the bare handler | ≥ 1.0 | [`crate::stores`] |
+//! | flat | PostgreSQL new keys with 10 M records; the memory store's one scope with 4 M | the same traffic on an empty store | ≥ 0.90 | [`crate::flat`] |
+//! | purge | PostgreSQL new keys while 1 M expired records are purged | the same traffic just before | ≥ 0.90 | [`crate::flat`] |
+//! | build | 100 contracted handlers: wall time, binary size; debug and release | the same handlers bare | ≤ 1.3 | [`crate::build`] |
+//!
+//! Each row gives the ratio, both absolute figures, idem's p99 latency (the loopback
+//! figures) and the store's size while it ran. The load generator shares the machine's
+//! cores with the servers, so the figures are ratios, not capacity; on a 2-core VM a
+//! loopback ratio moves by about ±0.1 from one run to the next.
+//!
+//! **Scale.** The full run: `wrk -t2 -c32`, 3 interleaved rounds of 3 s for the stores,
+//! 3 s windows for the growth and the purge, the records above, 2 timed builds of each
+//! crate in each profile. `--quick` (and `cargo test`, which runs this benchmark without
+//! `--bench`) runs every part for a second, with 20,000 records, 2 handlers, one debug
+//! build: it checks that the harness runs end to end, not the figures, and its table
+//! says so. The knobs of the parts (`IDEM_BENCH_ROUNDS`, `IDEM_BENCH_SECONDS`,
+//! `IDEM_BENCH_RECORDS`, …) are not read here: each part's own benchmark reads them.
+//!
+//! PostgreSQL and Redis are the test servers (`IDEM_TEST_DATABASE_URL`,
+//! `IDEM_TEST_REDIS_URL`, local by default), through scratch schemas and key prefixes; a
+//! server that does not answer leaves its rows out, and the table says which.
+
+use std::time::{Duration, Instant};
+
+use crate::build::{Comparison, Generated, Profile};
+use crate::flat::{self, LineKind, Purge};
+use crate::stores::{self, Form};
+
+/// The size of a run: the full figures, or the harness checked at a tiny scale.
+#[derive(Clone, Debug)]
+pub struct Scale {
+    /// Whether this is the quick form (its figures are not the goals').
+    pub quick: bool,
+    /// The stores part.
+    pub stores: stores::Settings,
+    /// The growth and purge part.
+    pub flat: flat::Settings,
+    /// Handlers in each generated crate.
+    pub handlers: usize,
+    /// Timed builds of each crate in each profile.
+    pub build_rounds: usize,
+    /// The profiles built.
+    pub profiles: Vec<Profile>,
+}
+
+/// The runs of the stores part the figures use.
+const STORE_RUNS: [&str; 12] = [
+    "memory bare",
+    "memory min",
+    "memory idem",
+    "memory idem replay",
+    "sqlite min",
+    "sqlite idem",
+    "pg min",
+    "pg idem",
+    "redis bare",
+    "redis min",
+    "redis idem",
+    "redis idem replay",
+];
+
+impl Scale {
+    /// The full figures.
+    #[must_use]
+    pub fn full() -> Scale {
+        Scale {
+            quick: false,
+            stores: stores::Settings {
+                rounds: 3,
+                seconds: 3,
+                only: Some(STORE_RUNS.iter().map(|&r| r.to_owned()).collect()),
+                replay_keys: 1000,
+            },
+            flat: flat::Settings {
+                rounds: 3,
+                seconds: 3,
+                only: None,
+                memory_records: 4_000_000,
+                records: 10_000_000,
+                purge: 1_000_000,
+                purges: vec![Purge::STORE],
+            },
+            handlers: 100,
+            build_rounds: 2,
+            profiles: vec![Profile::Debug, Profile::Release],
+        }
+    }
+
+    /// The harness at a tiny scale: every part runs, no figure means anything.
+    #[must_use]
+    pub fn quick() -> Scale {
+        let full = Scale::full();
+        Scale {
+            quick: true,
+            stores: stores::Settings {
+                rounds: 1,
+                seconds: 1,
+                replay_keys: 50,
+                ..full.stores
+            },
+            flat: flat::Settings {
+                rounds: 1,
+                seconds: 1,
+                memory_records: 20_000,
+                records: 20_000,
+                purge: 2_000,
+                ..full.flat
+            },
+            handlers: 2,
+            build_rounds: 1,
+            profiles: vec![Profile::Debug],
+        }
+    }
+
+    /// [`Scale::quick`] when the arguments hold `--quick`, or lack `--bench` (`cargo
+    /// test` runs a benchmark without it; `cargo bench` passes it); [`Scale::full`]
+    /// otherwise.
+    #[must_use]
+    pub fn from_args(args: &[String]) -> Scale {
+        let quick = args.iter().any(|a| a == "--quick") || !args.iter().any(|a| a == "--bench");
+        if quick { Scale::quick() } else { Scale::full() }
+    }
+}
+
+/// Which way a figure's target points.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Target {
+    /// The ratio must reach this (a rate: more is better).
+    AtLeast(f64),
+    /// The ratio must stay under this (a cost: less is better).
+    AtMost(f64),
+}
+
+impl Target {
+    /// Whether `ratio` meets the target.
+    #[must_use]
+    pub fn met(self, ratio: f64) -> bool {
+        match self {
+            Target::AtLeast(goal) => ratio >= goal,
+            Target::AtMost(goal) => ratio <= goal,
+        }
+    }
+
+    fn text(self) -> String {
+        match self {
+            Target::AtLeast(goal) => format!("≥ {goal:.2}"),
+            Target::AtMost(goal) => format!("≤ {goal:.2}"),
+        }
+    }
+}
+
+/// One row of the table.
+#[derive(Clone, Debug)]
+pub struct Figure {
+    /// What is measured, and against what.
+    pub what: String,
+    /// idem's absolute figure, with its unit.
+    pub idem: String,
+    /// The baseline's absolute figure, with its unit.
+    pub baseline: String,
+    /// idem's over the baseline's.
+    pub ratio: f64,
+    /// idem's p99 latency in milliseconds, for the loopback figures.
+    pub p99_ms: Option<f64>,
+    /// The store's size while it ran.
+    pub size: String,
+    /// The goal.
+    pub target: Target,
+}
+
+/// What a run measured: its figures, the parts it left out and why, and how long it took.
+#[derive(Clone, Debug)]
+pub struct Figures {
+    /// The scale it ran at.
+    pub scale: Scale,
+    /// The rows, in the order of the module docs' table.
+    pub rows: Vec<Figure>,
+    /// The figures that could not be measured, and why (a server that did not answer).
+    pub missing: Vec<String>,
+    /// Answers that were not 2xx during the growth and purge part (counted, not fatal).
+    pub errors: u64,
+    /// The whole run's wall time.
+    pub took: Duration,
+}
+
+/// Runs every part at `scale`.
+///
+/// # Panics
+///
+/// As the parts do: `wrk` missing or failing, a variant answering errors under load in
+/// the stores part, a generated crate that does not build.
+#[must_use]
+pub fn run(scale: &Scale) -> Figures {
+    crate::wrk::require();
+    let started = Instant::now();
+    let mut figures = Figures {
+        scale: scale.clone(),
+        rows: Vec::new(),
+        missing: Vec::new(),
+        errors: 0,
+        took: Duration::ZERO,
+    };
+    eprintln!("figures: the stores ({} runs)", STORE_RUNS.len());
+    figures.stores(&stores::run(&scale.stores));
+    eprintln!("figures: the store as it grows, and a purge");
+    let grown = flat::run(&scale.flat);
+    figures.errors = grown.errors;
+    figures.flat(&grown);
+    eprintln!("figures: the build");
+    figures.build();
+    figures.took = started.elapsed();
+    figures
+}
+
+impl Figures {
+    /// The rows of the stores part.
+    fn stores(&mut self, report: &stores::Report) {
+        let fresh = format!("empty, {} warm-up keys", report.settings.replay_keys);
+        let pairs = [
+            (
+                "pg",
+                false,
+                Form::Min,
+                "PostgreSQL, new keys, of the minimum",
+                Target::AtLeast(0.9),
+            ),
+            (
+                "sqlite",
+                false,
+                Form::Min,
+                "SQLite, new keys, of the minimum",
+                Target::AtLeast(0.9),
+            ),
+            (
+                "memory",
+                false,
+                Form::Min,
+                "memory, new keys, of the minimum",
+                Target::AtLeast(0.9),
+            ),
+            (
+                "redis",
+                false,
+                Form::Min,
+                "Redis, new keys, of the minimum",
+                Target::AtLeast(0.8),
+            ),
+            (
+                "memory",
+                true,
+                Form::Bare,
+                "memory, replay, of the bare handler",
+                Target::AtLeast(1.0),
+            ),
+            (
+                "redis",
+                true,
+                Form::Bare,
+                "Redis, replay, of the bare handler",
+                Target::AtLeast(1.0),
+            ),
+        ];
+        for (store, replay, against, what, target) in pairs {
+            let idem = report.find(store, Form::Idem, replay);
+            let base = report.find(store, against, false);
+            let (Some(idem), Some(base)) = (idem, base) else {
+                self.missing
+                    .push(format!("{what}: the {store} runs did not run"));
+                continue;
+            };
+            self.rows.push(Figure {
+                what: what.to_owned(),
+                idem: format!("{:.0} req/s", idem.rps),
+                baseline: format!("{:.0} req/s", base.rps),
+                ratio: idem.rps / base.rps,
+                p99_ms: Some(idem.p99_ms),
+                size: fresh.clone(),
+                target,
+            });
+        }
+    }
+
+    /// The rows of the growth and purge part.
+    fn flat(&mut self, report: &flat::Report) {
+        let kinds = [
+            (
+                LineKind::PgGrown,
+                "PostgreSQL, new keys, grown store of the empty one",
+            ),
+            (
+                LineKind::PgPurging,
+                "PostgreSQL, new keys during a purge, of before it",
+            ),
+            (
+                LineKind::MemoryGrown,
+                "memory, one scope's new keys, grown store of the empty one",
+            ),
+        ];
+        for (kind, what) in kinds {
+            let found = report.lines.iter().position(|l| l.kind == kind);
+            let Some(at) = found.filter(|&at| at > 0) else {
+                self.missing.push(format!("{what}: its part did not run"));
+                continue;
+            };
+            let (base, line) = (&report.lines[at - 1], &report.lines[at]);
+            let size = match kind {
+                LineKind::PgPurging => format!(
+                    "{} records, purging {}",
+                    line.records,
+                    self.scale.flat.purge.min(line.records as i64 / 2)
+                ),
+                _ => format!("{} records (baseline: empty)", line.records),
+            };
+            self.rows.push(Figure {
+                what: what.to_owned(),
+                idem: format!("{:.0} req/s", line.rps),
+                baseline: format!("{:.0} req/s", base.rps),
+                ratio: line.ratio,
+                p99_ms: Some(line.p99),
+                size,
+                target: Target::AtLeast(0.9),
+            });
+        }
+    }
+
+    /// The rows of the build part: wall time and binary size in each profile.
+    ///
+    /// # Panics
+    ///
+    /// When the generated workspace cannot be written or does not build.
+    fn build(&mut self) {
+        let dir = crate::build::target_dir().join("idem-bench-build");
+        let handlers = self.scale.handlers;
+        let generated = Generated::write(&dir, &crate::build::repository(), handlers)
+            .unwrap_or_else(|e| panic!("writing {}: {e}", dir.display()));
+        for &profile in &self.scale.profiles {
+            let built: Comparison = generated
+                .compare(profile, self.scale.build_rounds)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let [time, _, binary] = built.ratios();
+            let name = profile.name();
+            let size = format!("{handlers} handlers");
+            self.rows.push(Figure {
+                what: format!("build, {name}: contracted of bare, wall time"),
+                idem: format!("{:.2} s", built.contracted[0]),
+                baseline: format!("{:.2} s", built.bare[0]),
+                ratio: time,
+                p99_ms: None,
+                size: size.clone(),
+                target: Target::AtMost(1.3),
+            });
+            self.rows.push(Figure {
+                what: format!("build, {name}: contracted of bare, binary"),
+                idem: format!("{:.1} MB", built.contracted[2] / 1e6),
+                baseline: format!("{:.1} MB", built.bare[2] / 1e6),
+                ratio: binary,
+                p99_ms: None,
+                size,
+                target: Target::AtMost(1.3),
+            });
+        }
+    }
+
+    /// The markdown table, what is missing, and the run's time.
+    pub fn print(&self) {
+        if self.scale.quick {
+            println!("\nQUICK RUN: the harness at a tiny scale; these figures are not the goals'.");
+        }
+        println!("\n| figure | idem | baseline | ratio | p99 | store | target | met |");
+        println!("|---|---|---|---|---|---|---|---|");
+        for row in &self.rows {
+            let p99 = row
+                .p99_ms
+                .map_or_else(|| "–".to_owned(), |p| format!("{p:.2} ms"));
+            let met = if row.target.met(row.ratio) {
+                "yes"
+            } else {
+                "no"
+            };
+            println!(
+                "| {} | {} | {} | **{:.2}** | {p99} | {} | {} | {met} |",
+                row.what,
+                row.idem,
+                row.baseline,
+                row.ratio,
+                row.size,
+                row.target.text()
+            );
+        }
+        for missing in &self.missing {
+            println!("\nnot measured: {missing}");
+        }
+        println!(
+            "\n{} answers not 2xx in the growth and purge part; the run took {:.0?}",
+            self.errors, self.took
+        );
+    }
+}

@@ -1,0 +1,748 @@
+//! Throughput of `POST /orders` under idem, per store, against the hand-written minimum:
+//! `cargo bench -p idem-bench --bench stores` (needs `wrk` on the PATH: `apt-get install wrk`).
+//!
+//! One handler shape (a small JSON body, one order written, 201 with `Location`) is served
+//! in three forms for each store:
+//!
+//! | form | what a request does |
+//! |---|---|
+//! | `bare` | the business write, without idem |
+//! | `min` | the smallest hand-written idempotent version: the business write and the one key write that cannot be avoided (a taken key answers 409) |
+//! | `idem` | the business write under `#[idem::contract(..)]` with the store's idem backend |
+//!
+//! | store | business write | `min`'s key write | `idem` |
+//! |---|---|---|---|
+//! | memory | a `DashMap` insert | one `DashMap` entry insert | `MemoryStore` |
+//! | sqlite | an insert into a file opened as `SqliteStore::open` opens it | `INSERT OR IGNORE` of a key row, one transaction with the order | `SqliteStore`, transactional (`SqliteTx`) |
+//! | pg | an insert into a scratch schema | `INSERT … ON CONFLICT DO NOTHING` of a key row, one transaction with the order | `PostgresStore`, transactional (`PgTx`) |
+//! | redis | `SET <prefix>:order:<id> <json>` on Redis itself | `SET <prefix>:key:<client>:<key> <id> NX PX` before it | `RedisStore` under a scratch prefix, not transactional (`Idem::new`) |
+//!
+//! Two paths are measured: **new keys** (every request a fresh `Idempotency-Key`, from
+//! one of 64 clients, `X-Client-Id`, so that none reaches its budget in a run: the
+//! budget's own cost is the `budget` benchmark's) and
+//! **replay** (every request repeats one of 1000 keys that a warm-up completed; idem
+//! answers each with the stored 201 and `Idempotent-Replayed: true`). Rounds are
+//! interleaved (each round runs every variant once, `wrk -t2 -c32 -d5s`); the table gives
+//! medians of requests per second and of p99 latency, with `idem / min` on new keys and
+//! `replay / bare`. The load generator shares the machine's cores with the server, so the
+//! figures are ratios, not capacity. Set `IDEM_BENCH_ROUNDS` (default 3) and
+//! `IDEM_BENCH_SECONDS` (default 5) to change them, and `IDEM_BENCH_ONLY` (run names as
+//! printed, comma-separated: `"memory idem,memory idem replay"`) to keep only some runs,
+//! for a profile.
+//!
+//! PostgreSQL (`IDEM_TEST_DATABASE_URL`, by default the local server) and Redis
+//! (`IDEM_TEST_REDIS_URL`, likewise) are used through the conformance suite's scratch
+//! helpers: a new schema, a new key prefix, never anyone's data. A store whose server does
+//! not answer is left out, with the reason printed. The Redis keys written are deleted at
+//! the end; the orders also carry a one-hour expiry in case the run is interrupted.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+use redis::aio::ConnectionManager;
+
+#[macro_use]
+pub mod handlers;
+
+use self::handlers::*;
+use crate::wrk::{median, wrk};
+
+/// The key the hand-written minimum claims: the client and its key, as idem scopes keys
+/// (`key_scope = client`). `None` when either header is missing (400).
+fn client_key(headers: &HeaderMap) -> Option<(String, String)> {
+    let client = headers.get("x-client-id")?.to_str().ok()?;
+    let key = headers.get("idempotency-key")?.to_str().ok()?;
+    Some((client.to_owned(), key.to_owned()))
+}
+
+/// The answer of the hand-written minimum to a key already taken.
+fn taken() -> Response {
+    StatusCode::CONFLICT.into_response()
+}
+
+// ---- memory -------------------------------------------------------------------------
+
+#[derive(Clone)]
+struct MemoryMin {
+    orders: Orders,
+    keys: Arc<DashMap<(String, String), String>>,
+}
+
+async fn memory_bare(State(orders): State<Orders>, Json(order): Json<CreateOrder>) -> Response {
+    let id = new_id();
+    orders.insert(
+        id.clone(),
+        Order {
+            operation_id: id.clone(),
+            customer_id: order.customer_id.clone(),
+            amount_minor: order.amount_minor,
+        },
+    );
+    created(&id, &order)
+}
+
+async fn memory_min(
+    State(state): State<MemoryMin>,
+    headers: HeaderMap,
+    Json(order): Json<CreateOrder>,
+) -> Response {
+    let Some(key) = client_key(&headers) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let id = new_id();
+    match state.keys.entry(key) {
+        Entry::Occupied(_) => return taken(),
+        Entry::Vacant(slot) => {
+            slot.insert(id.clone());
+        }
+    }
+    state.orders.insert(
+        id.clone(),
+        Order {
+            operation_id: id.clone(),
+            customer_id: order.customer_id.clone(),
+            amount_minor: order.amount_minor,
+        },
+    );
+    created(&id, &order)
+}
+
+// ---- SQLite and PostgreSQL ----------------------------------------------------------
+
+const KEYS: &str = "CREATE TABLE IF NOT EXISTS idempotency_keys (client TEXT NOT NULL, key TEXT NOT NULL, order_id TEXT NOT NULL, created_at BIGINT NOT NULL, PRIMARY KEY (client, key))";
+const SQLITE_KEY: &str = "INSERT OR IGNORE INTO idempotency_keys (client, key, order_id, created_at) VALUES (?, ?, ?, ?)";
+const PG_KEY: &str = "INSERT INTO idempotency_keys (client, key, order_id, created_at) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING";
+
+async fn sqlite_bare(
+    State(pool): State<sqlx::SqlitePool>,
+    Json(order): Json<CreateOrder>,
+) -> Response {
+    let id = new_id();
+    match insert_order!(SQLITE_INSERT, &id, id.clone(), &order)
+        .execute(&pool)
+        .await
+    {
+        Ok(_) => created(&id, &order),
+        Err(_) => error(),
+    }
+}
+
+async fn sqlite_min(
+    State(pool): State<sqlx::SqlitePool>,
+    headers: HeaderMap,
+    Json(order): Json<CreateOrder>,
+) -> Response {
+    let Some((client, key)) = client_key(&headers) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let id = new_id();
+    let Ok(mut tx) = pool.begin().await else {
+        return error();
+    };
+    let claimed = sqlx::query(SQLITE_KEY)
+        .bind(&client)
+        .bind(&key)
+        .bind(&id)
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await;
+    match claimed {
+        Ok(done) if done.rows_affected() == 0 => return taken(),
+        Ok(_) => {}
+        Err(_) => return error(),
+    }
+    if insert_order!(SQLITE_INSERT, &id, id.clone(), &order)
+        .execute(&mut *tx)
+        .await
+        .is_err()
+    {
+        return error();
+    }
+    match tx.commit().await {
+        Ok(()) => created(&id, &order),
+        Err(_) => error(),
+    }
+}
+
+async fn pg_bare(State(pool): State<sqlx::PgPool>, Json(order): Json<CreateOrder>) -> Response {
+    let id = new_id();
+    match insert_order!(PG_INSERT, &id, id.clone(), &order)
+        .execute(&pool)
+        .await
+    {
+        Ok(_) => created(&id, &order),
+        Err(_) => error(),
+    }
+}
+
+async fn pg_min(
+    State(pool): State<sqlx::PgPool>,
+    headers: HeaderMap,
+    Json(order): Json<CreateOrder>,
+) -> Response {
+    let Some((client, key)) = client_key(&headers) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let id = new_id();
+    let Ok(mut tx) = pool.begin().await else {
+        return error();
+    };
+    let claimed = sqlx::query(PG_KEY)
+        .bind(&client)
+        .bind(&key)
+        .bind(&id)
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await;
+    match claimed {
+        Ok(done) if done.rows_affected() == 0 => return taken(),
+        Ok(_) => {}
+        Err(_) => return error(),
+    }
+    if insert_order!(PG_INSERT, &id, id.clone(), &order)
+        .execute(&mut *tx)
+        .await
+        .is_err()
+    {
+        return error();
+    }
+    match tx.commit().await {
+        Ok(()) => created(&id, &order),
+        Err(_) => error(),
+    }
+}
+
+// ---- Redis --------------------------------------------------------------------------
+
+/// How long the hand-written minimum keeps a key: the contracts' `ttl`.
+const KEY_TTL_MS: u64 = 86_400_000;
+
+async fn redis_bare(State(redis): State<RedisState>, Json(order): Json<CreateOrder>) -> Response {
+    let id = new_id();
+    match redis.write_order(&id, &order).await {
+        Ok(()) => created(&id, &order),
+        Err(_) => error(),
+    }
+}
+
+async fn redis_min(
+    State(redis): State<RedisState>,
+    headers: HeaderMap,
+    Json(order): Json<CreateOrder>,
+) -> Response {
+    let Some((client, key)) = client_key(&headers) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let id = new_id();
+    let mut conn = redis.conn.clone();
+    let claimed: redis::RedisResult<Option<String>> = redis::cmd("SET")
+        .arg(format!(
+            "{}:key:{}:{client}:{key}",
+            redis.prefix,
+            client.len()
+        ))
+        .arg(&id)
+        .arg("NX")
+        .arg("PX")
+        .arg(KEY_TTL_MS)
+        .query_async(&mut conn)
+        .await;
+    match claimed {
+        Ok(None) => return taken(),
+        Ok(Some(_)) => {}
+        Err(_) => return error(),
+    }
+    match redis.write_order(&id, &order).await {
+        Ok(()) => created(&id, &order),
+        Err(_) => error(),
+    }
+}
+
+// ---- the driver ---------------------------------------------------------------------
+
+/// What a variant serves: the business write alone, the hand-written minimum, or idem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// The business write, without idem.
+    Bare,
+    /// The smallest hand-written idempotent version.
+    Min,
+    /// The business write under `#[idem::contract(..)]`.
+    Idem,
+}
+
+/// One served variant: a store's form, at its URL.
+struct Variant {
+    store: &'static str,
+    form: Form,
+    url: String,
+}
+
+/// The three forms of one store.
+async fn forms(store: &'static str, bare: Router, min: Router, idem: Router) -> Vec<Variant> {
+    vec![
+        Variant {
+            store,
+            form: Form::Bare,
+            url: serve(bare).await,
+        },
+        Variant {
+            store,
+            form: Form::Min,
+            url: serve(min).await,
+        },
+        Variant {
+            store,
+            form: Form::Idem,
+            url: serve(idem.route("/o/{key}", get(lookup))).await,
+        },
+    ]
+}
+
+/// A SQLite file opened as `SqliteStore::open` opens it, with the business tables.
+async fn sqlite_file(dir: &Path, name: &str) -> idem::SqliteStore {
+    let store = idem::SqliteStore::open(dir.join(format!("{name}.db")))
+        .await
+        .unwrap();
+    for table in [ORDERS, KEYS] {
+        sqlx::query(table).execute(store.pool()).await.unwrap();
+    }
+    store
+}
+
+async fn pg_schema() -> Option<sqlx::PgPool> {
+    let pool = idem_runtime::store::conformance::postgres::scratch_pool("the pg variants").await?;
+    for table in [ORDERS, KEYS] {
+        sqlx::query(table).execute(&pool).await.unwrap();
+    }
+    Some(pool)
+}
+
+/// Completes the replay path's `keys` keys, then checks that one of them replays.
+async fn warm_up(client: &reqwest::Client, url: &str, keys: usize) {
+    let post = |key: String| {
+        client
+            .post(format!("{url}/orders"))
+            .header("content-type", "application/json")
+            .header("x-client-id", "bench")
+            .header("idempotency-key", key)
+            .body(BODY)
+            .send()
+    };
+    for i in 0..keys {
+        let answer = post(format!("r-{i}")).await.unwrap();
+        assert_eq!(answer.status(), 201, "warm-up of {url}");
+    }
+    let answer = post("r-0".to_owned()).await.unwrap();
+    assert_eq!(answer.status(), 201);
+    assert_eq!(
+        answer
+            .headers()
+            .get(idem::headers::IDEMPOTENT_REPLAYED)
+            .and_then(|v| v.to_str().ok()),
+        Some("true"),
+        "{url} replays its warm-up keys"
+    );
+}
+
+/// The process's resident set size, as `/proc/self/status` gives it.
+fn rss() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .map(|v| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// How a run is shaped.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Interleaved rounds (each runs every kept run once); the figures are their medians.
+    pub rounds: usize,
+    /// The length of one `wrk` run, in seconds.
+    pub seconds: u64,
+    /// The runs kept, by name (`"memory idem"`, `"pg idem replay"`, as [`Measured::name`]
+    /// gives them); all when `None`.
+    pub only: Option<Vec<String>>,
+    /// The completed keys the replay path cycles through (the warm-up makes them).
+    pub replay_keys: usize,
+}
+
+impl Settings {
+    /// `IDEM_BENCH_ROUNDS` (3), `IDEM_BENCH_SECONDS` (5) and `IDEM_BENCH_ONLY`
+    /// (comma-separated run names).
+    ///
+    /// Exits with 2 when `wrk` is not on the `PATH` ([`crate::wrk::wrk_rounds`]).
+    #[must_use]
+    pub fn from_env() -> Settings {
+        let (rounds, seconds) = crate::wrk::wrk_rounds();
+        let only = std::env::var("IDEM_BENCH_ONLY")
+            .ok()
+            .map(|only| only.split(',').map(|s| s.trim().to_owned()).collect());
+        Settings {
+            rounds,
+            seconds,
+            only,
+            replay_keys: 1000,
+        }
+    }
+}
+
+/// One measured run: a store's form on one path, the medians of its rounds.
+#[derive(Clone, Debug)]
+pub struct Measured {
+    /// `memory`, `sqlite`, `pg` or `redis`.
+    pub store: &'static str,
+    /// What was served.
+    pub form: Form,
+    /// Replays of completed keys (only for [`Form::Idem`]); new keys otherwise.
+    pub replay: bool,
+    /// Requests per second, the median of the rounds.
+    pub rps: f64,
+    /// The 99th percentile of latency, in milliseconds, the median of the rounds.
+    pub p99_ms: f64,
+}
+
+impl Measured {
+    /// The run's name: the store, then `bare`, `min`, `idem` or `idem replay`.
+    #[must_use]
+    pub fn name(&self) -> String {
+        name(self.store, self.form, self.replay)
+    }
+}
+
+fn name(store: &str, form: Form, replay: bool) -> String {
+    let form = match (form, replay) {
+        (Form::Bare, _) => "bare",
+        (Form::Min, _) => "min",
+        (Form::Idem, false) => "idem",
+        (Form::Idem, true) => "idem replay",
+    };
+    format!("{store} {form}")
+}
+
+/// What a run measured, and the size of the stores it left.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The kept runs, in the order they ran within a round.
+    pub runs: Vec<Measured>,
+    /// The settings it ran with.
+    pub settings: Settings,
+    /// The records the idem memory store held at the end.
+    pub memory_records: usize,
+}
+
+impl Report {
+    /// The requests per second of `store`'s `form` on the path, if it ran.
+    #[must_use]
+    pub fn find(&self, store: &str, form: Form, replay: bool) -> Option<&Measured> {
+        self.runs
+            .iter()
+            .find(|r| r.store == store && r.form == form && r.replay == replay)
+    }
+
+    /// The markdown table: every run, its rate, p99 and ratio (idem's new keys to the
+    /// minimum, replays to bare, the minimum to bare).
+    pub fn print(&self) {
+        let Settings {
+            rounds, seconds, ..
+        } = self.settings;
+        println!(
+            "\nPOST /orders, wrk -t2 -c32 -d{seconds}s, {rounds} interleaved rounds, medians\n"
+        );
+        println!("| store | form | path | requests/s | p99 | ratio |");
+        println!("|---|---|---|---|---|---|");
+        for run in &self.runs {
+            let of = |form: Form, what: &str| {
+                self.find(run.store, form, false).map_or_else(
+                    || "–".to_owned(),
+                    |base| format!("{:.2} of {what}", run.rps / base.rps),
+                )
+            };
+            let (form, ratio) = match (run.form, run.replay) {
+                (Form::Bare, _) => ("bare", "1 (a)".to_owned()),
+                (Form::Min, _) => ("min", of(Form::Bare, "bare")),
+                (Form::Idem, false) => ("idem", format!("**{}**", of(Form::Min, "min"))),
+                (Form::Idem, true) => ("idem", format!("**{}**", of(Form::Bare, "bare"))),
+            };
+            let path = if run.replay { "replay" } else { "new keys" };
+            println!(
+                "| {} | {form} | {path} | {:.0} | {:.2} ms | {ratio} |",
+                run.store, run.rps, run.p99_ms
+            );
+        }
+        println!(
+            "\nafter the run: RSS {}, the MemoryStore holds {} records",
+            rss(),
+            self.memory_records
+        );
+    }
+}
+
+/// Serves every store's three forms (a store whose server does not answer is left out,
+/// with the reason printed), warms the replay keys up, then runs the kept runs in
+/// interleaved rounds.
+///
+/// # Panics
+///
+/// When a variant answers anything but 2xx under load, a replay runs the handler, or a
+/// store cannot be set up (its server answered, then failed).
+#[must_use]
+pub fn run(settings: &Settings) -> Report {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let served = runtime.block_on(Served::start(dir.path(), settings.replay_keys.max(1)));
+    let report = served.measure(settings, dir.path());
+    if let Some((mut conn, prefix)) = served.redis_scratch.clone() {
+        let deleted = runtime.block_on(redis_clean(&mut conn, &prefix));
+        eprintln!("deleted the run's {deleted} Redis keys under {prefix}");
+    }
+    drop(runtime);
+    report
+}
+
+/// Every variant, served on this runtime, and what the run inspects or cleans after.
+struct Served {
+    variants: Vec<Variant>,
+    memory_store: Arc<idem::MemoryStore>,
+    /// The orders of idem's memory handler: a replay must not add one.
+    memory_orders: Orders,
+    redis_scratch: Option<(ConnectionManager, String)>,
+}
+
+impl Served {
+    async fn start(dir: &Path, replay_keys: usize) -> Served {
+        let memory_store = Arc::new(idem::MemoryStore::new());
+        let memory_orders: Orders = Arc::default();
+        let mut variants = memory(&memory_store, &memory_orders).await;
+        variants.extend(sqlite(dir).await);
+        variants.extend(pg().await);
+        let (redis, redis_scratch) = redis_variants().await;
+        variants.extend(redis);
+        let client = reqwest::Client::new();
+        for variant in variants.iter().filter(|v| v.form == Form::Idem) {
+            warm_up(&client, &variant.url, replay_keys).await;
+        }
+        Served {
+            variants,
+            memory_store,
+            memory_orders,
+            redis_scratch,
+        }
+    }
+
+    /// The kept runs, `settings.rounds` interleaved rounds of each.
+    fn measure(&self, settings: &Settings, dir: &Path) -> Report {
+        let new_keys = dir.join("new.lua");
+        let script = crate::wrk::orders_script(
+            r#""bench-" .. (counter % 64)"#,
+            r#""k-" .. run .. "-" .. tid .. "-" .. counter"#,
+        );
+        std::fs::write(&new_keys, script).expect("the Lua script is written");
+        let replays = dir.join("replay.lua");
+        // One of the warmed-up keys, from the client that warmed them up.
+        let keys = settings.replay_keys.max(1);
+        let replay = crate::wrk::orders_script(
+            r#""bench""#,
+            &format!(r#""r-" .. ((counter + tid * {}) % {keys})"#, keys / 2),
+        );
+        std::fs::write(&replays, replay).expect("the Lua script is written");
+        let mut runs: Vec<(usize, bool, Vec<f64>, Vec<f64>)> = (0..self.variants.len())
+            .map(|variant| (variant, false))
+            .chain(
+                self.variants
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| v.form == Form::Idem)
+                    .map(|(i, _)| (i, true)),
+            )
+            .map(|(variant, replay)| (variant, replay, Vec::new(), Vec::new()))
+            .collect();
+        let name_of = |variant: usize, replay: bool| {
+            let v = &self.variants[variant];
+            name(v.store, v.form, replay)
+        };
+        if let Some(keep) = &settings.only {
+            runs.retain(|(variant, replay, ..)| keep.contains(&name_of(*variant, *replay)));
+        }
+        for round in 0..settings.rounds {
+            for (i, (variant, replay, rps, p99)) in runs.iter_mut().enumerate() {
+                let script = if *replay { &replays } else { &new_keys };
+                let orders_before = self.memory_orders.len();
+                let v = &self.variants[*variant];
+                let (r, p) = wrk(&v.url, script, settings.seconds, 32, round * 100 + i);
+                let name = name_of(*variant, *replay);
+                eprintln!("round {} {name}: {r:.0} req/s, p99 {p:.2} ms", round + 1);
+                // A replay runs no handler: the memory handler's orders do not change.
+                if *replay && v.store == "memory" {
+                    assert_eq!(
+                        self.memory_orders.len(),
+                        orders_before,
+                        "a replay ran the handler"
+                    );
+                }
+                rps.push(r);
+                p99.push(p);
+            }
+        }
+        let runs = runs
+            .into_iter()
+            .map(|(variant, replay, mut rps, mut p99)| Measured {
+                store: self.variants[variant].store,
+                form: self.variants[variant].form,
+                replay,
+                rps: median(&mut rps),
+                p99_ms: median(&mut p99),
+            })
+            .collect();
+        Report {
+            runs,
+            settings: settings.clone(),
+            memory_records: self.memory_store.len(),
+        }
+    }
+}
+
+/// The memory store's three forms.
+async fn memory(memory_store: &Arc<idem::MemoryStore>, memory_orders: &Orders) -> Vec<Variant> {
+    let min = MemoryMin {
+        orders: Arc::default(),
+        keys: Arc::default(),
+    };
+    // The default budget (10,000 live keys a client) would be reached by the 64 clients
+    // within a few seconds on this store: a budget the run never reaches, still counted,
+    // as the `flat` benchmark does.
+    let idem = idem::Idem::builder(Arc::clone(memory_store), identity())
+        .client_budget(idem::store::ClientBudget::new(1 << 40, 1 << 50))
+        .build();
+    forms(
+        "memory",
+        Router::new()
+            .route("/orders", post(memory_bare))
+            .with_state(Orders::default()),
+        Router::new()
+            .route("/orders", post(memory_min))
+            .with_state(min),
+        Router::new()
+            .route("/orders", post(memory_idem))
+            .with_state(Arc::clone(memory_orders))
+            .layer(idem.layer()),
+    )
+    .await
+}
+
+/// How every idem handle of the run knows a client: `X-Client-Id`.
+fn identity() -> impl idem::identity::ClientIdentity {
+    idem::identity::header("x-client-id")
+}
+
+/// SQLite's three forms, each on a file of its own in `dir`.
+async fn sqlite(dir: &Path) -> Vec<Variant> {
+    let bare = sqlite_file(dir, "bare").await;
+    let min = sqlite_file(dir, "min").await;
+    let store = sqlite_file(dir, "idem").await;
+    let idem = idem::Idem::transactional(store.clone(), identity());
+    forms(
+        "sqlite",
+        Router::new()
+            .route("/orders", post(sqlite_bare))
+            .with_state(bare.pool().clone()),
+        Router::new()
+            .route("/orders", post(sqlite_min))
+            .with_state(min.pool().clone()),
+        Router::new()
+            .route("/orders", post(sqlite_idem))
+            .with_state(store.pool().clone())
+            .layer(idem.layer()),
+    )
+    .await
+}
+
+/// PostgreSQL's three forms, on scratch schemas of the test server (one per form), never
+/// the application's tables; none when it does not answer.
+async fn pg() -> Vec<Variant> {
+    let Some(bare) = pg_schema().await else {
+        eprintln!("PostgreSQL is not reachable: the pg variants are left out");
+        return Vec::new();
+    };
+    let min = pg_schema().await.expect("a second scratch schema");
+    let pool = pg_schema().await.expect("a third scratch schema");
+    let store = idem::PostgresStore::from_pool(pool.clone())
+        .await
+        .expect("the store's tables");
+    let idem = idem::Idem::transactional(store, identity());
+    forms(
+        "pg",
+        Router::new()
+            .route("/orders", post(pg_bare))
+            .with_state(bare),
+        Router::new().route("/orders", post(pg_min)).with_state(min),
+        Router::new()
+            .route("/orders", post(pg_idem))
+            .with_state(pool)
+            .layer(idem.layer()),
+    )
+    .await
+}
+
+/// Redis's three forms under one scratch prefix for the run (the idem store's hashes and
+/// the hand-written keys and orders all live under it, and are deleted at the end), and
+/// a connection and that prefix to delete them with; none when Redis does not answer.
+async fn redis_variants() -> (Vec<Variant>, Option<(ConnectionManager, String)>) {
+    let Some(url) =
+        idem_runtime::store::conformance::redis::url_or_skip("the redis variants").await
+    else {
+        eprintln!("Redis is not reachable: the redis variants are left out");
+        return (Vec::new(), None);
+    };
+    let prefix = idem_runtime::store::conformance::redis::scratch_prefix();
+    let store = idem::RedisStore::connect(&url)
+        .await
+        .expect("Redis answers")
+        .with_prefix(format!("{prefix}:idem"));
+    let own = |conn: idem::store::RedisConnection| RedisState {
+        conn,
+        prefix: Arc::from(prefix.as_str()),
+    };
+    let client = redis::Client::open(url.as_str()).expect("a Redis URL");
+    let bare = client
+        .get_connection_manager()
+        .await
+        .expect("Redis answers");
+    let min = client
+        .get_connection_manager()
+        .await
+        .expect("Redis answers");
+    let business = own(store.connection().clone());
+    let scratch = Some((bare.clone(), prefix.clone()));
+    let idem = idem::Idem::new(store, identity());
+    let variants = forms(
+        "redis",
+        Router::new()
+            .route("/orders", post(redis_bare))
+            .with_state(own(idem::store::RedisConnection::Server(bare))),
+        Router::new()
+            .route("/orders", post(redis_min))
+            .with_state(own(idem::store::RedisConnection::Server(min))),
+        Router::new()
+            .route("/orders", post(redis_idem))
+            .with_state(business)
+            .layer(idem.layer()),
+    )
+    .await;
+    (variants, scratch)
+}
