@@ -35,9 +35,15 @@ end
     )
 }
 
+/// Whether wrk can be run (it is on the PATH).
+#[must_use]
+pub fn available() -> bool {
+    Command::new("wrk").arg("--version").output().is_ok()
+}
+
 /// Exits with 2 and says how to install it when wrk is not on the PATH.
 pub fn require() {
-    if Command::new("wrk").arg("--version").output().is_err() {
+    if !available() {
         eprintln!("the benchmark needs wrk on the PATH (apt-get install wrk)");
         std::process::exit(2);
     }
