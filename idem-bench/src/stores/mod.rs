@@ -20,8 +20,9 @@
 //! Two paths are measured: **new keys** (every request a fresh `Idempotency-Key`, from
 //! one of 64 clients, `X-Client-Id`, so that none reaches its budget in a run: the
 //! budget's own cost is the `budget` benchmark's) and
-//! **replay** (every request repeats one of 1000 keys that a warm-up completed; idem
-//! answers each with the stored 201 and `Idempotent-Replayed: true`). Rounds are
+//! **replay** (every request repeats one of the keys a warm-up completed, 1000 unless
+//! [`Settings::replay_keys`] says otherwise; idem answers each with the stored 201 and
+//! `Idempotent-Replayed: true`). Rounds are
 //! interleaved (each round runs every variant once, `wrk -t2 -c32 -d5s`); the table gives
 //! medians of requests per second and of p99 latency, with `idem / min` on new keys and
 //! `replay / bare`. The load generator shares the machine's cores with the server, so the
