@@ -320,11 +320,7 @@ impl Figures {
             };
             let (base, line) = (&report.lines[at - 1], &report.lines[at]);
             let size = match kind {
-                LineKind::PgPurging => format!(
-                    "{} records, purging {}",
-                    line.records,
-                    self.scale.flat.purge.min(line.records as i64 / 2)
-                ),
+                LineKind::PgPurging => format!("{} records, purging {}", line.records, line.purged),
                 _ => format!("{} records (baseline: empty)", line.records),
             };
             self.rows.push(Figure {

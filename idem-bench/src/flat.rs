@@ -137,6 +137,8 @@ pub struct Line {
     pub p99: f64,
     /// `rps` over the same run's baseline (the line before it, whose ratio is 1).
     pub ratio: f64,
+    /// The expired records the purge beside the traffic was to delete; 0 when none ran.
+    pub purged: u64,
     /// What the line is: a baseline, the traffic on a grown store, or during a purge.
     pub kind: LineKind,
 }
@@ -466,6 +468,7 @@ fn baseline_and(
             rps: rps0,
             p99: p0,
             ratio: 1.0,
+            purged: 0,
             kind: LineKind::Baseline,
         },
         Line {
@@ -474,6 +477,7 @@ fn baseline_and(
             rps,
             p99,
             ratio: rps / rps0,
+            purged: 0,
             kind,
         },
     ]
@@ -530,6 +534,7 @@ fn pg(runtime: &tokio::runtime::Runtime, bench: &mut Bench, settings: &Settings)
             rps: without,
             p99: p_without,
             ratio: 1.0,
+            purged: 0,
             kind: LineKind::Baseline,
         });
         lines.push(Line {
@@ -538,6 +543,7 @@ fn pg(runtime: &tokio::runtime::Runtime, bench: &mut Bench, settings: &Settings)
             rps: during,
             p99: p_during,
             ratio: during / without,
+            purged: u64::try_from(purged).unwrap_or(0),
             kind: LineKind::PgPurging,
         });
     }

@@ -4,8 +4,10 @@
 //! `Cookie: sid=<session i>` (`axum-idempotent`'s); each variant reads the one it knows and
 //! the bare handler neither.
 
+use crate::wrk::THREAD_IDS;
+
 /// The request body of every request.
-pub const BODY: &str = r#"{"customer_id":"cus_42","amount_minor":1999}"#;
+pub const BODY: &str = crate::wrk::ORDER;
 
 /// One measured path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,12 +70,7 @@ impl Path {
 cookies = {{
 {table}}}
 body = '{BODY}'
-local threads = 0
-function setup(thread)
-  threads = threads + 1
-  thread:set("tid", threads)
-end
-counter = 0
+{THREAD_IDS}
 function request()
   counter = counter + 1
   local c = {client}

@@ -13,20 +13,14 @@ use std::process::Command;
 /// run's failure says which it was.
 pub fn orders_script(client: &str, key: &str) -> String {
     format!(
-        r#"
-local threads = 0
-function setup(thread)
-  threads = threads + 1
-  thread:set("tid", threads)
-end
-counter = 0
+        r#"{THREAD_IDS}
 function request()
   counter = counter + 1
   return wrk.format("POST", "/orders", {{
     ["Content-Type"] = "application/json",
     ["X-Client-Id"] = {client},
     ["Idempotency-Key"] = {key},
-  }}, '{{"customer_id":"cus_42","amount_minor":1999}}')
+  }}, '{ORDER}')
 end
 function response(status, headers, body)
   if status >= 300 then io.write("answered " .. status .. ": " .. body .. "\n") end
@@ -34,6 +28,18 @@ end
 "#
     )
 }
+
+/// The body of every benchmark's `POST /orders`: a 45-byte order.
+pub const ORDER: &str = r#"{"customer_id":"cus_42","amount_minor":1999}"#;
+
+/// The start of every wrk script: each wrk thread numbered in `tid` (1, 2, …) and a
+/// `counter` of its requests, which `request()` increments.
+pub const THREAD_IDS: &str = r#"local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("tid", threads)
+end
+counter = 0"#;
 
 /// Whether wrk can be run (it is on the PATH).
 #[must_use]

@@ -95,7 +95,7 @@ macro_rules! insert_order {
 pub const ORDER_TTL_MS: u64 = 3_600_000;
 
 /// The body every request carries (45 bytes).
-pub const BODY: &str = r#"{"customer_id":"cus_42","amount_minor":1999}"#;
+pub const BODY: &str = crate::wrk::ORDER;
 
 /// Serves `router` on a new port of 127.0.0.1 on this runtime: its base URL.
 ///
