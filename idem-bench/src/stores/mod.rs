@@ -34,7 +34,9 @@
 //! PostgreSQL (`IDEM_TEST_DATABASE_URL`, by default the local server) and Redis
 //! (`IDEM_TEST_REDIS_URL`, likewise) are used through the conformance suite's scratch
 //! helpers: a new schema, a new key prefix, never anyone's data. A store whose server does
-//! not answer is left out, with the reason printed. The Redis keys written are deleted at
+//! not answer is left out, with the reason printed. The PostgreSQL schemas are analyzed
+//! after the warm-up, as autovacuum analyzes a table within a minute of its first
+//! writes, so that the runs measure plans made for a table in use. The Redis keys written are deleted at
 //! the end; the orders also carry a one-hour expiry in case the run is interrupted.
 
 use std::path::Path;
@@ -531,12 +533,16 @@ impl Served {
         let memory_orders: Orders = Arc::default();
         let mut variants = memory(&memory_store, &memory_orders).await;
         variants.extend(sqlite(dir).await);
-        variants.extend(pg().await);
+        let (pg, pg_pools) = pg().await;
+        variants.extend(pg);
         let (redis, redis_scratch) = redis_variants().await;
         variants.extend(redis);
         let client = reqwest::Client::new();
         for variant in variants.iter().filter(|v| v.form == Form::Idem) {
             warm_up(&client, &variant.url, replay_keys).await;
+        }
+        for pool in &pg_pools {
+            analyze(pool).await;
         }
         Served {
             variants,
@@ -674,19 +680,20 @@ async fn sqlite(dir: &Path) -> Vec<Variant> {
 }
 
 /// PostgreSQL's three forms, on scratch schemas of the test server (one per form), never
-/// the application's tables; none when it does not answer.
-async fn pg() -> Vec<Variant> {
+/// the application's tables, and their pools; none when it does not answer.
+async fn pg() -> (Vec<Variant>, Vec<sqlx::PgPool>) {
     let Some(bare) = pg_schema().await else {
         eprintln!("PostgreSQL is not reachable: the pg variants are left out");
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     };
     let min = pg_schema().await.expect("a second scratch schema");
     let pool = pg_schema().await.expect("a third scratch schema");
+    let pools = vec![bare.clone(), min.clone(), pool.clone()];
     let store = idem::PostgresStore::from_pool(pool.clone())
         .await
         .expect("the store's tables");
     let idem = idem::Idem::transactional(store, identity());
-    forms(
+    let variants = forms(
         "pg",
         Router::new()
             .route("/orders", post(pg_bare))
@@ -697,7 +704,29 @@ async fn pg() -> Vec<Variant> {
             .with_state(pool)
             .layer(idem.layer()),
     )
+    .await;
+    (variants, pools)
+}
+
+/// Analyzes every table of the scratch schema of `pool`, as autovacuum does within a
+/// minute of a table's first writes: a statement prepared on a table never analyzed
+/// keeps the generic plan made for an empty table (which may read the client budget's
+/// index for a key's record) until the table is, and a run of a few seconds on a fresh
+/// schema would measure that first minute rather than a store in use.
+async fn analyze(pool: &sqlx::PgPool) {
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT format('ANALYZE %I.%I', schemaname, tablename) FROM pg_tables
+        WHERE schemaname = current_schema()",
+    )
+    .fetch_all(pool)
     .await
+    .expect("the scratch schema's tables");
+    for analyze in tables {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(analyze))
+            .execute(pool)
+            .await
+            .expect("ANALYZE");
+    }
 }
 
 /// Redis's three forms under one scratch prefix for the run (the idem store's hashes and

@@ -48,6 +48,10 @@ pub struct OpenTransaction<DB: Database> {
     /// What marks the key in flight in this process while the transaction is open
     /// (SQLite's in-flight keys), let go when it ends.
     pub(crate) _claim: Option<Box<dyn Send + Sync>>,
+    /// The key's record when registration wrote nothing yet
+    /// ([`OpenTransaction::written_at_completion`]): the completion inserts it, in its
+    /// final state, rather than updating a row written at registration.
+    pub(crate) unwritten: Option<Record>,
 }
 
 impl<DB: Database> OpenTransaction<DB> {
@@ -60,6 +64,7 @@ impl<DB: Database> OpenTransaction<DB> {
             reservation,
             registered: false,
             _claim: None,
+            unwritten: None,
         }
     }
 
@@ -70,12 +75,23 @@ impl<DB: Database> OpenTransaction<DB> {
         self._claim = claim;
         self
     }
+
+    /// The same transaction, registered, with the key's `record` not written yet: the
+    /// key is marked in flight (PostgreSQL's advisory lock) and had no record, so the
+    /// completion writes `record` once, completed, in one `INSERT` — no row written at
+    /// registration, no second version of it at completion.
+    pub fn written_at_completion(mut self, record: Record) -> Self {
+        self.registered = true;
+        self.unwritten = Some(record);
+        self
+    }
 }
 
 /// What [`TransactionalStore::begin_registered`] came to.
 pub enum Registered<DB: Database> {
     /// The key is registered inside the open transaction: the record as written, not
-    /// committed.
+    /// committed (or, on PostgreSQL for a key that had none, as the completion will
+    /// write it: [`OpenTransaction::written_at_completion`]).
     Started(Record, OpenTransaction<DB>),
     /// The key has a committed record that this attempt may not take: answer from it.
     /// Nothing is open; the reservation is given back.

@@ -104,13 +104,22 @@ pub trait TxDialect: Dialect {
     /// statement unless said otherwise.
     const COMPLETE_REGISTERED_IN_TX: &'static str = Self::COMPLETE_IN_TX;
 
+    /// The completion of a record registration did not write
+    /// ([`OpenTransaction::written_at_completion`]): an `INSERT` of the record in its
+    /// final state, with the values of `SqlStore::completion` (`$1`..`$9`), then the
+    /// record's operation id, fingerprint, creation, expiry and mode (`$10`..`$14`), and
+    /// perhaps more ([`TxDialect::complete_in`] binds them); it inserts nothing if the key
+    /// has a row. `None` (the default) for a database that always writes at
+    /// registration.
+    const INSERT_COMPLETED_IN_TX: Option<&'static str> = None;
+
     /// Whether an open transaction holds the database's only write lock; `false` unless
     /// said otherwise.
     const FENCES_BY_LOCK: bool = false;
 
-    /// Once the result fits: runs `completion` ([`TxDialect::COMPLETE_IN_TX`] with the
-    /// completion's values) inside `tx`, and makes sure `tx` is still the transaction
-    /// that began.
+    /// Once the result fits: runs `completion` ([`TxDialect::COMPLETE_IN_TX`], or
+    /// [`TxDialect::INSERT_COMPLETED_IN_TX`], with the completion's values) inside `tx`,
+    /// and makes sure `tx` is still the transaction that began.
     fn complete_in(
         store: &SqlStore<Self>,
         tx: &mut OpenTransaction<Self>,

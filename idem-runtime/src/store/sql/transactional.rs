@@ -57,12 +57,24 @@ impl<DB: TxDialect> TransactionalStore for SqlStore<DB> {
         response: &StoredResponse,
         now: UnixMillis,
     ) -> Result<(), StoreError> {
-        let sql = if tx.registered {
-            DB::COMPLETE_REGISTERED_IN_TX
-        } else {
-            DB::COMPLETE_IN_TX
+        let completion = match (&tx.unwritten, DB::INSERT_COMPLETED_IN_TX) {
+            (Some(record), Some(insert)) => self
+                .completion(insert, key, token, response, now)?
+                .text(&record.operation_id.to_string())
+                .text(&record.fingerprint)
+                .ms(record.created_at)
+                .ms(record.expires_at)
+                .flag(record.transactional),
+            (Some(_), None) => {
+                return Err(StoreError::Corrupt(
+                    "a record left for the completion to write, on a database that cannot".into(),
+                ));
+            }
+            (None, _) if tx.registered => {
+                self.completion(DB::COMPLETE_REGISTERED_IN_TX, key, token, response, now)?
+            }
+            (None, _) => self.completion(DB::COMPLETE_IN_TX, key, token, response, now)?,
         };
-        let completion = self.completion(sql, key, token, response, now)?;
         DB::complete_in(self, tx, completion).await
     }
 

@@ -142,6 +142,125 @@ async fn complete_in_commits_with_the_transaction() {
     }
 }
 
+/// `new` registered for `k`, a key without a record, inside a transaction of `store`:
+/// the record as the completion will write it, and the open transaction.
+async fn registered_new(
+    store: &PostgresStore,
+    k: &crate::store::RecordKey,
+    new: &crate::store::NewRecord,
+) -> (
+    crate::store::Record,
+    crate::store::OpenTransaction<sqlx::Postgres>,
+) {
+    let within = Duration::from_secs(10);
+    let registered = store
+        .begin_registered(Reservation::default(), k, new, T0, within)
+        .await
+        .unwrap();
+    match registered {
+        crate::store::Registered::Started(record, open) => (record, open),
+        other => panic!("a new key starts: {other:?}"),
+    }
+}
+
+/// A new key registered in its transaction writes nothing until its completion, which
+/// inserts the record once, completed: meanwhile the key reads as absent and in flight
+/// from other sessions, and the transaction itself inserted one row and updated none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_key_is_written_once_at_its_completion() {
+    use crate::store::RecordState;
+
+    let Some(pool) = scratch_pool("postgres written once").await else {
+        return;
+    };
+    let store = PostgresStore::from_pool(pool).await.unwrap();
+    let k = key("once");
+    let new = new_record("sha256:a", T0);
+    let (record, mut open) = registered_new(&store, &k, &new).await;
+    assert_eq!(record.operation_id, new.operation_id);
+    assert!(open.unwritten.is_some(), "nothing written at registration");
+    assert!(store.get(&k, T0).await.unwrap().is_none());
+    let holder = store.in_flight(&k).await.unwrap().expect("in flight");
+    assert_eq!(holder.operation_id, new.operation_id);
+    store
+        .complete_in(&mut open, &k, new.lease.token, &created(), T0)
+        .await
+        .unwrap();
+    let (inserted, updated): (i64, i64) = sqlx::query_as(
+        "SELECT n_tup_ins, n_tup_upd FROM pg_stat_xact_user_tables
+        WHERE relid = 'idem_records'::regclass",
+    )
+    .fetch_one(&mut *open.tx)
+    .await
+    .unwrap();
+    assert_eq!((inserted, updated), (1, 0), "one row version, written once");
+    assert!(
+        store.get(&k, T0).await.unwrap().is_none(),
+        "not before the commit"
+    );
+    open.tx.commit().await.unwrap();
+    let stored = store.get(&k, T0).await.unwrap().expect("committed");
+    assert_eq!(stored.operation_id, new.operation_id);
+    assert_eq!(stored.expires_at, record.expires_at);
+    assert!(matches!(stored.state, RecordState::Completed { .. }));
+    assert!(
+        store.in_flight(&k).await.unwrap().is_none(),
+        "the lock went with the commit"
+    );
+}
+
+/// A record committed for the key after the lock's statement took its snapshot (by the
+/// lock's previous holder, an instant before it let go) is not overwritten: the
+/// completion inserts nothing, the attempt loses its record, and its transaction rolls
+/// back with what it wrote, leaving the other record as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_committed_behind_the_locks_snapshot_wins() {
+    use crate::store::RecordState;
+
+    let Some(pool) = scratch_pool("postgres behind the snapshot").await else {
+        return;
+    };
+    let store = PostgresStore::from_pool(pool).await.unwrap();
+    sqlx::query("CREATE TABLE orders (id TEXT PRIMARY KEY)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let k = key("behind");
+    let new = new_record("sha256:a", T0);
+    let (_, mut open) = registered_new(&store, &k, &new).await;
+    sqlx::query("INSERT INTO orders VALUES ('o-1')")
+        .execute(&mut *open.tx)
+        .await
+        .unwrap();
+    // What the previous holder committed, seen by nobody's snapshot here: written by
+    // another session, as the plain registration writes it.
+    let other = new_record("sha256:a", T0);
+    assert!(matches!(
+        store.begin(&k, &other, T0).await.unwrap(),
+        Begin::Started(_)
+    ));
+    store
+        .complete(&k, other.lease.token, &created(), T0)
+        .await
+        .unwrap();
+    let completed = store
+        .complete_in(&mut open, &k, new.lease.token, &created(), T0)
+        .await;
+    assert!(
+        matches!(completed, Err(StoreError::LeaseLost)),
+        "{completed:?}"
+    );
+    open.tx.rollback().await.unwrap();
+    let stored = store.get(&k, T0).await.unwrap().expect("the other record");
+    assert_eq!(stored.operation_id, other.operation_id);
+    assert!(matches!(stored.state, RecordState::Completed { .. }));
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(orders, 0, "the attempt's writes rolled back");
+}
+
 /// The server's bound on an attempt's transaction: its time left and a grace of a
 /// quarter, at most 1 s; never 0 (no limit), never past what the settings hold.
 #[test]

@@ -66,6 +66,24 @@ impl TxDialect for Postgres {
     const COMPLETE_REGISTERED_IN_TX: &'static str =
         completion_sql!(" AND txid_current_if_assigned() = $10");
 
+    /// The record of a new key, written once, completed, in the transaction that holds
+    /// the key's advisory lock ([`LOCKED_READ`] found no row), on the condition that it
+    /// is still the transaction that began (`$15`, its id; `$4` the token and `$5` now
+    /// are bound and not used). A row of the key inserts nothing: one committed by the
+    /// lock's previous holder after [`LOCKED_READ`]'s snapshot was taken and before the
+    /// lock was, which the primary key finds here; the attempt then loses its record,
+    /// and everything it wrote rolls back.
+    const INSERT_COMPLETED_IN_TX: Option<&'static str> = Some(
+        "INSERT INTO idem_records
+            (operation, client, key, operation_id, fingerprint, state, attempt, token,
+             lease_until, created_at, expires_at, status, headers, body, reason,
+             stored_bytes, transactional)
+        SELECT $1, $2, $3, $10, $11, 'completed', 1, NULL, NULL, $12, $13, $6, $7, $8, NULL,
+               $9, $14
+        WHERE txid_current_if_assigned() = $15
+        ON CONFLICT (operation, client, key) DO NOTHING",
+    );
+
     /// One round trip: the completion's compare-and-set, on the condition that this is
     /// still the transaction that began (its id, bound last); only a refusal is looked
     /// into.
@@ -102,14 +120,17 @@ impl TxDialect for Postgres {
         }
     }
 
-    /// The attempt's transaction with the key registered inside it: `BEGIN`, then the
-    /// key's advisory lock, taken without waiting, the marker, the bounds of
-    /// [`Postgres::begin_transaction`] and the attempt published in `application_name`,
-    /// with the insert of a new key in the same statement when no budget needs counting
-    /// ([`lock_and_insert`]); then, for a key that has a record, the registration as
-    /// [`Dialect::register`] makes it, on the transaction's connection. A lock held by
-    /// another session is an attempt in flight; a record this attempt may not take ends
-    /// the transaction. Two round trips for a new key, within the store's call timeout.
+    /// The attempt's transaction with the key registered inside it: `BEGIN`, then
+    /// [`LOCKED`]: the key's advisory lock, taken without waiting, the marker, the bounds
+    /// of [`Postgres::begin_transaction`], the attempt published in `application_name`,
+    /// and whether the key has a row. A lock held by another session is an attempt in
+    /// flight. A key without a row, when no budget needs counting (none, or
+    /// [`ClientBudget::COUNT_ONLY`](crate::store::ClientBudget::COUNT_ONLY)), is
+    /// registered by the lock alone: nothing is written until the completion inserts the
+    /// record, completed ([`OpenTransaction::written_at_completion`]). Otherwise the key
+    /// is registered as [`Dialect::register`] makes it, on the transaction's connection,
+    /// and a record this attempt may not take ends the transaction. Two round trips for a
+    /// new key, within the store's call timeout.
     async fn begin_registered(
         store: &SqlStore<Postgres>,
         reservation: Reservation,
@@ -122,16 +143,8 @@ impl TxDialect for Postgres {
             "idem {} {}",
             registration.new.operation_id, registration.new.holds_until
         );
-        let started = |record: &crate::store::Record| {
-            format!(
-                "idem {} {} {}",
-                record.operation_id, registration.new.holds_until, record.attempt
-            )
-        };
-        let (mut tx, locked, marker, inserted) =
-            lock_and_insert(store, &registration, &published, &limit).await?;
-        let operation_id = registration.new.operation_id;
-        if !locked {
+        let (mut tx, taken) = lock(store, key, &published, &limit).await?;
+        if !taken.locked {
             roll_back(store, tx).await;
             return holder(store, key, registration.now)
                 .await
@@ -140,17 +153,28 @@ impl TxDialect for Postgres {
                     Err(record) => Registered::Exists(record, reservation),
                 });
         }
-        if let Some(record) = inserted {
-            let open = OpenTransaction::new(tx, marker, reservation).registered(None);
+        let counts = registration
+            .new
+            .budget
+            .is_some_and(|b| !b.refuses_nothing());
+        if taken.vacant && !counts {
+            let record = crate::store::Record::started(registration.new, registration.now);
+            let open = OpenTransaction::new(tx, taken.marker, reservation)
+                .written_at_completion(record.clone());
             return Ok(Registered::Started(record, open));
         }
+        let operation_id = registration.new.operation_id;
+        let holds_until = registration.new.holds_until;
         Ok(
             match Postgres::register(store, &mut tx, registration).await? {
                 Begin::Started(record)
                     if record.operation_id != operation_id || record.attempt != 1 =>
                 {
                     // A reclaim: the operation and attempt are the record's.
-                    let published = started(&record);
+                    let published = format!(
+                        "idem {} {holds_until} {}",
+                        record.operation_id, record.attempt
+                    );
                     store
                         .run(
                             sqlx::query("SELECT set_config('application_name', $1, true)")
@@ -158,11 +182,11 @@ impl TxDialect for Postgres {
                                 .execute(&mut *tx),
                         )
                         .await?;
-                    let open = OpenTransaction::new(tx, marker, reservation).registered(None);
+                    let open = OpenTransaction::new(tx, taken.marker, reservation).registered(None);
                     Registered::Started(record, open)
                 }
                 Begin::Started(record) => {
-                    let open = OpenTransaction::new(tx, marker, reservation).registered(None);
+                    let open = OpenTransaction::new(tx, taken.marker, reservation).registered(None);
                     Registered::Started(record, open)
                 }
                 // Rolled back at once: the lock goes with the transaction.
@@ -251,46 +275,38 @@ impl TxDialect for Postgres {
     }
 }
 
-/// `BEGIN`, then the key's lock ([`LOCKED`]) and, when no budget needs counting (none,
-/// or [`ClientBudget::COUNT_ONLY`](crate::store::ClientBudget::COUNT_ONLY)), the insert of
-/// a new key in the same statement ([`LOCKED_INSERT`]): the transaction, whether the lock
-/// was taken, the marker, and the record if it was inserted. The insert is safe in the
-/// statement that takes the lock although the statement's snapshot is older than the
-/// lock: a conflicting row, committed by the lock's previous holder after that snapshot,
-/// is found by the insert's check of the unique index, not by the snapshot, and the key
-/// is then registered by [`Dialect::register`] in statements of their own.
-async fn lock_and_insert(
+/// What [`LOCKED`] found.
+struct Taken {
+    /// Whether this transaction holds the key's advisory lock.
+    locked: bool,
+    /// The transaction's id.
+    marker: i64,
+    /// Whether the key had no row in the statement's snapshot.
+    vacant: bool,
+}
+
+/// `BEGIN`, then [`LOCKED`] for `key`, publishing `published` and bounding the
+/// transaction by `limit` (milliseconds, as text).
+///
+/// The statement's snapshot is taken before the lock is: a record committed by the
+/// lock's previous holder between the two is not seen, and the key is taken for vacant.
+/// The primary key still finds that row when the completion inserts the record
+/// ([`TxDialect::INSERT_COMPLETED_IN_TX`] inserts nothing then), and the attempt's writes
+/// roll back with its transaction: at most one commit per key holds, and the loser
+/// answers as an attempt that lost its record (a window of microseconds, within one
+/// statement).
+async fn lock(
     store: &SqlStore<Postgres>,
-    registration: &Registration<'_>,
+    key: &RecordKey,
     published: &str,
     limit: &str,
-) -> Result<
-    (
-        sqlx::Transaction<'static, Postgres>,
-        bool,
-        i64,
-        Option<crate::store::Record>,
-    ),
-    StoreError,
-> {
-    let counts = registration
-        .new
-        .budget
-        .is_some_and(|b| !b.refuses_nothing());
-    let key = registration.key;
-    let statement = if counts {
-        Statement::<Postgres>::new(LOCKED)
-            .text(limit)
-            .text(published)
-            .text(&key.operation)
-            .text(&key.client)
-            .text(&key.key)
-    } else {
-        registration
-            .statement(LOCKED_INSERT)
-            .text(published)
-            .text(limit)
-    };
+) -> Result<(sqlx::Transaction<'static, Postgres>, Taken), StoreError> {
+    let statement = Statement::<Postgres>::new(LOCKED)
+        .text(limit)
+        .text(published)
+        .text(&key.operation)
+        .text(&key.client)
+        .text(&key.key);
     let begun = async {
         let mut tx = store.pool.begin().await?;
         let row = statement.fetch_optional(&mut *tx).await?;
@@ -298,13 +314,12 @@ async fn lock_and_insert(
     };
     let (tx, row) = store.bounded(begun).await?;
     let row = row.ok_or_else(|| StoreError::Corrupt("the key's lock answered no row".into()))?;
-    let locked = row.flag("locked")?;
-    let marker = row.int("marker")?;
-    let inserted = match row.maybe_text("operation_id") {
-        Ok(Some(_)) if !counts => Some(crate::store::sql::rows::decode(&row)?),
-        _ => None,
+    let taken = Taken {
+        locked: row.flag("locked")?,
+        marker: row.int("marker")?,
+        vacant: row.flag("vacant")?,
     };
-    Ok((tx, locked, marker, inserted))
+    Ok((tx, taken))
 }
 
 /// Rolls back `tx`, which registered nothing, so that its lock is let go now; a failed
@@ -378,13 +393,16 @@ macro_rules! lock_number {
 /// lateral subquery that takes the lock refers to it, which orders the two), the
 /// key's advisory lock (`pg_try_advisory_xact_lock`: taken now or not at all, let go
 /// when the transaction ends, however it ends, a lost session included), the marker,
-/// and the bounds of [`BEGUN`] (`$1`).
+/// whether the key (`$3`..`$5`) has no row in the statement's snapshot (`vacant`), and
+/// the bounds of [`BEGUN`] (`$1`).
 const LOCKED: &str = concat!(
-    "SELECT locked, marker
+    "SELECT locked, marker, vacant
     FROM (SELECT set_config('application_name', $2, true) AS name) AS published,
     LATERAL (SELECT pg_try_advisory_xact_lock(",
     lock_number!("$3", "$4", "$5"),
     ") AS locked, txid_current() AS marker,
+        NOT EXISTS (SELECT 1 FROM idem_records
+                    WHERE operation = $3 AND client = $4 AND key = $5) AS vacant,
         set_config('statement_timeout', $1, true),
         set_config('idle_in_transaction_session_timeout', $1, true)
         WHERE published.name IS NOT NULL) AS taken"
@@ -403,35 +421,6 @@ const IN_FLIGHT: &str = concat!(
       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
       AND l.classid = ((k.n >> 32) & 4294967295)::oid
       AND l.objid = (k.n & 4294967295)::oid"
-);
-
-/// [`LOCKED`] and the insert of a new key in one statement, with the values of
-/// `Registration::statement` (`$1`..`$11`), then `$12` the publication and `$13` the
-/// bounds of [`LOCKED`]'s `$2` and `$1`: `locked`, `marker`, and the record's columns if
-/// it was inserted (NULLs otherwise: the lock was not taken, or the key has a row). The
-/// insert is the registration's plain `INSERT … ON CONFLICT DO NOTHING`.
-const LOCKED_INSERT: &str = concat!(
-    "WITH published AS MATERIALIZED (
-        SELECT set_config('application_name', $12, true) AS name
-    ), taken AS MATERIALIZED (
-        SELECT pg_try_advisory_xact_lock(",
-    lock_number!("$1", "$2", "$3"),
-    ") AS locked, txid_current() AS marker,
-            set_config('statement_timeout', $13, true),
-            set_config('idle_in_transaction_session_timeout', $13, true)
-        FROM published WHERE published.name IS NOT NULL
-    ), inserted AS (
-        INSERT INTO idem_records
-            (operation, client, key, operation_id, fingerprint, state, attempt, token,
-             lease_until, created_at, expires_at, transactional)
-        SELECT $1, $2, $3, $4, $5, 'processing', 1, $6, $7, $8, GREATEST($9, $7, $11), $10
-        FROM taken WHERE taken.locked
-        ON CONFLICT (operation, client, key) DO NOTHING
-        RETURNING operation_id, fingerprint, state, attempt, token, lease_until,
-                  created_at, expires_at, status, headers, body, reason, transactional
-    )
-    SELECT taken.locked, taken.marker, inserted.*
-    FROM taken LEFT JOIN inserted ON TRUE"
 );
 
 /// The attempt an `application_name` of [`LOCKED`] publishes: `idem <operation id>

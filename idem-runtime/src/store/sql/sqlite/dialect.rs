@@ -200,13 +200,23 @@ async fn begin_immediate(
 }
 
 /// The registration on `conn`, which holds the write lock already (an attempt's
-/// transaction): the record read under the lock, then as [`Dialect::register`] after
-/// its first read. Nothing is committed.
+/// transaction): when no budget needs counting (none, or
+/// [`ClientBudget::COUNT_ONLY`](crate::store::ClientBudget::COUNT_ONLY)), [`BEGIN`] at
+/// once, which encodes the rules of a registration, and the record read only when it
+/// refused; otherwise the record read under the lock, then as [`Dialect::register`]
+/// after its first read. Nothing is committed.
 pub(super) async fn register_locked(
     store: &SqlStore<Sqlite>,
     conn: &mut SqliteConnection,
     registration: &Registration<'_>,
 ) -> Result<Begin, StoreError> {
+    let counts = registration
+        .new
+        .budget
+        .is_some_and(|b| !b.refuses_nothing());
+    if !counts {
+        return write_registration(store, conn, registration, false).await;
+    }
     let existing = store.select(conn, registration.key).await?;
     let counted = match &existing {
         Some(record) if !registration.may_take(record) => return Ok(Begin::Exists(record.clone())),
