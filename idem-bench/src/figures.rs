@@ -11,6 +11,7 @@
 //! | goal | figure | baseline | target | from |
 //! |---|---|---|---|---|
 //! | one commit | PostgreSQL and SQLite, new keys, transactional mode | the hand-written minimum (the business insert and one key insert in one transaction) | ≥ 0.90 | [`crate::stores`] |
+//! | one commit | PostgreSQL's writing transactions a new key (transaction ids taken, per order written) | the minimum's | ≤ 1.1 | [`crate::stores`] |
 //! | memory and Redis | memory new keys; Redis new keys | the minimum | ≥ 0.90; ≥ 0.80 | [`crate::stores`] |
 //! | replay | a completed key replayed, memory and Redis | the bare handler | ≥ 1.0 | [`crate::stores`] |
 //! | flat | PostgreSQL new keys with 10 M records; the memory store's one scope with 4 M | the same traffic on an empty store | ≥ 0.90 | [`crate::flat`] |
@@ -294,6 +295,33 @@ impl Figures {
                 target,
             });
         }
+        self.commits(report, &fresh);
+    }
+
+    /// The row of PostgreSQL's writing transactions a new key, idem's and the minimum's
+    /// (goal 1: one commit, as the minimum makes).
+    fn commits(&mut self, report: &stores::Report, size: &str) {
+        let what = "PostgreSQL, new keys, writing transactions a request, of the minimum's";
+        let idem = report
+            .find("pg", Form::Idem, false)
+            .and_then(|m| m.writes_per_request);
+        let min = report
+            .find("pg", Form::Min, false)
+            .and_then(|m| m.writes_per_request);
+        let (Some(idem), Some(min)) = (idem, min) else {
+            self.missing
+                .push(format!("{what}: the pg runs did not run"));
+            return;
+        };
+        self.rows.push(Figure {
+            what: what.to_owned(),
+            idem: format!("{idem:.2} a request"),
+            baseline: format!("{min:.2} a request"),
+            ratio: idem / min,
+            p99_ms: None,
+            size: size.to_owned(),
+            target: Target::AtMost(1.1),
+        });
     }
 
     /// The rows of the growth and purge part.

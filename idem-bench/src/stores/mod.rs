@@ -286,6 +286,8 @@ struct Variant {
     store: &'static str,
     form: Form,
     url: String,
+    /// The form's own PostgreSQL schema, whose writing transactions a run counts.
+    pg: Option<sqlx::PgPool>,
 }
 
 /// The three forms of one store.
@@ -295,16 +297,19 @@ async fn forms(store: &'static str, bare: Router, min: Router, idem: Router) -> 
             store,
             form: Form::Bare,
             url: serve(bare).await,
+            pg: None,
         },
         Variant {
             store,
             form: Form::Min,
             url: serve(min).await,
+            pg: None,
         },
         Variant {
             store,
             form: Form::Idem,
             url: serve(idem.route("/o/{key}", get(lookup))).await,
+            pg: None,
         },
     ]
 }
@@ -414,6 +419,9 @@ pub struct Measured {
     pub rps: f64,
     /// The 99th percentile of latency, in milliseconds, the median of the rounds.
     pub p99_ms: f64,
+    /// PostgreSQL's new keys: the server's writing transactions per order written (each
+    /// new key writes one), the median of the rounds; `None` elsewhere.
+    pub writes_per_request: Option<f64>,
 }
 
 impl Measured {
@@ -463,8 +471,10 @@ impl Report {
         println!(
             "\nPOST /orders, wrk -t2 -c32 -d{seconds}s, {rounds} interleaved rounds, medians\n"
         );
-        println!("| store | form | path | requests/s | p99 | ratio |");
-        println!("|---|---|---|---|---|---|");
+        println!(
+            "| store | form | path | requests/s | p99 | ratio | writing transactions a request |"
+        );
+        println!("|---|---|---|---|---|---|---|");
         for run in &self.runs {
             let of = |form: Form, what: &str| {
                 self.find(run.store, form, false).map_or_else(
@@ -479,8 +489,11 @@ impl Report {
                 (Form::Idem, true) => ("idem", format!("**{}**", of(Form::Bare, "bare"))),
             };
             let path = if run.replay { "replay" } else { "new keys" };
+            let writes = run
+                .writes_per_request
+                .map_or_else(|| "–".to_owned(), |w| format!("{w:.2}"));
             println!(
-                "| {} | {form} | {path} | {:.0} | {:.2} ms | {ratio} |",
+                "| {} | {form} | {path} | {:.0} | {:.2} ms | {ratio} | {writes} |",
                 run.store, run.rps, run.p99_ms
             );
         }
@@ -509,7 +522,7 @@ pub fn run(settings: &Settings) -> Report {
         .expect("a tokio runtime");
     let dir = tempfile::tempdir().expect("a temporary directory");
     let served = runtime.block_on(Served::start(dir.path(), settings.replay_keys.max(1)));
-    let report = served.measure(settings, dir.path());
+    let report = served.measure(settings, dir.path(), &runtime);
     if let Some((mut conn, prefix)) = served.redis_scratch.clone() {
         let deleted = runtime.block_on(redis_clean(&mut conn, &prefix));
         eprintln!("deleted the run's {deleted} Redis keys under {prefix}");
@@ -533,15 +546,14 @@ impl Served {
         let memory_orders: Orders = Arc::default();
         let mut variants = memory(&memory_store, &memory_orders).await;
         variants.extend(sqlite(dir).await);
-        let (pg, pg_pools) = pg().await;
-        variants.extend(pg);
+        variants.extend(pg().await);
         let (redis, redis_scratch) = redis_variants().await;
         variants.extend(redis);
         let client = reqwest::Client::new();
         for variant in variants.iter().filter(|v| v.form == Form::Idem) {
             warm_up(&client, &variant.url, replay_keys).await;
         }
-        for pool in &pg_pools {
+        for pool in variants.iter().filter_map(|v| v.pg.as_ref()) {
             analyze(pool).await;
         }
         Served {
@@ -552,23 +564,16 @@ impl Served {
         }
     }
 
-    /// The kept runs, `settings.rounds` interleaved rounds of each.
-    fn measure(&self, settings: &Settings, dir: &Path) -> Report {
-        let new_keys = dir.join("new.lua");
-        let script = crate::wrk::orders_script(
-            r#""bench-" .. (counter % 64)"#,
-            r#""k-" .. run .. "-" .. tid .. "-" .. counter"#,
-        );
-        std::fs::write(&new_keys, script).expect("the Lua script is written");
-        let replays = dir.join("replay.lua");
-        // One of the warmed-up keys, from the client that warmed them up.
-        let keys = settings.replay_keys.max(1);
-        let replay = crate::wrk::orders_script(
-            r#""bench""#,
-            &format!(r#""r-" .. ((counter + tid * {}) % {keys})"#, keys / 2),
-        );
-        std::fs::write(&replays, replay).expect("the Lua script is written");
-        let mut runs: Vec<(usize, bool, Vec<f64>, Vec<f64>)> = (0..self.variants.len())
+    /// The kept runs, `settings.rounds` interleaved rounds of each, on `runtime` (where
+    /// the PostgreSQL forms' writing transactions are counted).
+    fn measure(
+        &self,
+        settings: &Settings,
+        dir: &Path,
+        runtime: &tokio::runtime::Runtime,
+    ) -> Report {
+        let (new_keys, replays) = scripts(settings, dir);
+        let mut runs: Vec<Run> = (0..self.variants.len())
             .map(|variant| (variant, false))
             .chain(
                 self.variants
@@ -577,43 +582,57 @@ impl Served {
                     .filter(|(_, v)| v.form == Form::Idem)
                     .map(|(i, _)| (i, true)),
             )
-            .map(|(variant, replay)| (variant, replay, Vec::new(), Vec::new()))
+            .map(|(variant, replay)| Run {
+                variant,
+                replay,
+                ..Run::default()
+            })
             .collect();
-        let name_of = |variant: usize, replay: bool| {
-            let v = &self.variants[variant];
-            name(v.store, v.form, replay)
+        let name_of = |run: &Run| {
+            let v = &self.variants[run.variant];
+            name(v.store, v.form, run.replay)
         };
         if let Some(keep) = &settings.only {
-            runs.retain(|(variant, replay, ..)| keep.contains(&name_of(*variant, *replay)));
+            runs.retain(|run| keep.contains(&name_of(run)));
         }
         for round in 0..settings.rounds {
-            for (i, (variant, replay, rps, p99)) in runs.iter_mut().enumerate() {
-                let script = if *replay { &replays } else { &new_keys };
+            for (i, run) in runs.iter_mut().enumerate() {
+                let script = if run.replay { &replays } else { &new_keys };
                 let orders_before = self.memory_orders.len();
-                let v = &self.variants[*variant];
+                let v = &self.variants[run.variant];
+                let counted = v.pg.as_ref().filter(|_| !run.replay);
+                let before = counted.map(|pool| runtime.block_on(Written::now(pool)));
                 let (r, p) = wrk(&v.url, script, settings.seconds, 32, round * 100 + i);
-                let name = name_of(*variant, *replay);
-                eprintln!("round {} {name}: {r:.0} req/s, p99 {p:.2} ms", round + 1);
+                eprintln!(
+                    "round {} {}: {r:.0} req/s, p99 {p:.2} ms",
+                    round + 1,
+                    name_of(run)
+                );
                 // A replay runs no handler: the memory handler's orders do not change.
-                if *replay && v.store == "memory" {
+                if run.replay && v.store == "memory" {
                     assert_eq!(
                         self.memory_orders.len(),
                         orders_before,
                         "a replay ran the handler"
                     );
                 }
-                rps.push(r);
-                p99.push(p);
+                if let (Some(pool), Some(before)) = (counted, before) {
+                    let after = runtime.block_on(Written::now(pool));
+                    run.writes.extend(after.per_order_since(&before));
+                }
+                run.rps.push(r);
+                run.p99.push(p);
             }
         }
         let runs = runs
             .into_iter()
-            .map(|(variant, replay, mut rps, mut p99)| Measured {
-                store: self.variants[variant].store,
-                form: self.variants[variant].form,
-                replay,
-                rps: median(&mut rps),
-                p99_ms: median(&mut p99),
+            .map(|mut run| Measured {
+                store: self.variants[run.variant].store,
+                form: self.variants[run.variant].form,
+                replay: run.replay,
+                rps: median(&mut run.rps),
+                p99_ms: median(&mut run.p99),
+                writes_per_request: (!run.writes.is_empty()).then(|| median(&mut run.writes)),
             })
             .collect();
         Report {
@@ -621,6 +640,69 @@ impl Served {
             settings: settings.clone(),
             memory_records: self.memory_store.len(),
         }
+    }
+}
+
+/// One kept run as its rounds go: the variant, the path, and each round's figures.
+#[derive(Default)]
+struct Run {
+    variant: usize,
+    replay: bool,
+    rps: Vec<f64>,
+    p99: Vec<f64>,
+    /// Writing transactions per order, for a PostgreSQL form's new keys.
+    writes: Vec<f64>,
+}
+
+/// The Lua scripts of the two paths, written in `dir`: new keys from 64 clients, and
+/// replays of the warm-up's keys.
+fn scripts(settings: &Settings, dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let new_keys = dir.join("new.lua");
+    let script = crate::wrk::orders_script(
+        r#""bench-" .. (counter % 64)"#,
+        r#""k-" .. run .. "-" .. tid .. "-" .. counter"#,
+    );
+    std::fs::write(&new_keys, script).expect("the Lua script is written");
+    let replays = dir.join("replay.lua");
+    // One of the warmed-up keys, from the client that warmed them up.
+    let keys = settings.replay_keys.max(1);
+    let replay = crate::wrk::orders_script(
+        r#""bench""#,
+        &format!(r#""r-" .. ((counter + tid * {}) % {keys})"#, keys / 2),
+    );
+    std::fs::write(&replays, replay).expect("the Lua script is written");
+    (new_keys, replays)
+}
+
+/// A PostgreSQL form's writes so far: the server's next transaction id (the first not
+/// yet assigned: a transaction gets one when it first writes, and it is never given
+/// back, whether it commits or rolls back) and its schema's orders.
+struct Written {
+    next_xid: i64,
+    orders: i64,
+}
+
+impl Written {
+    /// Read without taking a transaction id of its own.
+    async fn now(pool: &sqlx::PgPool) -> Written {
+        let (next_xid, orders) = sqlx::query_as(
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
+                (SELECT count(*) FROM orders)",
+        )
+        .fetch_one(pool)
+        .await
+        .expect("the transaction and order counts");
+        Written { next_xid, orders }
+    }
+
+    /// The writing transactions of the whole server since `before`, per order written
+    /// in this schema meanwhile; none when no order was. Nothing else writes to the
+    /// server during a run: every new key writes one order, so a new key that commits
+    /// once counts 1.
+    fn per_order_since(&self, before: &Written) -> Option<f64> {
+        let orders = self.orders - before.orders;
+        #[allow(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+        (orders > 0).then(|| (self.next_xid - before.next_xid) as f64 / orders as f64)
     }
 }
 
@@ -679,12 +761,12 @@ async fn sqlite(dir: &Path) -> Vec<Variant> {
     .await
 }
 
-/// PostgreSQL's three forms, on scratch schemas of the test server (one per form), never
-/// the application's tables, and their pools; none when it does not answer.
-async fn pg() -> (Vec<Variant>, Vec<sqlx::PgPool>) {
+/// PostgreSQL's three forms, on scratch schemas of the test server (one per form, kept
+/// in [`Variant::pg`]), never the application's tables; none when it does not answer.
+async fn pg() -> Vec<Variant> {
     let Some(bare) = pg_schema().await else {
         eprintln!("PostgreSQL is not reachable: the pg variants are left out");
-        return (Vec::new(), Vec::new());
+        return Vec::new();
     };
     let min = pg_schema().await.expect("a second scratch schema");
     let pool = pg_schema().await.expect("a third scratch schema");
@@ -693,7 +775,7 @@ async fn pg() -> (Vec<Variant>, Vec<sqlx::PgPool>) {
         .await
         .expect("the store's tables");
     let idem = idem::Idem::transactional(store, identity());
-    let variants = forms(
+    let mut variants = forms(
         "pg",
         Router::new()
             .route("/orders", post(pg_bare))
@@ -705,7 +787,10 @@ async fn pg() -> (Vec<Variant>, Vec<sqlx::PgPool>) {
             .layer(idem.layer()),
     )
     .await;
-    (variants, pools)
+    for (variant, pool) in variants.iter_mut().zip(pools) {
+        variant.pg = Some(pool);
+    }
+    variants
 }
 
 /// Analyzes every table of the scratch schema of `pool`, as autovacuum does within a
