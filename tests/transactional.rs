@@ -549,6 +549,53 @@ async fn another_session_cannot_take_over_an_open_attempt() {
     assert_eq!(f.orders().await, 1);
 }
 
+/// PostgreSQL, duplicates of instant attempts racing: 30 keys, each sent 6 times at once,
+/// where the lock's holder commits while the others take the lock. The statement that
+/// takes the lock reads the key in a snapshot taken an instant before it; a duplicate
+/// that takes the lock just after the holder's commit, behind that snapshot, runs too,
+/// and its record's insert finds the holder's row: it rolls back whole and answers 503
+/// `attempt-rolled-back`. Whatever the timing, one order a key, one fresh 201 a key, and
+/// every other answer the replay, the concurrency answer or that 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instant_duplicates_racing_the_commit_write_one_order_a_key() {
+    const KEYS: usize = 30;
+    let Some(f) = on_postgres::Fixture::new(1 << 20).await else {
+        return;
+    };
+    let mut rolled_back = 0;
+    for k in 0..KEYS {
+        let key = format!("k-burst-{k}");
+        let answers =
+            futures_util::future::join_all((0..6).map(|_| post(&f.server, &key, "ok"))).await;
+        let fresh = answers
+            .iter()
+            .filter(|a| a.status == 201 && !a.replayed())
+            .count();
+        assert_eq!(fresh, 1, "{key}: {answers:?}");
+        for answer in answers.iter().filter(|a| a.status != 201) {
+            match answer.status {
+                409 => {
+                    answer.problem(409, "operation-in-progress");
+                }
+                503 => {
+                    answer.problem(503, "attempt-rolled-back");
+                    rolled_back += 1;
+                }
+                other => panic!("{key}: unexpected {other}: {answer:?}"),
+            }
+        }
+    }
+    assert_eq!(
+        f.orders().await,
+        i64::try_from(KEYS).unwrap(),
+        "one order a key"
+    );
+    eprintln!(
+        "{} handler runs for {KEYS} keys; {rolled_back} duplicates lost the race and rolled back",
+        f.runs()
+    );
+}
+
 /// A handler that takes `Tx` behind a handle made with `Idem::new` (no transactional
 /// store): 500 `not-configured` that says how to build it, and nothing is registered.
 #[tokio::test]
