@@ -187,9 +187,15 @@ impl SqlStore<Sqlite> {
             .busy_timeout(bounds.map_or(BUSY_TIMEOUT, |b| b.limit));
         let health = Health::new(Some(path.to_owned()));
         let hook = Arc::clone(&health);
+        // No ping when a connection is taken (sqlx's default): a connection is a thread
+        // of this process, and the ping a round trip to it on every call, inside the
+        // one writer's turn for an attempt's transaction. A connection that broke fails
+        // its next statement instead, and a fatal failure replaces every connection
+        // (`Health`, as `before_acquire` below enforces).
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             .acquire_timeout(bounds.map_or(POOL_WAIT, |b| b.limit))
+            .test_before_acquire(false)
             .before_acquire(move |_, meta| {
                 let fresh = hook.is_fresh(meta.age);
                 Box::pin(async move { Ok(fresh) })
