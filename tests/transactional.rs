@@ -102,7 +102,15 @@ macro_rules! suite {
                         .execute(&mut *conn)
                         .await
                         .expect("the business write");
-                    if order.mode == "lose-lease-in-tx" && $lost_elsewhere {
+                    if order.mode == "lose-to-completed" && $lost_elsewhere {
+                        // The winner's completed record, for this key, committed by
+                        // another session.
+                        sqlx::query(COPY_WINNER)
+                            .bind(&attempt.key)
+                            .execute(app.store.pool())
+                            .await
+                            .unwrap();
+                    } else if order.mode == "lose-lease-in-tx" && $lost_elsewhere {
                         // Another owner's record, committed by another session, as the
                         // completion's insert will find it.
                         sqlx::query($lose_in_tx)
@@ -463,6 +471,37 @@ macro_rules! suite {
     };
 }
 
+/// PostgreSQL: the completed record of the key `k-winner` copied under the key `$1`, as
+/// the winner of a race would have committed it (the suite's fingerprint is the amount's,
+/// the same for both keys).
+const COPY_WINNER: &str = "INSERT INTO idem_records
+        (operation, client, key, operation_id, fingerprint, state, attempt, token,
+         lease_until, created_at, expires_at, status, headers, body, reason,
+         stored_bytes, transactional)
+    SELECT operation, client, $1, operation_id, fingerprint, state, attempt, token,
+           lease_until, created_at, expires_at, status, headers, body, reason,
+           stored_bytes, transactional
+    FROM idem_records WHERE key = 'k-winner'";
+
+/// PostgreSQL: an attempt that loses its record at the commit to a record completed for
+/// its request (the race of `instant_duplicates_racing_the_commit_write_one_order_a_key`,
+/// made to happen) rolls back its order and answers with the winner's answer, replayed,
+/// rather than with 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_that_loses_to_a_completed_record_replays_it() {
+    let Some(f) = on_postgres::Fixture::new(1 << 20).await else {
+        return;
+    };
+    let winner = post(&f.server, "k-winner", "ok").await;
+    assert_eq!(winner.status, 201, "{winner:?}");
+    let loser = post(&f.server, "k-loser", "lose-to-completed").await;
+    assert_eq!(loser.status, 201, "{loser:?}");
+    assert!(loser.replayed(), "{loser:?}");
+    assert_eq!(loser.operation_id(), winner.operation_id());
+    assert_eq!(loser.body, winner.body);
+    assert_eq!(f.orders().await, 1, "the loser's order rolled back");
+}
+
 /// A fresh SQLite file in a temporary folder.
 async fn sqlite() -> Option<(idem::SqliteStore, Option<tempfile::TempDir>)> {
     let dir = tempfile::tempdir().unwrap();
@@ -553,9 +592,10 @@ async fn another_session_cannot_take_over_an_open_attempt() {
 /// where the lock's holder commits while the others take the lock. The statement that
 /// takes the lock reads the key in a snapshot taken an instant before it; a duplicate
 /// that takes the lock just after the holder's commit, behind that snapshot, runs too,
-/// and its record's insert finds the holder's row: it rolls back whole and answers 503
-/// `attempt-rolled-back`. Whatever the timing, one order a key, one fresh 201 a key, and
-/// every other answer the replay, the concurrency answer or that 503.
+/// and its record's insert finds the holder's row: it rolls back whole and replays the
+/// holder's answer (503 `attempt-rolled-back` if it could not read it). Whatever the
+/// timing, one order a key, one fresh 201 a key, and every other answer the replay, the
+/// concurrency answer or that 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instant_duplicates_racing_the_commit_write_one_order_a_key() {
     const KEYS: usize = 30;
@@ -591,7 +631,7 @@ async fn instant_duplicates_racing_the_commit_write_one_order_a_key() {
         "one order a key"
     );
     eprintln!(
-        "{} handler runs for {KEYS} keys; {rolled_back} duplicates lost the race and rolled back",
+        "{} handler runs for {KEYS} keys (each run past one a key lost the race and rolled back); {rolled_back} answered 503",
         f.runs()
     );
 }

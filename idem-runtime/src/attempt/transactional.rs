@@ -97,6 +97,9 @@ impl Held {
             // The record was in the transaction: nothing of it is left.
             StoreError::LeaseLost if self.registered_as.is_some() => {
                 self.log_lease_lost("commit");
+                if let Some(replayed) = self.winners_answer().await {
+                    return replayed;
+                }
                 let why = "lost its record before it could commit";
                 let answer = |state| answer::attempt_rolled_back(self.contract, id, why, state, 1);
                 self.release_after_rollback(answer).await
@@ -122,6 +125,27 @@ impl Held {
                     |state| answer::attempt_rolled_back(self.contract, id, why, state, retry_after);
                 self.release_after_rollback(answer).await
             }
+        }
+    }
+
+    /// The answer of the attempt that won the key, when this one lost its record at the
+    /// commit (on PostgreSQL: a record committed behind the snapshot of the statement that
+    /// took the key's lock, `store::postgres`): that record completed, for this request's
+    /// fingerprint, is the operation's answer, replayed now as a retry would get it.
+    /// `None` otherwise (another fingerprint, not completed, or not readable): the caller
+    /// answers as for any attempt that lost its record.
+    async fn winners_answer(&self) -> Option<Response> {
+        let new = self.registered_as.as_deref()?;
+        let now = self.idem.now().await;
+        let record = self.idem.store().get(&self.key, now).await.ok()??;
+        match &record.state {
+            crate::store::RecordState::Completed { response }
+                if record.fingerprint == new.fingerprint =>
+            {
+                crate::telemetry::found_record(record.attempt);
+                Some(crate::replay::replay(response, record.operation_id))
+            }
+            _ => None,
         }
     }
 

@@ -293,7 +293,8 @@ struct Taken {
 /// The primary key still finds that row when the completion inserts the record
 /// ([`TxDialect::INSERT_COMPLETED_IN_TX`] inserts nothing then), and the attempt's writes
 /// roll back with its transaction: at most one commit per key holds, and the loser
-/// answers as an attempt that lost its record (a window of microseconds, within one
+/// answers with the winner's answer when it is completed for the same request, as an
+/// attempt that lost its record otherwise (a window of microseconds, within one
 /// statement).
 async fn lock(
     store: &SqlStore<Postgres>,
