@@ -292,10 +292,10 @@ const TWENTY_THOUSAND: &str = "WITH RECURSIVE n(i) AS (
         CASE WHEN i % 100 = 0 THEN NULL ELSE 201 END, '[]', x'7b7d', 2
     FROM n";
 
-/// The plan of `sql` with `now` as `$1` and the other values bound in order: the
-/// `detail` of each row of `EXPLAIN QUERY PLAN`.
+/// The plan of `sql` on `conn` with `now` as `$1` and the other values bound in order:
+/// the `detail` of each row of `EXPLAIN QUERY PLAN`.
 async fn query_plan(
-    store: &SqliteStore,
+    conn: &mut sqlx::SqliteConnection,
     sql: &str,
     now: i64,
     rest: &[Option<&str>],
@@ -305,7 +305,7 @@ async fn query_plan(
     for value in rest {
         query = query.bind(*value);
     }
-    let rows = query.fetch_all(store.pool()).await.unwrap();
+    let rows = query.fetch_all(conn).await.unwrap();
     rows.iter()
         .map(|row| sqlx::Row::get::<String, _>(row, "detail"))
         .collect()
@@ -328,18 +328,22 @@ async fn the_listing_of_ended_leases_and_the_purge_read_indexes() {
     let at = i64::try_from(now).unwrap();
     let loaded = sqlx::query(TWENTY_THOUSAND).bind(at).execute(store.pool());
     assert_eq!(loaded.await.unwrap().rows_affected(), 20_000);
-    sqlx::query("ANALYZE").execute(store.pool()).await.unwrap();
+    // Statistics that ANALYZE gathers reach the planner of the connection that ran it,
+    // not the pool's other connections (until they read the schema again): the plans
+    // are asked on that same connection.
+    let mut conn = store.pool().acquire().await.unwrap();
+    sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
     let (op, one) = (Some("create_order"), Some("1"));
     let cursors = [[None, None, None], [op, Some("client-0"), Some("key-5000")]];
     for [a, b, c] in cursors {
         let rest = [op, None, one, a, b, c, Some("100")];
-        let plan = query_plan(&store, <Sqlite as Dialect>::LIST, at, &rest).await;
+        let plan = query_plan(&mut conn, <Sqlite as Dialect>::LIST, at, &rest).await;
         let searched = plan
             .iter()
             .any(|d| d.starts_with("SEARCH idem_records USING INDEX idem_records_lease_ended"));
         assert!(searched, "{plan:#?}");
     }
-    let plan = query_plan(&store, <Sqlite as Dialect>::PURGE, at, &[]).await;
+    let plan = query_plan(&mut conn, <Sqlite as Dialect>::PURGE, at, &[]).await;
     assert_eq!(
         plan,
         ["SEARCH idem_records USING INDEX idem_records_expires_at (expires_at<?)"]
