@@ -311,9 +311,10 @@ async fn query_plan(
         .collect()
 }
 
-/// On a file of 20,000 records (analyzed), the reconciler's listing of ended leases
-/// searches the partial index on lease ends and the purge the index on `expires_at`,
-/// never a scan of the records; and both still find what they should.
+/// On a file of 20,000 records, not analyzed (as the store keeps its files) and then
+/// analyzed, the reconciler's listing of ended leases searches the partial index on lease
+/// ends and the purge the index on `expires_at`, never a scan of the records; and both
+/// still find what they should.
 #[tokio::test]
 async fn the_listing_of_ended_leases_and_the_purge_read_indexes() {
     use crate::store::sql::dialect::Dialect;
@@ -330,24 +331,29 @@ async fn the_listing_of_ended_leases_and_the_purge_read_indexes() {
     assert_eq!(loaded.await.unwrap().rows_affected(), 20_000);
     // Statistics that ANALYZE gathers reach the planner of the connection that ran it,
     // not the pool's other connections (until they read the schema again): the plans
-    // are asked on that same connection.
+    // are asked on that same connection, before and after.
     let mut conn = store.pool().acquire().await.unwrap();
-    sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
-    let (op, one) = (Some("create_order"), Some("1"));
-    let cursors = [[None, None, None], [op, Some("client-0"), Some("key-5000")]];
-    for [a, b, c] in cursors {
-        let rest = [op, None, one, a, b, c, Some("100")];
-        let plan = query_plan(&mut conn, <Sqlite as Dialect>::LIST, at, &rest).await;
-        let searched = plan
-            .iter()
-            .any(|d| d.starts_with("SEARCH idem_records USING INDEX idem_records_lease_ended"));
-        assert!(searched, "{plan:#?}");
+    for analyzed in [false, true] {
+        if analyzed {
+            sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
+        }
+        let (op, one) = (Some("create_order"), Some("1"));
+        let cursors = [[None, None, None], [op, Some("client-0"), Some("key-5000")]];
+        for [a, b, c] in cursors {
+            let rest = [op, None, one, a, b, c, Some("100")];
+            let plan = query_plan(&mut conn, <Sqlite as Dialect>::LIST, at, &rest).await;
+            let searched = plan
+                .iter()
+                .any(|d| d.starts_with("SEARCH idem_records USING INDEX idem_records_lease_ended"));
+            assert!(searched, "analyzed: {analyzed}, {plan:#?}");
+        }
+        let plan = query_plan(&mut conn, <Sqlite as Dialect>::PURGE, at, &[]).await;
+        assert_eq!(
+            plan,
+            ["SEARCH idem_records USING INDEX idem_records_expires_at (expires_at<?)"],
+            "analyzed: {analyzed}"
+        );
     }
-    let plan = query_plan(&mut conn, <Sqlite as Dialect>::PURGE, at, &[]).await;
-    assert_eq!(
-        plan,
-        ["SEARCH idem_records USING INDEX idem_records_expires_at (expires_at<?)"]
-    );
     let query = ListQuery {
         operation: Some("create_order".into()),
         lease_ended: true,
