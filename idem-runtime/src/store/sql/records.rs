@@ -145,10 +145,17 @@ impl Registration<'_> {
             .ms(new.holds_until)
     }
 
+    /// The budget the registration is counted against: `None` without one, and for
+    /// [`ClientBudget::COUNT_ONLY`](crate::store::ClientBudget::COUNT_ONLY), which
+    /// refuses nothing, so that nothing needs counting.
+    pub fn counted_budget(&self) -> Option<crate::store::ClientBudget> {
+        self.new.budget.filter(|b| !b.refuses_nothing())
+    }
+
     /// The budget's count of the client, `$1`..`$3` of [`USAGE`]: `None` without a
-    /// budget.
+    /// budget to count against ([`Registration::counted_budget`]).
     pub fn usage<DB: Run>(&self) -> Option<Statement<DB>> {
-        let budget = self.new.budget.filter(|b| !b.refuses_nothing())?;
+        let budget = self.counted_budget()?;
         Some(
             Statement::new(USAGE)
                 .text(&self.key.client)

@@ -195,7 +195,7 @@ async fn insert(
     conn: &mut PgConnection,
     registration: &Registration<'_>,
 ) -> Result<(Option<Record>, Option<OverBudget>), StoreError> {
-    let Some(budget) = registration.new.budget.filter(|b| !b.refuses_nothing()) else {
+    let Some(budget) = registration.counted_budget() else {
         let record = store.record(conn, registration.statement(INSERT)).await?;
         return Ok((record, None));
     };

@@ -67,10 +67,10 @@ impl TxDialect for Postgres {
         completion_sql!(" AND txid_current_if_assigned() = $10");
 
     /// The record of a new key, written once, completed, in the transaction that holds
-    /// the key's advisory lock ([`LOCKED_READ`] found no row), on the condition that it
+    /// the key's advisory lock ([`LOCKED`] found no row), on the condition that it
     /// is still the transaction that began (`$15`, its id; `$4` the token and `$5` now
     /// are bound and not used). A row of the key inserts nothing: one committed by the
-    /// lock's previous holder after [`LOCKED_READ`]'s snapshot was taken and before the
+    /// lock's previous holder after [`LOCKED`]'s snapshot was taken and before the
     /// lock was, which the primary key finds here; the attempt then loses its record,
     /// and everything it wrote rolls back.
     const INSERT_COMPLETED_IN_TX: Option<&'static str> = Some(
@@ -153,11 +153,7 @@ impl TxDialect for Postgres {
                     Err(record) => Registered::Exists(record, reservation),
                 });
         }
-        let counts = registration
-            .new
-            .budget
-            .is_some_and(|b| !b.refuses_nothing());
-        if taken.vacant && !counts {
+        if taken.vacant && registration.counted_budget().is_none() {
             let record = crate::store::Record::started(registration.new, registration.now);
             let open = OpenTransaction::new(tx, taken.marker, reservation)
                 .written_at_completion(record.clone());

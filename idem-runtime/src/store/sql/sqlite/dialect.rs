@@ -212,11 +212,7 @@ pub(super) async fn register_locked(
     conn: &mut SqliteConnection,
     registration: &Registration<'_>,
 ) -> Result<Begin, StoreError> {
-    let counts = registration
-        .new
-        .budget
-        .is_some_and(|b| !b.refuses_nothing());
-    if !counts {
+    if registration.counted_budget().is_none() {
         return write_registration(store, conn, registration, false).await;
     }
     let existing = store.select(conn, registration.key).await?;
