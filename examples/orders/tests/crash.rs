@@ -4,6 +4,7 @@
 //!
 //! - `--store postgres` (transactional): killed after the commit of an order and its
 //!   record, before the answer; the retry is the replay.
+//! - `--store postgres`, killed before the commit: nothing is left, and the retry runs.
 //! - `--store redis` (records in Redis, orders in PostgreSQL, not transactional): killed
 //!   after the order was written and before its record was completed; the retry finds the
 //!   record processing under a dead lease, and recovery (the reconcile function, which
@@ -91,6 +92,59 @@ async fn killed_after_a_commit_under_load_every_key_has_one_order() {
     let survivors = [Service::postgres(&url, &[]), Service::postgres(&url, &[])];
     let doomed = Service::postgres(&url, &[("IDEM_FAULT_POINT", "after_commit")]);
     kill_one_under_load(&url, survivors, doomed, "after_commit", "k-crash").await;
+}
+
+/// PostgreSQL, transactional: SIGKILL between the order's insert and the commit (the
+/// fault point `before_commit`), where a new key's record is not even written yet (it is
+/// written once, at the completion). The session dies with the process, its transaction
+/// rolls back and its lock goes with it: no order, no record, and a retry on another
+/// instance runs the handler as the key's first attempt, without waiting for any lease;
+/// one order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_before_the_commit_on_postgres_the_retry_runs_once() {
+    let what = "SIGKILL of an orders process before its commit on PostgreSQL";
+    let Some(url) = scratch_url(what).await else {
+        return;
+    };
+    let http = client();
+    let survivor = Service::postgres(&url, &[]);
+    let doomed = Service::postgres(&url, &[("IDEM_FAULT_POINT", "before_commit")]);
+    let body = body_of(1);
+    let (to, sent_body, url_of_doomed) = (http.clone(), body.clone(), doomed.url.clone());
+    let in_flight = tokio::spawn(async move {
+        try_post(&to, &url_of_doomed, Some("k-before-commit"), &sent_body).await
+    });
+    tokio::task::spawn_blocking(move || {
+        doomed.wait_for_stderr("fault point before_commit reached");
+        doomed.crash();
+    })
+    .await
+    .unwrap();
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the answer died with the process"
+    );
+    assert!(orders_by_key(&url).await.is_empty(), "nothing committed");
+    let until = Instant::now() + Duration::from_secs(10);
+    let urls = [survivor.url.clone()];
+    let (retry, _held) = retry_until_final(&http, &urls, "k-before-commit", &body, until).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert_eq!(
+        retry.header("idempotent-replayed"),
+        None,
+        "the retry ran: {retry:?}"
+    );
+    let orders = orders_by_key(&url).await;
+    assert_eq!(orders.len(), 1, "one order: {orders:?}");
+    let again = try_post(&http, &survivor.url, Some("k-before-commit"), &body)
+        .await
+        .unwrap();
+    assert_eq!(
+        again.header("idempotent-replayed"),
+        Some("true"),
+        "{again:?}"
+    );
+    assert_eq!(orders_by_key(&url).await.len(), 1);
 }
 
 /// Records in Redis: the dead attempt's order is in the table but its record is still
