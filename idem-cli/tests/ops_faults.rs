@@ -349,8 +349,9 @@ async fn redis_reads_and_failures_before_sending_are_ordinary_errors() {
     );
     proxy.heal();
 
-    // The server goes away before the resolution is sent.
-    proxy.drop_at(Dir::FromClient, b"HGETALL");
+    // The server goes away before the resolution is sent: at the read of the record
+    // that comes first (`HMGET` of its fields).
+    proxy.drop_at(Dir::FromClient, b"HMGET");
     let rest = ["--as", "not-applied", "--reason", "r"];
     let (_, err) = exits(&refs(&on("resolve", &via_proxy, "parked", &rest)), 1);
     assert!(err.contains("nothing was resolved"), "{err}");

@@ -148,32 +148,30 @@ mod cluster;
 mod connection;
 mod journal;
 mod layout;
+mod record;
 mod scripts;
 
-use std::collections::HashMap;
-use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Value};
 
-use super::headers::{decode_headers, encode_headers};
+use super::headers::encode_headers;
 use super::open::Bounds;
 use super::ops::{self, Event};
 use super::{
     Begin, ClientUsage, DEFAULT_MAX_RESULT, Inspection, Lease, ListQuery, Listed, NewRecord,
-    OperationState, OperatorStore, OverBudget, OwnerToken, Record, RecordKey, RecordState,
-    RecordStore, Resolution, ResolutionOutcome, Step, StepWrite, StoreError, StoredResponse,
-    UnixMillis, Usage, check_size,
+    OperatorStore, OverBudget, OwnerToken, Record, RecordKey, RecordStore, Resolution,
+    ResolutionOutcome, Step, StepWrite, StoreError, StoredResponse, UnixMillis, Usage, check_size,
     journal::{Delivery, Due},
 };
 use crate::OperationId;
 pub use connection::RedisConnection;
 use connection::Waits;
 use layout::Layout;
+use record::{Positional, RECORD_FIELDS, decode, fields, flagged};
 use scripts::Scripts;
 
 /// How long after its `expires_at` (by Redis's clock) a record's hash is forgotten by Redis
@@ -498,109 +496,6 @@ fn skip_foreign<T>(name: &[u8], result: Result<T, StoreError>) -> Result<Option<
     }
 }
 
-/// A hash's fields, from `HGETALL` (a flat array of names and values, or a map).
-fn fields(value: Value) -> Result<HashMap<String, Vec<u8>>, StoreError> {
-    let corrupt = || StoreError::Corrupt("the record is not a list of fields".into());
-    let bytes = |v: Value| match v {
-        Value::BulkString(b) => Ok(b),
-        Value::SimpleString(s) => Ok(s.into_bytes()),
-        Value::Int(n) => Ok(n.to_string().into_bytes()),
-        _ => Err(corrupt()),
-    };
-    let pairs: Vec<(Value, Value)> = match value {
-        Value::Array(items) => {
-            if items.len() % 2 != 0 {
-                return Err(corrupt());
-            }
-            let mut items = items.into_iter();
-            let mut pairs = Vec::new();
-            while let (Some(name), Some(value)) = (items.next(), items.next()) {
-                pairs.push((name, value));
-            }
-            pairs
-        }
-        Value::Map(pairs) => pairs,
-        Value::Nil => Vec::new(),
-        _ => return Err(corrupt()),
-    };
-    pairs
-        .into_iter()
-        .map(|(name, value)| {
-            let name = String::from_utf8(bytes(name)?).map_err(|_| corrupt())?;
-            Ok((name, bytes(value)?))
-        })
-        .collect()
-}
-
-/// A record from its hash's fields; `None` for an empty hash (no record).
-fn decode(fields: &HashMap<String, Vec<u8>>) -> Result<Option<Record>, StoreError> {
-    if fields.is_empty() {
-        return Ok(None);
-    }
-    let text = |name: &str| -> Result<&str, StoreError> {
-        let value = fields
-            .get(name)
-            .ok_or_else(|| StoreError::Corrupt(format!("`{name}` is missing")))?;
-        std::str::from_utf8(value)
-            .map_err(|_| StoreError::Corrupt(format!("`{name}` is not UTF-8")))
-    };
-    fn number<T: FromStr>(name: &str, text: &str) -> Result<T, StoreError> {
-        text.parse()
-            .map_err(|_| StoreError::Corrupt(format!("`{name}` is not a number: `{text}`")))
-    }
-    let operation_id = OperationId::from_str(text("operation_id")?)
-        .map_err(|e| StoreError::Corrupt(format!("`operation_id`: {e}")))?;
-    let state = match OperationState::from_str(text("state")?).map_err(StoreError::Corrupt)? {
-        OperationState::Processing => RecordState::Processing {
-            lease: Lease {
-                token: OwnerToken::from_str(text("token")?)
-                    .map_err(|e| StoreError::Corrupt(format!("`token`: {e}")))?,
-                until: number("lease_until", text("lease_until")?)?,
-            },
-        },
-        OperationState::Completed => RecordState::Completed {
-            response: StoredResponse {
-                status: number("status", text("status")?)?,
-                headers: decode_headers(text("headers")?)?,
-                body: Bytes::from(fields.get("body").cloned().unwrap_or_default()),
-            },
-        },
-        OperationState::Released => RecordState::Released,
-        OperationState::Unknown => RecordState::Unknown {
-            reason: fields
-                .get("reason")
-                .map(|r| String::from_utf8_lossy(r).into_owned())
-                .unwrap_or_default(),
-        },
-    };
-    Ok(Some(Record {
-        operation_id,
-        fingerprint: text("fingerprint")?.to_owned(),
-        attempt: number("attempt", text("attempt")?)?,
-        created_at: number("created_at", text("created_at")?)?,
-        expires_at: number("expires_at", text("expires_at")?)?,
-        state,
-        transactional: text("transactional")? == "1",
-    }))
-}
-
-/// A script's `{flag}` or `{flag, fields}` answer: the flag, and the record if sent.
-fn flagged(value: Value) -> Result<(i64, Option<Record>), StoreError> {
-    let corrupt = || StoreError::Corrupt("a script answered in an unexpected shape".into());
-    let Value::Array(mut items) = value else {
-        return Err(corrupt());
-    };
-    let record = match items.len() {
-        1 => None,
-        2 => decode(&fields(items.pop().ok_or_else(corrupt)?)?)?,
-        _ => return Err(corrupt()),
-    };
-    match items.first() {
-        Some(Value::Int(flag)) => Ok((*flag, record)),
-        _ => Err(corrupt()),
-    }
-}
-
 /// The refusal in a registration script's answer `{3, records, bytes, oldest expiry}`,
 /// if it is one.
 fn over_budget(answer: &Value) -> Option<OverBudget> {
@@ -646,12 +541,13 @@ impl RecordStore for RedisStore {
         let mut conn = self.conn.clone();
         let answer: Value = self
             .bounded(
-                redis::cmd("HGETALL")
+                redis::cmd("HMGET")
                     .arg(self.hash_name(key))
+                    .arg(&RECORD_FIELDS[..])
                     .query_async(&mut conn),
             )
             .await?;
-        Ok(decode(&fields(answer)?)?.filter(|record| !record.is_expired(now)))
+        Ok(decode(&Positional::from_value(answer)?)?.filter(|record| !record.is_expired(now)))
     }
 
     async fn complete(
@@ -1081,24 +977,6 @@ mod tests {
         assert_eq!(layout::escape_pattern("idem"), "idem");
     }
 
-    #[test]
-    fn unreadable_hashes_are_corrupt_not_panics() {
-        let mut hash = HashMap::new();
-        hash.insert("state".to_owned(), b"processing".to_vec());
-        assert!(matches!(decode(&hash), Err(StoreError::Corrupt(_))));
-        hash.insert("operation_id".to_owned(), b"not an id".to_vec());
-        assert!(matches!(decode(&hash), Err(StoreError::Corrupt(_))));
-        assert!(matches!(decode(&HashMap::new()), Ok(None)));
-        assert!(matches!(
-            fields(Value::Array(vec![Value::Int(1)])),
-            Err(StoreError::Corrupt(_))
-        ));
-        assert!(matches!(
-            flagged(Value::Int(3)),
-            Err(StoreError::Corrupt(_))
-        ));
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn passes_the_conformance_suite() {
         let Some(url) = crate::store::conformance::redis::url_or_skip("the Redis store").await
@@ -1204,10 +1082,12 @@ mod tests {
 #[cfg(test)]
 mod hostile {
     use super::*;
+    use crate::store::RecordState;
     use crate::store::budget::COUNT_SLACK_MS;
     use crate::store::conformance::redis::{scratch_prefix, url_or_skip};
     use crate::store::conformance::{T0, TTL, new_record};
     use crate::store::{ClientBudget, NewRecord};
+    use bytes::Bytes;
     use http::{HeaderName, HeaderValue};
 
     async fn store(url: &str, prefix: &str) -> RedisStore {

@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 
 use futures_util::{StreamExt, stream};
 
-use super::{RedisStore, fields};
+use super::RedisStore;
+use super::record::fields;
 use crate::OperationId;
 use crate::store::{
     Delivery, Due, OwnerToken, RecordKey, RecordState, Step, StepState, StepWrite, StoreError,

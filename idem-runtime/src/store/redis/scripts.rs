@@ -6,6 +6,7 @@
 use redis::Script;
 
 use super::journal::JournalScripts;
+use super::record::lua_prelude;
 
 /// Lua helpers every script starts with. Times travel as decimal strings and are compared
 /// as numbers (exact up to 2^53 ms, the year 287 396); the larger of two is written back
@@ -19,6 +20,11 @@ local function expire(key, at, margin)
   redis.call('PEXPIREAT', key, string.format('%d', tonumber(at) + tonumber(margin)))
 end
 ";
+
+/// Where `record(key)`, `RECORD` and `F` go ([`lua_prelude`], written from
+/// [`RECORD_FIELDS`](super::record::RECORD_FIELDS)): a script that returns a record
+/// returns `record(KEYS[1])`, the values of those fields in order, never the whole hash.
+const READ: &str = "--[[record]]\n";
 
 /// The client budget's accounting ([`super::super::budget`]), kept by **expiry bucket**
 /// rather than by record, so that a new key costs the same whatever the client holds,
@@ -135,13 +141,14 @@ return 1
 /// `elsewhere` (a cluster counts it in the client's slot: only its bucket is written), or
 /// the records and bytes to check against (ARGV[11], ARGV[12]). Returns `{2}` when a new
 /// record was written (exactly `Record::started`, which the caller builds itself),
-/// `{1, fields}` when a released record was reclaimed, `{0, fields}` when it exists and
+/// `{1, record}` when a released record was reclaimed, `{0, record}` when it exists and
 /// may not be taken (`Record::begin_over`), `{3, records, bytes, oldest expiry}` when a
 /// new operation is over the client's budget.
 const BEGIN: &str = r"
 local now = ARGV[1]
-local cur = redis.call('HMGET', KEYS[1], 'expires_at', 'state', 'fingerprint')
-if (not cur[1]) or tonumber(cur[1]) <= tonumber(now) then
+local cur = record(KEYS[1])
+local cur_exp = cur[F.expires_at]
+if (not cur_exp) or tonumber(cur_exp) <= tonumber(now) then
   local budgeted = ARGV[11] ~= ''
   local here = budgeted and ARGV[11] ~= 'elsewhere'
   local gone = nil
@@ -159,24 +166,24 @@ if (not cur[1]) or tonumber(cur[1]) <= tonumber(now) then
     'state', 'processing', 'attempt', '1', 'token', ARGV[4], 'lease_until', ARGV[5],
     'created_at', now, 'expires_at', exp, 'transactional', ARGV[8], 'prefix', ARGV[10],
     'counted', budgeted and bucket_of(exp) or '0')
-  if cur[1] then
+  if cur_exp then
     redis.call('HDEL', KEYS[1], 'status', 'headers', 'body', 'reason', 'history')
   end
   expire(KEYS[1], exp, ARGV[9])
   if here then budget_count(KEYS[2], KEYS[3], exp, now, gone, ARGV[9]) end
   return {2}
 end
-if cur[2] == 'released' and cur[3] == ARGV[3] then
-  local exp = later(later(cur[1], ARGV[5]), ARGV[7])
+if cur[F.state] == 'released' and cur[F.fingerprint] == ARGV[3] then
+  local exp = later(later(cur_exp, ARGV[5]), ARGV[7])
   local n = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
   remember(KEYS[1], {attempt = n, began_at = tonumber(now), after = 'released'})
   redis.call('HSET', KEYS[1], 'state', 'processing', 'token', ARGV[4],
     'lease_until', ARGV[5], 'expires_at', exp, 'transactional', ARGV[8])
   redis.call('HDEL', KEYS[1], 'status', 'headers', 'body', 'reason')
   expire(KEYS[1], exp, ARGV[9])
-  return {1, redis.call('HGETALL', KEYS[1])}
+  return {1, record(KEYS[1])}
 end
-return {0, redis.call('HGETALL', KEYS[1])}
+return {0, cur}
 ";
 
 /// Appends an event (a Lua table) to the record's `history`, keeping the last 32 (see
@@ -194,7 +201,7 @@ end
 
 /// `resolve`. ARGV: now, the attempt seen parked, the new state, status, headers, body
 /// (the last three empty when not applied), the resolution's event (JSON), margin.
-/// Returns `{1, fields}`, or `{0}` when the record is not parked at that attempt or its
+/// Returns `{1, record}`, or `{0}` when the record is not parked at that attempt or its
 /// TTL has passed.
 const RESOLVE: &str = r"
 local cur = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'expires_at', 'reason')
@@ -211,7 +218,7 @@ else
   redis.call('HSET', KEYS[1], 'state', 'released')
 end
 redis.call('HDEL', KEYS[1], 'reason')
-return {1, redis.call('HGETALL', KEYS[1])}
+return {1, record(KEYS[1])}
 ";
 
 /// The condition of `complete` and `release`: processing under ARGV[2], live at ARGV[1].
@@ -282,7 +289,7 @@ return 1
 ";
 
 /// `take_over`. ARGV: now, expected token, new token, new lease end, margin. Returns `{1,
-/// fields}`, or `{0}` when the record is not processing under the expected token, its
+/// record}`, or `{0}` when the record is not processing under the expected token, its
 /// lease is live, or its TTL has passed.
 const TAKE_OVER: &str = r"
 local now = tonumber(ARGV[1])
@@ -297,7 +304,7 @@ remember(KEYS[1], {attempt = n, began_at = now, after = 'lease-ended',
   lease_until = tonumber(cur[3])})
 redis.call('HSET', KEYS[1], 'token', ARGV[3], 'lease_until', ARGV[4], 'expires_at', exp)
 expire(KEYS[1], exp, ARGV[5])
-return {1, redis.call('HGETALL', KEYS[1])}
+return {1, record(KEYS[1])}
 ";
 
 /// `purge_expired`, for one batch of names. ARGV: now, prefix. Deletes only the records
@@ -341,23 +348,26 @@ impl Scripts {
             "local BUCKET_MS = {}\n",
             crate::store::budget::COUNT_SLACK_MS
         );
+        let read = lua_prelude();
         let with = |parts: &[&str]| {
-            let text = parts.concat();
-            if parts.contains(&BUDGET) {
-                Script::new(&format!("{bucket}{text}"))
-            } else {
-                Script::new(&text)
+            let mut text = parts.concat();
+            if parts.contains(&READ) {
+                text = text.replacen(READ, &read, 1);
             }
+            if parts.contains(&BUDGET) {
+                text.insert_str(0, &bucket);
+            }
+            Script::new(&text)
         };
         Scripts {
-            begin: with(&[PRELUDE, HISTORY, BUDGET, BEGIN]),
+            begin: with(&[PRELUDE, READ, HISTORY, BUDGET, BEGIN]),
             complete: with(&[BUDGET, LIVE_OWNER, COMPLETE]),
             release: with(&[LIVE_OWNER, RELEASE]),
             renew: with(&[PRELUDE, CURRENT_OWNER, RENEW]),
             park: with(&[CURRENT_OWNER, PARK]),
-            take_over: with(&[PRELUDE, HISTORY, TAKE_OVER]),
+            take_over: with(&[PRELUDE, READ, HISTORY, TAKE_OVER]),
             purge: with(&[PURGE]),
-            resolve: with(&[HISTORY, RESOLVE]),
+            resolve: with(&[READ, HISTORY, RESOLVE]),
             usage: with(&[BUDGET, USAGE]),
             count: with(&[BUDGET, COUNT]),
             account: with(&[BUDGET, ACCOUNT]),
