@@ -13,6 +13,7 @@ use idem::store::{ClientBudget, Store};
 use idem::{Idem, MemoryStore, identity};
 use idem_runtime::store::conformance::postgres::scratch_url;
 use idem_runtime::store::conformance::redis::{scratch_store, url_or_skip};
+use idem_runtime::store::{ClientUsage, StoreError, UnixMillis};
 use idem_runtime::store::{PostgresStore, SqliteStore};
 use reqwest::Method;
 use serde_json::json;
@@ -32,13 +33,8 @@ async fn order(server: &TestServer, client: &str, key: &str) -> Answer {
     .await
 }
 
-/// A budget of 3 records on `store`: client-a's fourth new key is refused, its held keys
-/// are replayed, and client-b gets all of its own.
-async fn budget_of_three(store: impl Store) {
-    let budget = ClientBudget {
-        records: 3,
-        bytes: 1 << 20,
-    };
+/// The orders service on `store` under `budget`, and the count of its handler's runs.
+async fn serve(store: impl Store, budget: ClientBudget) -> (TestServer, Counter) {
     let idem = Idem::builder(store, identity::header("x-client-id"))
         .client_budget(budget)
         .build();
@@ -48,7 +44,17 @@ async fn budget_of_three(store: impl Store) {
         .route("/orders/operations/{key}", get(order_status))
         .with_state(runs.clone())
         .layer(idem.layer());
-    let server = TestServer::start(router).await;
+    (TestServer::start(router).await, runs)
+}
+
+/// A budget of 3 records on `store`: client-a's fourth new key is refused, its held keys
+/// are replayed, and client-b gets all of its own.
+async fn budget_of_three(store: impl Store) {
+    let budget = ClientBudget {
+        records: 3,
+        bytes: 1 << 20,
+    };
+    let (server, runs) = serve(store, budget).await;
     for key in ["k-1", "k-2", "k-3"] {
         assert_eq!(order(&server, "client-a", key).await.status, 201, "{key}");
     }
@@ -102,4 +108,70 @@ async fn redis() {
         return;
     };
     budget_of_three(scratch_store(&url).await).await;
+}
+
+/// A store that counts the client counts ([`RecordStore::client_usage`]) asked of the
+/// store it wraps.
+struct CountsUsage<S> {
+    inner: S,
+    counts: Counter,
+}
+
+idem_runtime::forward_store! {
+    impl[S: Store] RecordStore for CountsUsage<S> {
+        forward |this| &this.inner;
+
+        async fn client_usage(
+            &self,
+            client: &str,
+            cap: u64,
+            now: UnixMillis,
+        ) -> Result<ClientUsage, StoreError> {
+            self.counts.bump();
+            self.inner.client_usage(client, cap, now).await
+        }
+    }
+    impl[S: Store] OperatorStore for CountsUsage<S> {
+        forward |this| &this.inner;
+    }
+}
+
+/// A replay spends no new key of the client's allowance: under a budget of 32 records
+/// (an allowance of 2 keys a count), 20 replays of one key bring on no count; new keys
+/// still do, every 2. On a store that answers replays at registration (SQLite, Redis),
+/// where a replay used to spend a key like a new one.
+async fn replays_spend_no_allowance(store: impl Store) {
+    let counts = Counter::default();
+    let store = CountsUsage {
+        inner: store,
+        counts: counts.clone(),
+    };
+    let (server, runs) = serve(store, ClientBudget::new(32, 1 << 30)).await;
+    assert_eq!(order(&server, "client-a", "k-1").await.status, 201);
+    assert_eq!(counts.get(), 1, "the first new key counts");
+    for _ in 0..20 {
+        let replay = order(&server, "client-a", "k-1").await;
+        assert!(replay.replayed() && replay.status == 201, "{replay:?}");
+    }
+    assert_eq!(counts.get(), 1, "20 replays, no count");
+    assert_eq!(order(&server, "client-a", "k-2").await.status, 201);
+    assert_eq!(counts.get(), 1, "the allowance's second key");
+    assert_eq!(order(&server, "client-a", "k-3").await.status, 201);
+    assert_eq!(counts.get(), 2, "spent: counted again");
+    assert_eq!(runs.get(), 3);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn sqlite_replays_spend_no_allowance() {
+    let dir = tempfile::tempdir().unwrap();
+    replays_spend_no_allowance(SqliteStore::open(dir.path().join("idem.db")).await.unwrap()).await;
+}
+
+#[tokio::test]
+async fn redis_replays_spend_no_allowance() {
+    let Some(url) = url_or_skip("replays and the client's allowance on Redis").await else {
+        return;
+    };
+    replays_spend_no_allowance(scratch_store(&url).await).await;
 }

@@ -84,6 +84,21 @@ impl Allowances {
         }
     }
 
+    /// Gives `client` back the key [`take`](Allowances::take) spent at `now` on a
+    /// registration that counted nothing (the key had a record: a replay, a duplicate in
+    /// flight, another request under the key). Nothing when its allowance has since run
+    /// out, expired or turned into a refusal. A count taken between the two may get the
+    /// key it never lost: at most one per request in flight, within the overshoot the
+    /// module docs allow.
+    pub(crate) fn refund(&self, client: &str, now: UnixMillis) {
+        if let Some(mut entry) = self.clients.get_mut(client)
+            && let Allowance::Keys { left, at } = *entry
+            && now < at.saturating_add(KEEP_MS)
+        {
+            *entry = Allowance::Keys { left: left + 1, at };
+        }
+    }
+
     /// Records what a count of `client` found, under `budget`, and says what its key may
     /// do. `per_key` is the most bytes one key's result can add.
     pub(crate) fn counted(
@@ -190,6 +205,30 @@ mod tests {
             Admission::Unknown,
             "an old allowance is counted again"
         );
+    }
+
+    #[test]
+    fn a_key_spent_on_a_registration_that_counted_nothing_is_given_back() {
+        let allowances = Allowances::default();
+        let budget = ClientBudget::new(32, 1 << 30);
+        assert_eq!(
+            allowances.counted("a", &budget, &usage(0, 0), 1, 0),
+            Admission::Count,
+            "2 keys granted (32 / 16), one spent"
+        );
+        assert_eq!(allowances.take("a", 1), Admission::Count, "the last one");
+        allowances.refund("a", 2);
+        assert_eq!(allowances.take("a", 3), Admission::Count, "given back");
+        assert_eq!(allowances.take("a", 3), Admission::Unknown, "spent");
+        // Nothing to give back to: an unknown client, an expired allowance, a refusal.
+        allowances.refund("b", 3);
+        assert_eq!(allowances.take("b", 3), Admission::Unknown);
+        allowances.refund("a", KEEP_MS);
+        assert_eq!(allowances.take("a", KEEP_MS), Admission::Unknown);
+        let at_budget = ClientBudget::new(2, 1 << 30);
+        let over = allowances.counted("c", &at_budget, &usage(2, 0), 1, 100);
+        allowances.refund("c", 101);
+        assert_eq!(allowances.take("c", 101), over, "still refused");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use super::Registration;
 use crate::answer;
 use crate::enforce::Rejection;
 use crate::idem::allowance::Admission;
-use crate::store::{ClientBudget, OverBudget, UnixMillis};
+use crate::store::{ClientBudget, NewRecord, OverBudget, UnixMillis};
 
 /// The bytes of headers a result may add besides its body, for the allowance.
 const HEADERS_PER_KEY: u64 = 1024;
@@ -45,6 +45,15 @@ impl Registration<'_> {
             Admission::Count => Ok(Some(ClientBudget::COUNT_ONLY)),
             Admission::Check | Admission::Unknown => Ok(Some(budget)),
             Admission::Over(over) => self.held_or_refused(&over, now).await,
+        }
+    }
+
+    /// Gives the client's allowance back the key [`Registration::budget`] spent on `new`
+    /// when its registration counted nothing: the key had a record or an attempt in
+    /// flight. A replay or a duplicate spends no new key, so it never brings on a count.
+    pub(super) fn refund(&self, new: &NewRecord, now: UnixMillis) {
+        if new.budget == Some(ClientBudget::COUNT_ONLY) {
+            self.idem.allowances().refund(&self.key.client, now);
         }
     }
 

@@ -55,8 +55,14 @@ impl Registration<'_> {
             return self.claim_in_tx(&tx, &new, now, started).await;
         }
         let record = match self.idem.store().begin(self.key, &new, now).await {
-            Ok(Begin::Started(record)) => record,
+            Ok(Begin::Started(record)) => {
+                if record.operation_id != new.operation_id {
+                    self.refund(&new, now); // a released record reclaimed: counted already
+                }
+                record
+            }
             Ok(Begin::Exists(record)) => {
+                self.refund(&new, now);
                 crate::telemetry::found_record(record.attempt);
                 return Ok(Claimed::Exists(record, now));
             }
@@ -115,10 +121,14 @@ impl Registration<'_> {
         let record = match tx.register(self.key, new, now, until).await {
             Ok(BeginInTx::Started(record)) => record,
             Ok(BeginInTx::Exists(record)) => {
+                self.refund(new, now);
                 crate::telemetry::found_record(record.attempt);
                 return Ok(Claimed::Exists(record, now));
             }
-            Ok(BeginInTx::InFlight(holder)) => return Ok(in_flight(holder, now)),
+            Ok(BeginInTx::InFlight(holder)) => {
+                self.refund(new, now);
+                return Ok(in_flight(holder, now));
+            }
             Ok(BeginInTx::OverBudget(over)) => return Err(self.over_budget(&over, now)),
             Err(error) => return Err(self.unavailable(self.last_id, &error)),
         };
