@@ -224,8 +224,8 @@ impl ReplicaWait {
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("prefix", &self.layout.prefix)
-            .field("cluster", &self.layout.cluster)
+            .field("prefix", &self.layout.prefix())
+            .field("cluster", &self.layout.cluster())
             .field("max_result", &self.max_result)
             .field("call_timeout", &self.call_timeout)
             .field("replica_wait", &self.replica_wait)
@@ -294,7 +294,7 @@ impl RedisStore {
         let _: Value = store
             .bounded(redis::cmd("PING").query_async(&mut conn))
             .await?;
-        if store.layout.cluster {
+        if store.layout.cluster() {
             let masters = store.bounded(conn.masters()).await?;
             if !masters.is_empty() && masters.iter().all(|m| m.replicas > 0) {
                 store.replica_wait = Some(ReplicaWait::DEFAULT);
@@ -319,10 +319,7 @@ impl RedisStore {
 
     fn over(conn: RedisConnection) -> RedisStore {
         RedisStore {
-            layout: Layout {
-                prefix: DEFAULT_PREFIX.to_owned(),
-                cluster: conn.is_cluster(),
-            },
+            layout: Layout::new(DEFAULT_PREFIX.to_owned(), conn.is_cluster()),
             conn,
             max_result: DEFAULT_MAX_RESULT,
             call_timeout: DEFAULT_CALL_TIMEOUT,
@@ -339,7 +336,7 @@ impl RedisStore {
     ///
     #[must_use]
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> RedisStore {
-        self.layout.prefix = prefix.into();
+        self.layout = Layout::new(prefix.into(), self.layout.cluster());
         self
     }
 
@@ -526,7 +523,7 @@ impl RecordStore for RedisStore {
         new: &NewRecord,
         now: UnixMillis,
     ) -> Result<Begin, StoreError> {
-        let begun = if self.layout.cluster {
+        let begun = if self.layout.cluster() {
             self.begin_in_cluster(key, new, now).await?
         } else {
             self.register(key, new, new.budget, now).await?
@@ -560,7 +557,7 @@ impl RecordStore for RedisStore {
         check_size(response, self.max_result)?;
         let mut invocation = self.scripts.complete.key(self.hash_name(key));
         invocation.key(self.layout.outbox(key));
-        if !self.layout.cluster {
+        if !self.layout.cluster() {
             invocation.key(self.layout.budget(&key.client).1);
         }
         invocation
@@ -582,7 +579,7 @@ impl RecordStore for RedisStore {
                 ));
             }
         };
-        if self.layout.cluster && bucket != b"0" {
+        if self.layout.cluster() && bucket != b"0" {
             let bucket = String::from_utf8_lossy(&bucket);
             self.account_in_cluster(key, &bucket, response.size(), now)
                 .await;
@@ -725,7 +722,7 @@ impl OperatorStore for RedisStore {
                 for name in &batch {
                     invocation.key(name);
                 }
-                invocation.arg(now).arg(&self.layout.prefix);
+                invocation.arg(now).arg(self.layout.prefix());
                 let mut conn = self.conn.clone();
                 let n: u64 = self.bounded(invocation.invoke_async(&mut conn)).await?;
                 purged += n;
@@ -867,7 +864,7 @@ impl RedisStore {
             return Ok(None);
         };
         // Names of a longer prefix (`a:b` under `a`) are another store's.
-        if fields.get("prefix").map(Vec::as_slice) != Some(self.layout.prefix.as_bytes()) {
+        if fields.get("prefix").map(Vec::as_slice) != Some(self.layout.prefix().as_bytes()) {
             return Ok(None);
         }
         match skip_foreign(name, decode(&fields))? {
@@ -1269,7 +1266,7 @@ mod hostile {
             return;
         };
         let store = store(&url, &scratch_prefix()).await;
-        let mut name = format!("{}:", store.layout.prefix).into_bytes();
+        let mut name = format!("{}:", store.layout.prefix()).into_bytes();
         name.extend_from_slice(b"\xff\xfe");
         let mut conn = store.connection().clone();
         let _: () = redis::cmd("HSET")

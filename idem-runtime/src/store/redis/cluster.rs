@@ -28,12 +28,12 @@ impl RedisStore {
     ) -> Result<Begin, StoreError> {
         let (how, bytes) = match budget {
             None => (String::new(), String::new()),
-            Some(_) if self.layout.cluster => ("elsewhere".to_owned(), String::new()),
+            Some(_) if self.layout.cluster() => ("elsewhere".to_owned(), String::new()),
             Some(budget) if budget.refuses_nothing() => ("count".to_owned(), String::new()),
             Some(budget) => (budget.records.to_string(), budget.bytes.to_string()),
         };
         let mut invocation = self.scripts.begin.key(self.hash_name(key));
-        if budget.is_some() && !self.layout.cluster {
+        if budget.is_some() && !self.layout.cluster() {
             let (ends, counts) = self.layout.budget(&key.client);
             invocation.key(ends).key(counts);
         }
@@ -47,7 +47,7 @@ impl RedisStore {
             .arg(new.holds_until)
             .arg(if new.transactional { "1" } else { "0" })
             .arg(EXPIRY_MARGIN_MS)
-            .arg(&self.layout.prefix)
+            .arg(self.layout.prefix())
             .arg(how)
             .arg(bytes);
         let mut conn = self.conn.clone();
@@ -153,7 +153,7 @@ impl RedisStore {
         let name = self.hash_name(key);
         let asked = usize::try_from(wait.replicas).unwrap_or(usize::MAX);
         let mut wanted = asked;
-        if self.layout.cluster
+        if self.layout.cluster()
             && let Some(has) = self.replicas_of(&name, false).await
         {
             wanted = wanted.min(has);
@@ -167,7 +167,7 @@ impl RedisStore {
             return Ok(());
         }
         // Fewer than asked for: the cluster may have changed since it was last read.
-        if self.layout.cluster
+        if self.layout.cluster()
             && let Some(has) = self.replicas_of(&name, wanted > 0).await
             && acked >= asked.min(has)
         {
@@ -265,7 +265,7 @@ impl RedisStore {
             });
             let (next, names) = match step {
                 Ok(step) => step,
-                Err(error) if self.layout.cluster => {
+                Err(error) if self.layout.cluster() => {
                     tracing::warn!(master = %format!("{}:{}", master.host, master.port), %error, "idem: a Redis Cluster master could not be scanned; skipped");
                     scan.failed += 1;
                     scan.last_error = Some(error);
@@ -291,7 +291,7 @@ impl RedisStore {
     /// cluster, a batch per hash tag (names without one, which are no records of this
     /// layout, each alone).
     pub(super) fn by_slot(&self, names: Vec<Vec<u8>>) -> Vec<Vec<Vec<u8>>> {
-        if !self.layout.cluster {
+        if !self.layout.cluster() {
             return vec![names];
         }
         let mut batches: BTreeMap<Vec<u8>, Vec<Vec<u8>>> = BTreeMap::new();

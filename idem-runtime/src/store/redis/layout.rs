@@ -9,6 +9,7 @@
 //! the names have no tag, as they always had.
 
 use std::borrow::Cow;
+use std::fmt::Write as _;
 
 use sha2::{Digest, Sha256};
 
@@ -21,41 +22,63 @@ pub(super) const BUCKETS: u16 = 1024;
 /// Where a store's names live.
 #[derive(Clone, Debug)]
 pub(super) struct Layout {
-    /// The store's prefix, as given.
-    pub(super) prefix: String,
-    /// Whether the names carry hash tags (a cluster).
-    pub(super) cluster: bool,
+    prefix: String,
+    cluster: bool,
+    /// The prefix as it starts every name, escaped once ([`Layout::new`]).
+    head: String,
 }
 
 impl Layout {
-    /// The prefix as it starts every name: `%` and `:` (and, on a cluster, `{` and `}`,
-    /// which would start a hash tag) escaped.
-    fn head(&self) -> Cow<'_, str> {
-        let head = segment(&self.prefix);
-        if self.cluster && head.contains(['{', '}']) {
-            Cow::Owned(head.replace('{', "%7B").replace('}', "%7D"))
-        } else {
-            head
+    /// The layout of `prefix`, on a cluster or one server. The prefix is escaped here,
+    /// once, not for every name: `%` and `:` (and, on a cluster, `{` and `}`, which
+    /// would start a hash tag).
+    pub(super) fn new(prefix: String, cluster: bool) -> Layout {
+        let mut head = segment(&prefix).into_owned();
+        if cluster && head.contains(['{', '}']) {
+            head = head.replace('{', "%7B").replace('}', "%7D");
         }
+        Layout {
+            prefix,
+            cluster,
+            head,
+        }
+    }
+
+    /// The store's prefix, as given.
+    pub(super) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Whether the names carry hash tags (a cluster).
+    pub(super) fn cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// The escaped prefix that starts every name.
+    fn head(&self) -> &str {
+        &self.head
     }
 
     /// The name of the hash that holds `key`'s record:
     /// `<prefix>:<operation>:<client length>:<client>:<key>` on one server,
     /// `<prefix>:{<bucket>}:<operation>:…` on a cluster.
     pub(super) fn record(&self, key: &RecordKey) -> String {
-        let tag = if self.cluster {
-            format!("{{{}}}:", bucket(key))
-        } else {
-            String::new()
-        };
-        format!(
-            "{}:{tag}{}:{}:{}:{}",
-            self.head(),
-            segment(&key.operation),
-            key.client.len(),
-            key.client,
-            key.key
-        )
+        let operation = segment(&key.operation);
+        let mut name = String::with_capacity(
+            self.head.len() + operation.len() + key.client.len() + key.key.len() + 16,
+        );
+        name.push_str(&self.head);
+        name.push(':');
+        // Writing to a `String` cannot fail.
+        if self.cluster {
+            let _ = write!(name, "{{{}}}:", bucket(key));
+        }
+        name.push_str(&operation);
+        let _ = write!(name, ":{}:", key.client.len());
+        name.push_str(&key.client);
+        name.push(':');
+        name.push_str(&key.key);
+        name
     }
 
     /// The names of `client`'s budget accounting (the store's scripts, `BUDGET`): its
@@ -102,7 +125,7 @@ impl Layout {
 
     /// The `SCAN` pattern of the prefix's records, or of one operation's.
     pub(super) fn pattern(&self, operation: Option<&str>) -> String {
-        let head = escape_pattern(&self.head());
+        let head = escape_pattern(self.head());
         let tag = if self.cluster { "{*}:" } else { "" };
         match operation {
             Some(op) => format!("{head}:{tag}{}:*", escape_pattern(&segment(op))),
@@ -114,7 +137,7 @@ impl Layout {
     /// another layout or prefix.
     pub(super) fn key_of(&self, name: &[u8]) -> Option<RecordKey> {
         let name = std::str::from_utf8(name).ok()?;
-        let mut rest = name.strip_prefix(&*self.head())?.strip_prefix(':')?;
+        let mut rest = name.strip_prefix(self.head())?.strip_prefix(':')?;
         if self.cluster {
             let (tag, after) = rest.strip_prefix('{')?.split_once("}:")?;
             tag.parse::<u16>().ok().filter(|b| *b < BUCKETS)?;
@@ -184,10 +207,7 @@ mod tests {
     use super::*;
 
     fn layout(prefix: &str, cluster: bool) -> Layout {
-        Layout {
-            prefix: prefix.to_owned(),
-            cluster,
-        }
+        Layout::new(prefix.to_owned(), cluster)
     }
 
     #[test]
