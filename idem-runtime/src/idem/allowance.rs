@@ -6,7 +6,9 @@
 //! the handle does not count for every new key. It counts once
 //! ([`RecordStore::client_usage`](crate::store::RecordStore::client_usage)) and grants the
 //! client an allowance of new keys that certainly fit, registered counting only
-//! ([`ClientBudget::COUNT_ONLY`]); it counts again when the allowance is spent. Near the
+//! ([`ClientBudget::COUNT_ONLY`]); it counts again when the allowance is spent. A
+//! registration that registers nothing new (a replay, a duplicate in flight, a reclaimed
+//! key) gives its key back ([`Allowances::refund`]). Near the
 //! budget the allowance is zero and each new key is registered under the budget itself,
 //! so the store decides exactly; at the budget, the refusal is remembered for a second
 //! (or until the oldest record expires), and a key is then refused without a count

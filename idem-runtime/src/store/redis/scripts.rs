@@ -21,11 +21,6 @@ local function expire(key, at, margin)
 end
 ";
 
-/// Where `record(key)`, `RECORD` and `F` go ([`lua_prelude`], written from
-/// [`RECORD_FIELDS`](super::record::RECORD_FIELDS)): a script that returns a record
-/// returns `record(KEYS[1])`, the values of those fields in order, never the whole hash.
-const READ: &str = "--[[record]]\n";
-
 /// The client budget's accounting ([`super::super::budget`]), kept by **expiry bucket**
 /// rather than by record, so that a new key costs the same whatever the client holds,
 /// and the accounting takes memory by the bucket, not by the record. A record counts in
@@ -348,26 +343,26 @@ impl Scripts {
             "local BUCKET_MS = {}\n",
             crate::store::budget::COUNT_SLACK_MS
         );
+        // `record(key)`, `RECORD` and `F`: a script that returns a record returns
+        // `record(KEYS[1])`, the values of its fields in order, never the whole hash.
         let read = lua_prelude();
+        let read = read.as_str();
         let with = |parts: &[&str]| {
             let mut text = parts.concat();
-            if parts.contains(&READ) {
-                text = text.replacen(READ, &read, 1);
-            }
             if parts.contains(&BUDGET) {
                 text.insert_str(0, &bucket);
             }
             Script::new(&text)
         };
         Scripts {
-            begin: with(&[PRELUDE, READ, HISTORY, BUDGET, BEGIN]),
+            begin: with(&[PRELUDE, read, HISTORY, BUDGET, BEGIN]),
             complete: with(&[BUDGET, LIVE_OWNER, COMPLETE]),
             release: with(&[LIVE_OWNER, RELEASE]),
             renew: with(&[PRELUDE, CURRENT_OWNER, RENEW]),
             park: with(&[CURRENT_OWNER, PARK]),
-            take_over: with(&[PRELUDE, READ, HISTORY, TAKE_OVER]),
+            take_over: with(&[PRELUDE, read, HISTORY, TAKE_OVER]),
             purge: with(&[PURGE]),
-            resolve: with(&[READ, HISTORY, RESOLVE]),
+            resolve: with(&[read, HISTORY, RESOLVE]),
             usage: with(&[BUDGET, USAGE]),
             count: with(&[BUDGET, COUNT]),
             account: with(&[BUDGET, ACCOUNT]),
