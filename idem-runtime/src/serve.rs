@@ -3,11 +3,16 @@
 //! `axum::serve` gives hyper no timer, so hyper's header read timeout never fires: a
 //! connection that sends its headers a byte every second stays open for as long as the
 //! sender likes, and thousands of them cost the sender nothing. [`serve`] serves the same
-//! router through hyper's own connection builder (HTTP/1.1 and HTTP/2, from `hyper-util`)
-//! with a timer, so that a connection whose request head has not arrived within
-//! [`Serve::header_read_timeout`] (10 s unless set) is closed. The body is bounded
-//! elsewhere: a contracted handler reads it within the contract's time for one attempt,
-//! or answers 408 `request-timeout`.
+//! router through hyper's HTTP/1.1 connection builder with a timer, so that a connection
+//! whose request head has not arrived within [`Serve::header_read_timeout`] (10 s unless
+//! set) is closed. The body is bounded elsewhere: a contracted handler reads it within
+//! the contract's time for one attempt, or answers 408 `request-timeout`.
+//!
+//! HTTP/1.1 only: a service that takes HTTP/2 in clear text (prior knowledge, from a proxy
+//! that speaks it to its upstreams) serves it with `axum::serve` and axum's `http2`
+//! feature. idem does not turn HTTP/2 on itself: Cargo unifies features, so a dependency
+//! that enabled hyper's HTTP/2 would make every `axum::serve` of the service answer it,
+//! and add the HTTP/2 stack (≈ 1 MB of a release binary) to services that never use it.
 //!
 //! ```no_run
 //! # async fn run(app: axum::Router) -> std::io::Result<()> {
@@ -21,8 +26,8 @@
 //! # }
 //! ```
 //!
-//! Not supported: HTTP upgrades (WebSocket) and `ConnectInfo`; serve those routes with
-//! `axum::serve`.
+//! Not supported: HTTP/2, HTTP upgrades (WebSocket) and `ConnectInfo`; serve those routes
+//! with `axum::serve`.
 
 use std::future::{Future, IntoFuture};
 use std::io;
@@ -30,8 +35,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto::Builder;
+use hyper::server::conn::http1::Builder;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
@@ -43,7 +48,8 @@ type Signal = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// request head has not arrived within [`Serve::header_read_timeout`] (10 s unless set).
 /// Await the returned [`Serve`] to run it. `axum::serve` gives hyper no timer, so its
 /// header read timeout never fires there; the body is bounded by each contract (408
-/// `request-timeout`). Not supported: HTTP upgrades (WebSocket) and `ConnectInfo`.
+/// `request-timeout`). HTTP/1.1 only; not supported: HTTP/2, HTTP upgrades (WebSocket) and
+/// `ConnectInfo`.
 ///
 /// ```no_run
 /// # async fn run(app: axum::Router) -> std::io::Result<()> {
@@ -103,9 +109,8 @@ impl Serve {
 
     async fn run(self) -> io::Result<()> {
         self.listener.local_addr()?;
-        let mut builder = Builder::new(TokioExecutor::new());
+        let mut builder = Builder::new();
         builder
-            .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(self.header_read_timeout);
         let graceful = GracefulShutdown::new();
@@ -118,9 +123,7 @@ impl Serve {
                 () = &mut signal => break,
             };
             let service = TowerToHyperService::new(self.router.clone());
-            let connection = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .into_owned();
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
             let connection = graceful.watch(connection);
             tokio::spawn(async move {
                 if let Err(error) = connection.await {
