@@ -38,6 +38,11 @@ async fn serve(store: impl Store, budget: ClientBudget) -> (TestServer, Counter)
     let idem = Idem::builder(store, identity::header("x-client-id"))
         .client_budget(budget)
         .build();
+    serve_with(&idem).await
+}
+
+/// The orders service under `idem`, and the count of its handler's runs.
+async fn serve_with(idem: &Idem) -> (TestServer, Counter) {
     let runs = Counter::default();
     let router = Router::new()
         .route("/orders", post(create_order))
@@ -174,4 +179,53 @@ async fn redis_replays_spend_no_allowance() {
         return;
     };
     replays_spend_no_allowance(scratch_store(&url).await).await;
+}
+
+/// Under the default budget (16 MiB of results) with results of up to 1 MiB kept, a
+/// client's new keys whose results are small are counted once, not every 7: each key
+/// holds the largest result's bytes of the allowance only until its own result is built,
+/// and gives back what that result does not take.
+async fn small_results_give_their_bytes_back(store: impl Store) {
+    let counts = Counter::default();
+    let store = CountsUsage {
+        inner: store,
+        counts: counts.clone(),
+    };
+    let idem = Idem::builder(store, identity::header("x-client-id"))
+        .client_budget(ClientBudget::DEFAULT)
+        .max_stored_body(1 << 20)
+        .build();
+    let (server, runs) = serve_with(&idem).await;
+    for key in 0..60 {
+        let answer = order(&server, "client-a", &format!("k-{key}")).await;
+        assert_eq!(answer.status, 201, "{answer:?}");
+    }
+    assert_eq!(runs.get(), 60);
+    assert_eq!(
+        counts.get(),
+        1,
+        "60 small results under an allowance of 625 keys: one count (8 MiB of results \
+         over 1 MiB a key used to grant 7 keys a count)"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn memory_small_results_give_their_bytes_back() {
+    small_results_give_their_bytes_back(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn sqlite_small_results_give_their_bytes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("idem.db")).await.unwrap();
+    small_results_give_their_bytes_back(store).await;
+}
+
+#[tokio::test]
+async fn redis_small_results_give_their_bytes_back() {
+    let Some(url) = url_or_skip("the allowance's bytes on Redis").await else {
+        return;
+    };
+    small_results_give_their_bytes_back(scratch_store(&url).await).await;
 }

@@ -29,7 +29,7 @@ mod transactional;
 #[path = "transactional_none.rs"]
 mod transactional;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use axum::response::{IntoResponse, Response};
@@ -44,6 +44,7 @@ pub use self::guard::Guard;
 pub use self::journal::{CallError, DownstreamKey, Interrupted, Journal, StepError};
 use self::journal::{Interruption, Shared};
 use crate::answer::{self, with_operation_id};
+use crate::idem::allowance::Reservation;
 use crate::idem::running::Alive;
 use crate::mode::{AttemptTx, Mode};
 use crate::replay::select_headers;
@@ -108,6 +109,9 @@ pub(crate) struct Held {
     /// The record as registered inside the attempt's transaction (the transactional
     /// mode's one commit): nothing of it is left once the transaction rolls back.
     pub(crate) registered_as: Option<Box<NewRecord>>,
+    /// The bytes of the client's allowance held for this attempt's result, until the
+    /// result is built ([`Held::reserve`]).
+    reservation: Mutex<Option<Reservation>>,
     /// Holds the lease, even past its end, and renews it in the store, for as long as
     /// this attempt is alive ([`crate::idem::running::Running`]).
     _alive: Alive,
@@ -139,6 +143,7 @@ impl Held {
             journal: OnceLock::new(),
             tx_opened: None,
             registered_as: None,
+            reservation: Mutex::new(None),
             _alive: idem
                 .running()
                 .enter(idem, key, token, idem.lease_for(contract), started),
@@ -301,6 +306,9 @@ impl Held {
     /// The record of the handler's answer: its status, the headers replay lets through
     /// and its body, or, for a body larger than the handle keeps, what
     /// [`StoredResponse::body_not_kept`] keeps of it.
+    ///
+    /// What the result does not take of the bytes held for it in the client's
+    /// allowance goes back to it: the store keeps this result, or less.
     fn stored(&self, status: u16, headers: &HeaderMap, body: Bytes) -> StoredResponse {
         let stored = StoredResponse {
             status,
@@ -308,11 +316,31 @@ impl Held {
             body,
         };
         let limit = self.idem.max_stored_body();
-        if stored.body.len() <= limit {
-            return stored;
+        let stored = if stored.body.len() <= limit {
+            stored
+        } else {
+            self.log_body_not_kept(&stored, limit);
+            stored.body_not_kept(limit)
+        };
+        let reservation = (self.reservation.lock())
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(reservation) = reservation {
+            let size = u64::try_from(stored.size()).unwrap_or(u64::MAX);
+            self.idem
+                .allowances()
+                .settle(&self.key.client, reservation, size);
         }
-        self.log_body_not_kept(&stored, limit);
-        stored.body_not_kept(limit)
+        stored
+    }
+
+    /// Holds `reservation` of the client's allowance for this attempt's result, until
+    /// the result is built.
+    pub(crate) fn reserve(&mut self, reservation: Option<Reservation>) {
+        *self
+            .reservation
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner) = reservation;
     }
 
     /// Logs that the body of `stored` is larger than `limit` and will not be replayed.

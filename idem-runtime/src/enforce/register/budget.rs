@@ -5,28 +5,36 @@
 use super::Registration;
 use crate::answer;
 use crate::enforce::Rejection;
-use crate::idem::allowance::Admission;
-use crate::store::{ClientBudget, NewRecord, OverBudget, UnixMillis};
+use crate::idem::allowance::{Admission, Reservation};
+use crate::store::{ClientBudget, OverBudget, UnixMillis};
 
 /// The bytes of headers a result may add besides its body, for the allowance.
 const HEADERS_PER_KEY: u64 = 1024;
 
+/// What the claim registers under: the budget (`None` without one), and what the key
+/// took of the client's allowance, to give back (`None` when it took nothing).
+pub(super) type Budgeted = (Option<ClientBudget>, Option<Reservation>);
+
 impl Registration<'_> {
     /// The budget the claim registers under at `now`: `None` without one,
     /// [`ClientBudget::COUNT_ONLY`] while the client's allowance lasts (or for a key it
-    /// holds), the budget itself near it (the store then decides).
+    /// holds), the budget itself near it (the store then decides); with what the key
+    /// took of the allowance.
     ///
     /// # Errors
     ///
     /// 429 `client-budget-exhausted` when the client is at its budget and does not hold
     /// the key; 503 `store-unavailable` (or `store-full`) when the store fails.
-    pub(super) async fn budget(&self, now: UnixMillis) -> Result<Option<ClientBudget>, Rejection> {
+    pub(super) async fn budget(&self, now: UnixMillis) -> Result<Budgeted, Rejection> {
         let Some(budget) = self.idem.client_budget() else {
-            return Ok(None);
+            return Ok((None, None));
         };
         let allowances = self.idem.allowances();
         let client = &self.key.client;
-        let admission = match allowances.take(client, now) {
+        let per_key = u64::try_from(self.idem.max_stored_body())
+            .unwrap_or(u64::MAX)
+            .saturating_add(HEADERS_PER_KEY);
+        let admission = match allowances.take(client, per_key, now) {
             Admission::Unknown => {
                 let counted = self
                     .idem
@@ -34,26 +42,35 @@ impl Registration<'_> {
                     .client_usage(client, budget.records, now)
                     .await
                     .map_err(|error| self.unavailable(self.last_id, &error))?;
-                let per_key = u64::try_from(self.idem.max_stored_body())
-                    .unwrap_or(u64::MAX)
-                    .saturating_add(HEADERS_PER_KEY);
                 allowances.counted(client, &budget, &counted, per_key, now)
             }
             known => known,
         };
         match admission {
-            Admission::Count => Ok(Some(ClientBudget::COUNT_ONLY)),
-            Admission::Check | Admission::Unknown => Ok(Some(budget)),
-            Admission::Over(over) => self.held_or_refused(&over, now).await,
+            Admission::Count(reservation) => {
+                Ok((Some(ClientBudget::COUNT_ONLY), Some(reservation)))
+            }
+            Admission::Check | Admission::Unknown => Ok((Some(budget), None)),
+            Admission::Over(over) => Ok((self.held_or_refused(&over, now).await?, None)),
         }
     }
 
-    /// Gives the client's allowance back the key [`Registration::budget`] spent on `new`
-    /// when its registration counted nothing: the key had a record or an attempt in
-    /// flight. A replay or a duplicate spends no new key, so it never brings on a count.
-    pub(super) fn refund(&self, new: &NewRecord, now: UnixMillis) {
-        if new.budget == Some(ClientBudget::COUNT_ONLY) {
-            self.idem.allowances().refund(&self.key.client, now);
+    /// Gives the client's allowance back what [`Registration::budget`] took for a
+    /// registration that counted nothing: the key had a record or an attempt in flight.
+    /// A replay or a duplicate spends no new key, so it never brings on a count.
+    pub(super) fn refund(&self, reservation: Option<Reservation>) {
+        if let Some(reservation) = reservation {
+            self.idem.allowances().refund(&self.key.client, reservation);
+        }
+    }
+
+    /// For a registration that reclaimed a released record (counted already): the key
+    /// goes back to the allowance, and the bytes stay held for the attempt's result.
+    pub(super) fn return_key(&self, reservation: Option<Reservation>) {
+        if let Some(reservation) = reservation {
+            self.idem
+                .allowances()
+                .return_key(&self.key.client, reservation);
         }
     }
 

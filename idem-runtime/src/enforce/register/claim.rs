@@ -6,6 +6,7 @@ use tokio::time::Instant;
 use super::Registration;
 use crate::attempt::Held;
 use crate::enforce::Rejection;
+use crate::idem::allowance::Reservation;
 use crate::mode::AttemptTx;
 use crate::store::{
     Begin, BeginInTx, InFlight, Lease, NewRecord, OverBudget, OwnerToken, Record, StoreError,
@@ -50,19 +51,20 @@ impl Registration<'_> {
             self.transactional,
             now,
         );
-        new.budget = self.budget(now).await?;
+        let reservation;
+        (new.budget, reservation) = self.budget(now).await?;
         if let Some(tx) = self.in_tx.clone() {
-            return self.claim_in_tx(&tx, &new, now, started).await;
+            return self.claim_in_tx(&tx, &new, reservation, now, started).await;
         }
         let record = match self.idem.store().begin(self.key, &new, now).await {
             Ok(Begin::Started(record)) => {
                 if record.operation_id != new.operation_id {
-                    self.refund(&new, now); // a released record reclaimed: counted already
+                    self.return_key(reservation); // a released record reclaimed: counted already
                 }
                 record
             }
             Ok(Begin::Exists(record)) => {
-                self.refund(&new, now);
+                self.refund(reservation);
                 crate::telemetry::found_record(record.attempt);
                 return Ok(Claimed::Exists(record, now));
             }
@@ -88,7 +90,12 @@ impl Registration<'_> {
             attempt = record.attempt,
             "idem: key registered"
         );
-        Ok(Claimed::Held(self.held(&record, &new, started)))
+        Ok(Claimed::Held(self.held(
+            &record,
+            &new,
+            reservation,
+            started,
+        )))
     }
 
     /// The claim of the transactional mode's one commit: the attempt's transaction begins
@@ -105,6 +112,7 @@ impl Registration<'_> {
         &self,
         tx: &AttemptTx,
         new: &NewRecord,
+        reservation: Option<Reservation>,
         now: UnixMillis,
         started: Instant,
     ) -> Result<Claimed, Rejection> {
@@ -113,6 +121,7 @@ impl Registration<'_> {
         if tx.fences_by_lock() && !tx.is_reserved().await {
             let unavailable = |error| self.unavailable(self.last_id, &error);
             if let Some(claimed) = self.unreserved(tx, now).await.map_err(unavailable)? {
+                self.refund(reservation);
                 return Ok(claimed);
             }
             tx.reserve().await.map_err(unavailable)?;
@@ -121,18 +130,18 @@ impl Registration<'_> {
         let record = match tx.register(self.key, new, now, until).await {
             Ok(BeginInTx::Started(record)) => record,
             Ok(BeginInTx::Exists(record)) => {
-                self.refund(new, now);
+                self.refund(reservation);
                 crate::telemetry::found_record(record.attempt);
                 return Ok(Claimed::Exists(record, now));
             }
             Ok(BeginInTx::InFlight(holder)) => {
-                self.refund(new, now);
+                self.refund(reservation);
                 return Ok(in_flight(holder, now));
             }
             Ok(BeginInTx::OverBudget(over)) => return Err(self.over_budget(&over, now)),
             Err(error) => return Err(self.unavailable(self.last_id, &error)),
         };
-        let mut held = self.held(&record, new, started);
+        let mut held = self.held(&record, new, reservation, started);
         held.registered_as = Some(Box::new(new.clone()));
         held.attach(tx.clone());
         Ok(Claimed::Held(held))
@@ -164,9 +173,15 @@ impl Registration<'_> {
     }
 
     /// The attempt that holds the key as `record` says, registered as `new` from
-    /// `started`.
-    fn held(&self, record: &Record, new: &NewRecord, started: Instant) -> Held {
-        Held::start(
+    /// `started`, holding `reservation` of its client's allowance for its result.
+    fn held(
+        &self,
+        record: &Record,
+        new: &NewRecord,
+        reservation: Option<Reservation>,
+        started: Instant,
+    ) -> Held {
+        let mut held = Held::start(
             self.idem,
             self.contract,
             self.key,
@@ -174,7 +189,9 @@ impl Registration<'_> {
             started,
             record.operation_id,
             record.attempt,
-        )
+        );
+        held.reserve(reservation);
+        held
     }
 
     /// 429 `client-budget-exhausted` for a client at its budget (`over`) at `now`,

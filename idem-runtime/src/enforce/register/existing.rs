@@ -10,8 +10,9 @@ use crate::store::{Record, RecordState, UnixMillis};
 
 /// What to do after looking at the record.
 pub(super) enum Next {
-    /// Recovery found the operation not applied: this request holds the key now.
-    Run(Held),
+    /// Recovery found the operation not applied: this request holds the key now (boxed:
+    /// the rare path, and an attempt is large).
+    Run(Box<Held>),
     /// The record changed meanwhile (released, taken over, the wait ended): look again.
     LookAgain,
 }
@@ -68,7 +69,7 @@ impl Registration<'_> {
         )
         .await;
         match recovered {
-            Recovered::Run(held) => Ok(Next::Run(held)),
+            Recovered::Run(held) => Ok(Next::Run(Box::new(held))),
             Recovered::Answer(response) => Err(Rejection::Recovered(Box::new(response))),
             Recovered::Lost => Ok(Next::LookAgain),
             Recovered::Failed(error) => Err(self.unavailable(Some(record.operation_id), &error)),

@@ -90,14 +90,14 @@ pub(crate) async fn register(
             Claimed::InFlight(holder, now) => {
                 registration.last_id = Some(holder.operation_id);
                 match registration.in_flight(&holder, now).await? {
-                    Next::Run(held) => return Ok(held),
+                    Next::Run(held) => return Ok(*held),
                     Next::LookAgain => continue,
                 }
             }
         };
         registration.last_id = Some(record.operation_id);
         match registration.answer_from(&record, now).await? {
-            Next::Run(held) => return Ok(held),
+            Next::Run(held) => return Ok(*held),
             Next::LookAgain => {}
         }
     }
