@@ -8,11 +8,11 @@ use http::request::Parts;
 use http::{HeaderValue, StatusCode, header};
 use idem_contract::{Contract, KeyError};
 
+use crate::header::OPERATION_ID;
 use crate::problem::{Problem, ProblemType};
 use crate::store::{OperationState, OverBudget, Record, RecordKey, StoreError, UnixMillis};
 use crate::telemetry::{self, Outcome};
 use crate::{Idem, OperationId};
-use idem_contract::headers::OPERATION_ID;
 
 /// Sets the `Operation-Id` header.
 pub(crate) fn with_operation_id(mut response: Response, id: OperationId) -> Response {
@@ -140,18 +140,22 @@ pub(crate) fn body_malformed(why: impl std::fmt::Display) -> Problem {
 
 /// The body could not be read: 413 `body-too-large` past axum's `DefaultBodyLimit`, else
 /// 400 `body-malformed` (a body cut short, a broken chunked encoding).
-pub(crate) fn body_unreadable(rejection: &axum::extract::rejection::BytesRejection) -> Problem {
-    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+pub(crate) fn body_unreadable(error: &axum::Error) -> Problem {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    let too_large = std::iter::from_fn(|| {
+        let this = cause?;
+        cause = this.source();
+        Some(this)
+    })
+    .any(|e| e.is::<http_body_util::LengthLimitError>());
+    if too_large {
         return Problem::new(
             ProblemType::BodyTooLarge,
             "the request body is larger than this server accepts (axum's `DefaultBodyLimit`); nothing was done",
         )
         .with_operation_id(OperationId::new());
     }
-    body_malformed(format_args!(
-        "the request body could not be read: {}",
-        rejection.body_text()
-    ))
+    body_malformed(format_args!("the request body could not be read: {error}"))
 }
 
 /// 408 `request-timeout`: the body did not arrive within `limit`, the attempt's time.

@@ -112,6 +112,7 @@ mod attempt;
 pub mod enforce;
 mod fault;
 pub mod fingerprint;
+mod header;
 mod idem;
 pub mod identity;
 mod layer;

@@ -19,8 +19,8 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 
 use crate::OperationId;
+use crate::header::OPERATION_ID;
 use crate::store::OperationState;
-use idem_contract::headers::OPERATION_ID;
 
 pub use idem_contract::problem::{PROBLEM_JSON, ProblemType, TYPE_PREFIX};
 

@@ -10,7 +10,7 @@ use crate::OperationId;
 use crate::answer::with_operation_id;
 use crate::store::StoredResponse;
 
-use idem_contract::headers::IDEMPOTENT_REPLAYED;
+use crate::header::IDEMPOTENT_REPLAYED;
 
 /// A handler's answer, read so that it can be stored.
 pub(crate) enum Captured {

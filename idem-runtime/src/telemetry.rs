@@ -9,11 +9,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::header::{IDEMPOTENT_REPLAYED, OPERATION_ID};
 use axum::extract::MatchedPath;
 use axum::response::Response;
 use http::Request;
 use idem_contract::Contract;
-use idem_contract::headers::{IDEMPOTENT_REPLAYED, OPERATION_ID};
 use idem_contract::problem::ProblemType;
 use metrics::{Key, Label, Metadata};
 use tracing::Span;

@@ -23,7 +23,11 @@ pub(crate) fn from_header(
     let KeySource::Header { name } = &contract.key_scope.source else {
         return Ok(None);
     };
-    let mut values = headers.get_all(name.as_ref()).iter();
+    let mut values = if name.as_ref() == idem_contract::headers::IDEMPOTENCY_KEY {
+        headers.get_all(crate::header::IDEMPOTENCY_KEY).iter()
+    } else {
+        headers.get_all(name.as_ref()).iter()
+    };
     let Some(value) = values.next() else {
         return Err(answer::key_missing(contract).into());
     };

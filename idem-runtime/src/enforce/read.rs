@@ -3,10 +3,13 @@
 //! `per_attempt`, else its total deadline): a connection that trickles it in holds
 //! nothing of idem's, and is answered 408 and closed when that time is up.
 
-use axum::body::{Body, Bytes};
+use axum::RequestExt;
+use axum::body::Body;
 use axum::extract::rejection::RawPathParamsRejection;
-use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
+use axum::extract::{FromRequestParts, RawPathParams, Request};
+use bytes::Bytes;
 use http::request::Parts;
+use http_body_util::BodyExt;
 use idem_contract::Contract;
 
 use super::Rejection;
@@ -42,14 +45,23 @@ pub(crate) async fn read(
         Err(RawPathParamsRejection::MissingPathParams(_)) => Vec::new(),
         Err(rejection) => return Err(Rejection::refused(rejection)),
     };
-    // The body is read with the request's own `DefaultBodyLimit`: a shadow request
-    // carries the extensions that hold it.
-    let mut shadow = Request::new(body);
-    *shadow.extensions_mut() = parts.extensions.clone();
+    let body = limited(parts, body);
     let limit = contract.deadline.attempt_timeout().to_std();
-    let bytes = tokio::time::timeout(limit, Bytes::from_request(shadow, &()))
+    let bytes = tokio::time::timeout(limit, body.collect())
         .await
         .map_err(|_elapsed| answer::body_timed_out(limit))?
-        .map_err(|rejection| answer::body_unreadable(&rejection))?;
+        .map_err(|error| answer::body_unreadable(&error))?
+        .to_bytes();
     Ok(Read { path_params, bytes })
+}
+
+/// `body` under the request's own `DefaultBodyLimit` (axum's `RequestExt::with_limited_body`
+/// reads it from the extensions of `parts`, lent and given back: not cloned, which would
+/// copy every extension of every request).
+fn limited(parts: &mut Parts, body: Body) -> Body {
+    let mut request = Request::new(body);
+    std::mem::swap(request.extensions_mut(), &mut parts.extensions);
+    let (mut lent, body) = request.with_limited_body().into_parts();
+    std::mem::swap(&mut lent.extensions, &mut parts.extensions);
+    body
 }
