@@ -103,9 +103,9 @@
 #![warn(missing_docs)]
 
 // The modules import one way, a request's path through them, from the store up:
-// operation_id, store, problem, telemetry, identity, fault, reconcile, operation, serde_names,
-// idem, answer, replay, transaction, mode, attempt, recovery, enforce, lookup, layer (and
-// fingerprint beside them). `tests/layering.rs` checks it, and which crates of the
+// header, operation_id, store, problem, telemetry, identity, fault, reconcile, operation,
+// serde_names, idem, answer, replay, transaction, mode, attempt, recovery, enforce, lookup,
+// layer (and fingerprint beside them). `tests/layering.rs` checks it, and which crates of the
 // workspace may depend on which.
 mod answer;
 mod attempt;

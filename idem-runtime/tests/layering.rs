@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 /// The modules from the bottom up.
 const ORDER: &[&str] = &[
+    "header",
     "operation_id",
     "store",
     "problem",
