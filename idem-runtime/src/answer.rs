@@ -141,13 +141,9 @@ pub(crate) fn body_malformed(why: impl std::fmt::Display) -> Problem {
 /// The body could not be read: 413 `body-too-large` past axum's `DefaultBodyLimit`, else
 /// 400 `body-malformed` (a body cut short, a broken chunked encoding).
 pub(crate) fn body_unreadable(error: &axum::Error) -> Problem {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    let too_large = std::iter::from_fn(|| {
-        let this = cause?;
-        cause = this.source();
-        Some(this)
-    })
-    .any(|e| e.is::<http_body_util::LengthLimitError>());
+    let first: &(dyn std::error::Error + 'static) = error;
+    let too_large = std::iter::successors(Some(first), |e| e.source())
+        .any(|e| e.is::<http_body_util::LengthLimitError>());
     if too_large {
         return Problem::new(
             ProblemType::BodyTooLarge,

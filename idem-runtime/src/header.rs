@@ -12,9 +12,6 @@ pub(crate) const OPERATION_ID: HeaderName = HeaderName::from_static(headers::OPE
 pub(crate) const IDEMPOTENT_REPLAYED: HeaderName =
     HeaderName::from_static(headers::IDEMPOTENT_REPLAYED);
 
-/// `Idempotency-Key` ([`headers::IDEMPOTENCY_KEY`]), lower-cased as a `HeaderName` is.
-pub(crate) const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -23,6 +20,5 @@ mod tests {
     fn the_names_are_the_contracts() {
         assert_eq!(OPERATION_ID.as_str(), headers::OPERATION_ID);
         assert_eq!(IDEMPOTENT_REPLAYED.as_str(), headers::IDEMPOTENT_REPLAYED);
-        assert!(headers::IDEMPOTENCY_KEY.eq_ignore_ascii_case(IDEMPOTENCY_KEY.as_str()));
     }
 }

@@ -15,19 +15,29 @@
 //! configuration error: the operation answers 500 `not-configured`, naming the field and
 //! the body's members, rather than fingerprint nothing. Segments after the first (members
 //! of nested types) are taken as written.
+//!
+//! The key's header name is parsed here too, once per operation, so that no request
+//! parses it again.
 
 use std::borrow::Cow;
 
 use heck::{ToKebabCase, ToLowerCamelCase, ToShoutyKebabCase, ToShoutySnakeCase, ToUpperCamelCase};
+use http::HeaderName;
 use idem_contract::{Contract, FieldPath, Fingerprint, KeySource};
 
-/// The contract's body fields, resolved to their serde names.
+/// The contract's names as a request spells them: its body fields resolved to their serde
+/// names, and the key's header parsed once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SerdeNames {
     /// The fingerprint, with serde names.
     pub(crate) fingerprint: Fingerprint,
     /// The body member that carries the key, with its serde name.
     pub(crate) key_field: Option<FieldPath>,
+    /// The header that carries the key, as a [`HeaderName`] (lower-cased: header names
+    /// are case-insensitive, RFC 9110 §5.1), parsed here rather than on every request;
+    /// `None` when the key is in the body, or for a name no header can have (then no
+    /// request carries it).
+    pub(crate) key_header: Option<HeaderName>,
     /// The significant query parameters, with the names the query string spells
     /// (`rename_all` of the `Query<T>` type followed; a name serde does not read is kept
     /// as written).
@@ -60,14 +70,15 @@ pub(crate) fn resolve(
             Fingerprint::Fields(Cow::Owned(fields.iter().map(&mut resolve_path).collect()))
         }
     };
-    let key_field = match &contract.key_scope.source {
-        KeySource::Body { field } => Some(resolve_path(field)),
-        KeySource::Header { .. } => None,
+    let (key_field, key_header) = match &contract.key_scope.source {
+        KeySource::Body { field } => (Some(resolve_path(field)), None),
+        KeySource::Header { name } => (None, HeaderName::from_bytes(name.as_bytes()).ok()),
     };
     if missing.is_empty() {
         return Ok(SerdeNames {
             fingerprint,
             key_field,
+            key_header,
             query,
         });
     }

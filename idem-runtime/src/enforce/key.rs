@@ -9,8 +9,9 @@ use crate::answer;
 use crate::fingerprint::jcs::Value;
 use crate::serde_names::SerdeNames;
 
-/// The key from the contract's header, or `None` when the contract reads it from the
-/// body. The header's name is matched case-insensitively (RFC 9110 §5.1).
+/// The key from the contract's header (`names.key_header`, parsed once per operation), or
+/// `None` when the contract reads it from the body. The header's name is matched
+/// case-insensitively (RFC 9110 §5.1).
 ///
 /// # Errors
 ///
@@ -18,16 +19,16 @@ use crate::serde_names::SerdeNames;
 /// a key the contract's rules refuse ([`KeyScope::header_key`]).
 pub(crate) fn from_header(
     headers: &HeaderMap,
+    names: &SerdeNames,
     contract: &Contract,
 ) -> Result<Option<String>, Rejection> {
     let KeySource::Header { name } = &contract.key_scope.source else {
         return Ok(None);
     };
-    let mut values = if name.as_ref() == idem_contract::headers::IDEMPOTENCY_KEY {
-        headers.get_all(crate::header::IDEMPOTENCY_KEY).iter()
-    } else {
-        headers.get_all(name.as_ref()).iter()
+    let Some(header) = &names.key_header else {
+        return Err(answer::key_missing(contract).into());
     };
+    let mut values = headers.get_all(header).iter();
     let Some(value) = values.next() else {
         return Err(answer::key_missing(contract).into());
     };
@@ -123,17 +124,45 @@ mod tests {
     #[test]
     fn header_keys() {
         let contract = &Contract::PLACEHOLDER;
+        let names = crate::serde_names::resolve(contract, None, None).unwrap();
         let mut headers = HeaderMap::new();
-        let missing = from_header(&headers, contract).unwrap_err();
+        let missing = from_header(&headers, &names, contract).unwrap_err();
         assert_eq!(problem(missing), ProblemType::KeyMissing);
         headers.append("IDEMPOTENCY-KEY", "k1".parse().unwrap());
         assert_eq!(
-            from_header(&headers, contract).unwrap().as_deref(),
+            from_header(&headers, &names, contract).unwrap().as_deref(),
             Some("k1")
         );
         headers.append("idempotency-key", "k2".parse().unwrap());
-        let twice = from_header(&headers, contract).unwrap_err();
+        let twice = from_header(&headers, &names, contract).unwrap_err();
         assert_eq!(problem(twice), ProblemType::KeyMalformed);
+    }
+
+    /// A header the contract names, in any case, parsed once with the operation's names;
+    /// a name no header can have finds no key in any request.
+    #[test]
+    fn header_keys_under_another_name() {
+        let mut contract = Contract::PLACEHOLDER;
+        contract.key_scope.source = KeySource::Header {
+            name: "X-Request-Key".into(),
+        };
+        let names = crate::serde_names::resolve(&contract, None, None).unwrap();
+        let mut headers = HeaderMap::new();
+        headers.append("idempotency-key", "k0".parse().unwrap());
+        let missing = from_header(&headers, &names, &contract).unwrap_err();
+        assert_eq!(problem(missing), ProblemType::KeyMissing);
+        headers.append("x-request-key", "k1".parse().unwrap());
+        assert_eq!(
+            from_header(&headers, &names, &contract).unwrap().as_deref(),
+            Some("k1")
+        );
+        contract.key_scope.source = KeySource::Header {
+            name: "not a header".into(),
+        };
+        let names = crate::serde_names::resolve(&contract, None, None).unwrap();
+        assert_eq!(names.key_header, None);
+        let missing = from_header(&headers, &names, &contract).unwrap_err();
+        assert_eq!(problem(missing), ProblemType::KeyMissing);
     }
 
     #[test]
@@ -142,8 +171,11 @@ mod tests {
         contract.key_scope.source = KeySource::Body {
             field: FieldPath::from_static("ref.id"),
         };
-        assert_eq!(from_header(&HeaderMap::new(), &contract).unwrap(), None);
         let names = crate::serde_names::resolve(&contract, None, None).unwrap();
+        assert_eq!(
+            from_header(&HeaderMap::new(), &names, &contract).unwrap(),
+            None
+        );
         let key = |json: &str| {
             from_body(
                 &Value::parse(json.as_bytes()).unwrap(),

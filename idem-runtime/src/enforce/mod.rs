@@ -253,7 +253,7 @@ async fn prepare(
     telemetry.set_metrics(&admitted.claim.metrics);
     let names = admitted.serde_names(&contract.operation)?;
     let client = admitted.identify(&parts)?;
-    let header_key = key::from_header(&parts.headers, contract)?;
+    let header_key = key::from_header(&parts.headers, names, contract)?;
     let read = read::read(&mut parts, body, contract).await?;
     let same = significant::significant(&parts, &read, names, header_key, contract)?;
     let mode = Mode::of(&parts.extensions);
