@@ -21,9 +21,9 @@ use crate::store::RecordKey;
 ///
 /// On PostgreSQL an attempt that registers its key in its transaction takes no turn
 /// (the pool's own wait for a connection is its only bound: it makes no statement beside
-/// its transaction while it is open); its record was read before the extractor (stage 5,
-/// `look.rs`), once: a replay is answered from that one read, without a transaction.
-/// `looked` is what stage 5 read, handed on to the claim.
+/// its transaction while it is open), and reads nothing here: the key's record is read
+/// by the first statement of its transaction, with the key's lock (stage 8). `looked`
+/// is what stage 5 read (a store that reads in this process), handed on to the claim.
 ///
 /// # Errors
 ///
@@ -39,7 +39,7 @@ pub(crate) async fn reserve(
         return Ok(looked);
     };
     let unavailable = |error| answer::store_unavailable(idem, contract, None, &error);
-    if mode.reads_before_its_transaction(contract) || looked.is_some() {
+    if mode.takes_no_turn(contract) || looked.is_some() {
         return Ok(looked);
     }
     let one_commit = mode.one_commit(contract).is_some();

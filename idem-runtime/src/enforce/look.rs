@@ -1,8 +1,9 @@
 //! Stage 5, look: the key's record read once before the handler's extractor runs, where
-//! that read costs no extra round trip — the store reads in this process
-//! ([`RecordStore::reads_locally`](crate::store::RecordStore::reads_locally)), or the
-//! transactional mode on PostgreSQL, which reads the record before its transaction
-//! anyway. A completed key with this request's fingerprint is replayed here: the
+//! that read costs no round trip — the store reads in this process
+//! ([`RecordStore::reads_locally`](crate::store::RecordStore::reads_locally)). Over a
+//! network a read here would cost every new key a round trip of its own, so the record
+//! is read by registration instead (on PostgreSQL's transactional mode, by the
+//! statement that takes the key's lock). A completed key with this request's fingerprint is replayed here: the
 //! extractor never runs for a replay, and a read registers nothing, so nothing needs
 //! undoing. Any other record (another fingerprint included, so that the extractor still
 //! answers a malformed request first, as on every store) is handed on to registration
@@ -14,7 +15,6 @@ use super::Rejection;
 use crate::Idem;
 use crate::answer;
 use crate::fingerprint::Fingerprints;
-use crate::mode::Mode;
 use crate::replay::replay;
 use crate::store::{Record, RecordKey, RecordState, StoreError, UnixMillis};
 
@@ -31,11 +31,10 @@ pub(crate) type Seen = Option<(Record, UnixMillis)>;
 pub(crate) async fn look(
     idem: &Idem,
     contract: &'static Contract,
-    mode: &Mode,
     key: &RecordKey,
     fingerprint: &Fingerprints,
 ) -> Result<Seen, Rejection> {
-    if !reads_first(idem, mode, contract) {
+    if !idem.store().reads_locally() {
         return Ok(None);
     }
     let seen = seen(idem, key)
@@ -57,13 +56,6 @@ pub(crate) async fn look(
         // every store.
         _ => Ok(seen),
     }
-}
-
-/// Whether the record is read before the extractor: a read in this process, or the
-/// transactional mode's one commit on PostgreSQL (not SQLite's, whose one writer is
-/// waited for first).
-fn reads_first(idem: &Idem, mode: &Mode, contract: &Contract) -> bool {
-    idem.store().reads_locally() || mode.reads_before_its_transaction(contract)
 }
 
 /// The key's record, read now, unless a registration may take it over (its TTL has

@@ -32,7 +32,7 @@
 //! | 2 | the key from its header, before the body is read | `key.rs` | 400 `key-missing`, `key-malformed` |
 //! | 3 | read: the path parameters and the body, once (axum's `DefaultBodyLimit` applies), the body within the attempt's time | `read.rs` | 413 `body-too-large`, 400 `body-malformed`, 408 `request-timeout` |
 //! | 4 | what counts as the same request: the body parsed once, a key in the body, the fingerprint of the body fields, path and query parameters | `significant.rs` | 400 `body-malformed`, `key-missing`, `key-malformed` |
-//! | 5 | look: the key's record read before the extractor, where that read costs no round trip of its own (a store that reads in this process, the memory store; PostgreSQL's transactional mode, which reads it first anyway); a completed key with this request's fingerprint replayed from it, anything else (another fingerprint too: the extractor answers first) handed on to stage 8 | `look.rs` | a replay, 503 `store-unavailable` |
+//! | 5 | look: the key's record read before the extractor, where that read costs no round trip (a store that reads in this process, the memory store); a completed key with this request's fingerprint replayed from it, anything else (another fingerprint too: the extractor answers first) handed on to stage 8 | `look.rs` | a replay, 503 `store-unavailable` |
 //! | 6 | the handler's own extractor `E`, on the same bytes (what it refuses did nothing, so nothing is registered); outside the attempt's span | `inner.rs` | `E`'s own rejection |
 //! | 7 | the transactional mode's right to begin, taken before registration | `begin.rs` | 503 `store-unavailable` |
 //! | 8 | register: claim the key atomically, or answer from its record | `register/` | a replay, 422 `fingerprint-mismatch`, the contract's concurrency answer, recovery's answer, 409 `operation-outcome-unknown`, 503 `store-unavailable` |
@@ -264,7 +264,7 @@ async fn prepare(
         client,
         same.key,
     ));
-    let seen = look::look(&admitted.idem, contract, &mode, &key, &same.fingerprint).await?;
+    let seen = look::look(&admitted.idem, contract, &key, &same.fingerprint).await?;
     let prepared = Prepared {
         idem: admitted.idem,
         contract,

@@ -48,11 +48,11 @@ impl Mode {
         }
     }
 
-    /// Whether the record is read before the attempt's transaction begins, once: the
-    /// one-commit mode on a database whose transactions do not fence by its one write
-    /// lock (PostgreSQL), where an attempt takes no turn to begin (`enforce`'s stages 5
-    /// and 7).
-    pub(crate) fn reads_before_its_transaction(&self, contract: &idem_contract::Contract) -> bool {
+    /// Whether the attempt takes no turn to begin its transaction: the one-commit mode
+    /// on a database whose transactions do not fence by its one write lock
+    /// (PostgreSQL), where many transactions are open at once and the key's only read is
+    /// the first statement of the attempt's transaction (`enforce`'s stage 7).
+    pub(crate) fn takes_no_turn(&self, contract: &idem_contract::Contract) -> bool {
         match self {
             Mode::Transactional(tx) => !tx.fences_by_lock() && self.one_commit(contract).is_some(),
             Mode::Plain => false,

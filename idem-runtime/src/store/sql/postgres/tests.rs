@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgPoolOptions;
 
-use super::transactional::server_limit;
+use super::transactional::{LOCKED, server_limit};
 use super::{DEFAULT_CALL_TIMEOUT, PostgresStore};
 use crate::store::conformance::postgres::{scratch_pool, scratch_url};
 use crate::store::conformance::{self, T0, created, key, new_record};
@@ -207,6 +207,77 @@ async fn a_new_key_is_written_once_at_its_completion() {
         store.in_flight(&k).await.unwrap().is_none(),
         "the lock went with the commit"
     );
+}
+
+/// The statement that takes a key's lock is the key's only read in the transactional
+/// mode: a completed key is answered from it (and its transaction rolled back) without
+/// a transaction id taken, while a new key's statement takes one (its marker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_locks_statement_reads_the_record_and_a_replay_takes_no_transaction_id() {
+    use crate::store::{RecordState, Registered};
+
+    let Some(pool) = scratch_pool("postgres lock reads").await else {
+        return;
+    };
+    let store = PostgresStore::from_pool(pool).await.unwrap();
+    let k = key("replayed");
+    let first = new_record("sha256:a", T0);
+    assert!(matches!(
+        store.begin(&k, &first, T0).await.unwrap(),
+        Begin::Started(_)
+    ));
+    store
+        .complete(&k, first.lease.token, &created(), T0)
+        .await
+        .unwrap();
+    let retry = new_record("sha256:a", T0);
+    let within = Duration::from_secs(10);
+    match store
+        .begin_registered(Reservation::default(), &k, &retry, T0, within)
+        .await
+        .unwrap()
+    {
+        Registered::Exists(record, _) => {
+            assert_eq!(record.operation_id, first.operation_id);
+            assert!(matches!(record.state, RecordState::Completed { .. }));
+        }
+        other => panic!("the completed record answers: {other:?}"),
+    }
+    assert!(
+        store.in_flight(&k).await.unwrap().is_none(),
+        "the lock was let go"
+    );
+
+    // The statement itself: what it takes of the transaction, with and without a record.
+    for (name, has_record) in [("replayed", true), ("new", false)] {
+        let mut tx = store.pool().begin().await.unwrap();
+        let named = key(name);
+        let row: (bool, Option<i64>, Option<String>) = sqlx::query(LOCKED)
+            .bind("10000")
+            .bind("idem test")
+            .bind(&named.operation)
+            .bind(&named.client)
+            .bind(&named.key)
+            .fetch_one(&mut *tx)
+            .await
+            .map(|row: sqlx::postgres::PgRow| {
+                use sqlx::Row;
+                (row.get("locked"), row.get("marker"), row.get("state"))
+            })
+            .unwrap();
+        let assigned: Option<i64> = sqlx::query_scalar("SELECT txid_current_if_assigned()")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        assert!(row.0, "{name}: the lock is free");
+        assert_eq!(row.2.is_some(), has_record, "{name}: the record read");
+        assert_eq!(row.1.is_some(), !has_record, "{name}: the marker");
+        assert_eq!(
+            assigned, row.1,
+            "{name}: a transaction id only with the marker"
+        );
+    }
 }
 
 /// A record committed for the key after the lock's statement took its snapshot (by the

@@ -121,16 +121,20 @@ impl TxDialect for Postgres {
     }
 
     /// The attempt's transaction with the key registered inside it: `BEGIN`, then
-    /// [`LOCKED`]: the key's advisory lock, taken without waiting, the marker, the bounds
-    /// of [`Postgres::begin_transaction`], the attempt published in `application_name`,
-    /// and whether the key has a row. A lock held by another session is an attempt in
-    /// flight. A key without a row, when no budget needs counting (none, or
+    /// [`LOCKED`]: the key's advisory lock, taken without waiting, the bounds of
+    /// [`Postgres::begin_transaction`], the attempt published in `application_name`, and
+    /// the key's record as it stands. This is the key's only read: a lock held by
+    /// another session is an attempt in flight; a record no registration may take
+    /// ([`Record::is_reclaimable`](crate::store::Record::is_reclaimable): a replay, a
+    /// fingerprint mismatch, an attempt of the plain mode) is answered from, and the
+    /// transaction rolled back, having written nothing (no transaction id is taken for
+    /// it). A key without a record, when no budget needs counting (none, or
     /// [`ClientBudget::COUNT_ONLY`](crate::store::ClientBudget::COUNT_ONLY)), is
     /// registered by the lock alone: nothing is written until the completion inserts the
     /// record, completed ([`OpenTransaction::written_at_completion`]). Otherwise the key
     /// is registered as [`Dialect::register`] makes it, on the transaction's connection,
     /// and a record this attempt may not take ends the transaction. Two round trips for a
-    /// new key, within the store's call timeout.
+    /// new key or a replay, within the store's call timeout.
     async fn begin_registered(
         store: &SqlStore<Postgres>,
         reservation: Reservation,
@@ -153,49 +157,28 @@ impl TxDialect for Postgres {
                     Err(record) => Registered::Exists(record, reservation),
                 });
         }
-        if taken.vacant && registration.counted_budget().is_none() {
-            let record = crate::store::Record::started(registration.new, registration.now);
-            let open = OpenTransaction::new(tx, taken.marker, reservation)
-                .written_at_completion(record.clone());
-            return Ok(Registered::Started(record, open));
+        match (taken.record, taken.marker) {
+            (None, Some(marker)) if registration.counted_budget().is_none() => {
+                let record = crate::store::Record::started(registration.new, registration.now);
+                let open = OpenTransaction::new(tx, marker, reservation)
+                    .written_at_completion(record.clone());
+                return Ok(Registered::Started(record, open));
+            }
+            (Some(record), _) if !record.is_reclaimable(registration.now) => {
+                roll_back(store, tx).await;
+                return Ok(Registered::Exists(record, reservation));
+            }
+            _ => {}
         }
-        let operation_id = registration.new.operation_id;
-        let holds_until = registration.new.holds_until;
-        Ok(
-            match Postgres::register(store, &mut tx, registration).await? {
-                Begin::Started(record)
-                    if record.operation_id != operation_id || record.attempt != 1 =>
-                {
-                    // A reclaim: the operation and attempt are the record's.
-                    let published = format!(
-                        "idem {} {holds_until} {}",
-                        record.operation_id, record.attempt
-                    );
-                    store
-                        .run(
-                            sqlx::query("SELECT set_config('application_name', $1, true)")
-                                .bind(&published)
-                                .execute(&mut *tx),
-                        )
-                        .await?;
-                    let open = OpenTransaction::new(tx, taken.marker, reservation).registered(None);
-                    Registered::Started(record, open)
-                }
-                Begin::Started(record) => {
-                    let open = OpenTransaction::new(tx, taken.marker, reservation).registered(None);
-                    Registered::Started(record, open)
-                }
-                // Rolled back at once: the lock goes with the transaction.
-                Begin::Exists(record) => {
-                    roll_back(store, tx).await;
-                    Registered::Exists(record, reservation)
-                }
-                Begin::OverBudget(over) => {
-                    roll_back(store, tx).await;
-                    Registered::OverBudget(over, reservation)
-                }
-            },
-        )
+        let marker = match taken.marker {
+            Some(marker) => marker,
+            None => {
+                store
+                    .run(sqlx::query_scalar(MARKER).fetch_one(&mut *tx))
+                    .await?
+            }
+        };
+        register_in(store, tx, marker, reservation, registration).await
     }
 
     /// [`TxDialect::in_flight`]: the holder of the key's advisory lock, as it published
@@ -275,17 +258,18 @@ impl TxDialect for Postgres {
 struct Taken {
     /// Whether this transaction holds the key's advisory lock.
     locked: bool,
-    /// The transaction's id.
-    marker: i64,
-    /// Whether the key had no row in the statement's snapshot.
-    vacant: bool,
+    /// The transaction's id, taken when the lock is held and the key has no record (the
+    /// record will be written); none otherwise, when [`MARKER`] takes it if needed.
+    marker: Option<i64>,
+    /// The key's record in the statement's snapshot, if it has one.
+    record: Option<crate::store::Record>,
 }
 
 /// `BEGIN`, then [`LOCKED`] for `key`, publishing `published` and bounding the
 /// transaction by `limit` (milliseconds, as text).
 ///
 /// The statement's snapshot is taken before the lock is: a record committed by the
-/// lock's previous holder between the two is not seen, and the key is taken for vacant.
+/// lock's previous holder between the two is not seen, and the key is taken for new.
 /// The primary key still finds that row when the completion inserts the record
 /// ([`TxDialect::INSERT_COMPLETED_IN_TX`] inserts nothing then), and the attempt's writes
 /// roll back with its transaction: at most one commit per key holds, and the loser
@@ -311,12 +295,66 @@ async fn lock(
     };
     let (tx, row) = store.bounded(begun).await?;
     let row = row.ok_or_else(|| StoreError::Corrupt("the key's lock answered no row".into()))?;
+    let record = match row.maybe_text("state")? {
+        Some(_) => Some(crate::store::sql::rows::decode(&row)?),
+        None => None,
+    };
     let taken = Taken {
         locked: row.flag("locked")?,
-        marker: row.int("marker")?,
-        vacant: row.flag("vacant")?,
+        marker: row.maybe_int("marker")?,
+        record,
     };
     Ok((tx, taken))
+}
+
+/// The key registered as [`Dialect::register`] makes it, in the transaction `tx`
+/// (marked `marker`) that holds its advisory lock: a record to take over (its TTL has
+/// passed, or it is released), or a budget to count. A record this attempt may not take,
+/// or a budget that refuses, ends the transaction.
+async fn register_in(
+    store: &SqlStore<Postgres>,
+    mut tx: sqlx::Transaction<'static, Postgres>,
+    marker: i64,
+    reservation: Reservation,
+    registration: Registration<'_>,
+) -> Result<Registered<Postgres>, StoreError> {
+    let operation_id = registration.new.operation_id;
+    let holds_until = registration.new.holds_until;
+    Ok(
+        match Postgres::register(store, &mut tx, registration).await? {
+            Begin::Started(record)
+                if record.operation_id != operation_id || record.attempt != 1 =>
+            {
+                // A reclaim: the operation and attempt are the record's.
+                let published = format!(
+                    "idem {} {holds_until} {}",
+                    record.operation_id, record.attempt
+                );
+                store
+                    .run(
+                        sqlx::query("SELECT set_config('application_name', $1, true)")
+                            .bind(&published)
+                            .execute(&mut *tx),
+                    )
+                    .await?;
+                let open = OpenTransaction::new(tx, marker, reservation).registered(None);
+                Registered::Started(record, open)
+            }
+            Begin::Started(record) => {
+                let open = OpenTransaction::new(tx, marker, reservation).registered(None);
+                Registered::Started(record, open)
+            }
+            // Rolled back at once: the lock goes with the transaction.
+            Begin::Exists(record) => {
+                roll_back(store, tx).await;
+                Registered::Exists(record, reservation)
+            }
+            Begin::OverBudget(over) => {
+                roll_back(store, tx).await;
+                Registered::OverBudget(over, reservation)
+            }
+        },
+    )
 }
 
 /// Rolls back `tx`, which registered nothing, so that its lock is let go now; a failed
@@ -389,21 +427,29 @@ macro_rules! lock_number {
 /// [`IN_FLIGHT`] reads (set first, so that the lock is never seen without it: the
 /// lateral subquery that takes the lock refers to it, which orders the two), the
 /// key's advisory lock (`pg_try_advisory_xact_lock`: taken now or not at all, let go
-/// when the transaction ends, however it ends, a lost session included), the marker,
-/// whether the key (`$3`..`$5`) has no row in the statement's snapshot (`vacant`), and
-/// the bounds of [`BEGUN`] (`$1`).
-const LOCKED: &str = concat!(
-    "SELECT locked, marker, vacant
-    FROM (SELECT set_config('application_name', $2, true) AS name) AS published,
-    LATERAL (SELECT pg_try_advisory_xact_lock(",
+/// when the transaction ends, however it ends, a lost session included), the bounds of
+/// [`BEGUN`] (`$1`), the key's record (`$3`..`$5`) in the statement's snapshot (its
+/// columns null when it has none), and the marker (`txid_current()`) when the lock is
+/// held and the key has no record: a transaction that only reads a record and rolls
+/// back takes no transaction id.
+pub(super) const LOCKED: &str = concat!(
+    "SELECT taken.locked,
+        CASE WHEN taken.locked AND r.state IS NULL THEN txid_current() END AS marker,
+        r.operation_id, r.fingerprint, r.state, r.attempt, r.token, r.lease_until,
+        r.created_at, r.expires_at, r.status, r.headers, r.body, r.reason, r.transactional
+    FROM (SELECT set_config('application_name', $2, true) AS name) AS published
+    CROSS JOIN LATERAL (SELECT pg_try_advisory_xact_lock(",
     lock_number!("$3", "$4", "$5"),
-    ") AS locked, txid_current() AS marker,
-        NOT EXISTS (SELECT 1 FROM idem_records
-                    WHERE operation = $3 AND client = $4 AND key = $5) AS vacant,
+    ") AS locked,
         set_config('statement_timeout', $1, true),
         set_config('idle_in_transaction_session_timeout', $1, true)
-        WHERE published.name IS NOT NULL) AS taken"
+        WHERE published.name IS NOT NULL) AS taken
+    LEFT JOIN idem_records r ON r.operation = $3 AND r.client = $4 AND r.key = $5"
 );
+
+/// The transaction's id, taken now: the marker of a registered transaction whose
+/// [`LOCKED`] found a record it goes on to take over.
+const MARKER: &str = "SELECT txid_current()";
 
 /// The `application_name` of the session holding the advisory lock of `$1`..`$3` in
 /// this database, if one does: a bigint advisory lock is listed in `pg_locks` with its
