@@ -15,12 +15,13 @@ use crate::store::{
 };
 
 /// The record as it stands, expired or not (registration decides): `$1`..`$3` the key.
-const SELECT: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
+pub(super) const SELECT: &str =
+    "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
         created_at, expires_at, status, headers, body, reason, transactional
     FROM idem_records WHERE operation = $1 AND client = $2 AND key = $3";
 
 /// The record unless its TTL has passed: `$1`..`$3` the key, `$4` now.
-const GET: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
+pub(super) const GET: &str = "SELECT operation_id, fingerprint, state, attempt, token, lease_until,
         created_at, expires_at, status, headers, body, reason, transactional
     FROM idem_records WHERE operation = $1 AND client = $2 AND key = $3 AND expires_at > $4";
 
@@ -80,12 +81,15 @@ const PARK: &str = "UPDATE idem_records
 
 /// The client budget's count ([`crate::store::budget`]): `$1` the client, `$2` now, `$3`
 /// the budget's records (counting stops there). Reads the index on the client's live
-/// records in the order they expire; no row is locked.
+/// records in the order they expire; no row is locked. `stored_bytes >= 0`, true of every
+/// record, is the predicate of PostgreSQL's partial index for this count (migration 6),
+/// which no other statement states, so that no key lookup reads that index.
 pub const USAGE: &str = "SELECT count(*) AS used_records,
         CAST(COALESCE(sum(stored_bytes), 0) AS BIGINT) AS used_bytes,
         COALESCE(min(expires_at), 0) AS oldest
     FROM (SELECT stored_bytes, expires_at FROM idem_records
-          WHERE client = $1 AND expires_at > $2 ORDER BY expires_at LIMIT $3) AS live";
+          WHERE client = $1 AND expires_at > $2 AND stored_bytes >= 0
+          ORDER BY expires_at LIMIT $3) AS live";
 
 /// What the budget's count found: the client's usage and its oldest live record's expiry.
 #[derive(Clone, Copy, Debug)]

@@ -31,7 +31,8 @@ const INSERT: &str = "INSERT INTO idem_records
 /// (`records::USAGE`).
 const INSERT_WITHIN_BUDGET: &str = "WITH live AS (
         SELECT stored_bytes, expires_at FROM idem_records
-        WHERE client = $2 AND expires_at > $8 ORDER BY expires_at LIMIT $12
+        WHERE client = $2 AND expires_at > $8 AND stored_bytes >= 0
+        ORDER BY expires_at LIMIT $12
     ), usage AS (
         SELECT count(*) AS used_records,
                CAST(COALESCE(sum(stored_bytes), 0) AS BIGINT) AS used_bytes,

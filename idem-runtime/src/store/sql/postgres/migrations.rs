@@ -46,6 +46,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "idem_lease_ended",
         sql: include_str!("../../../../migrations/postgres/0005_idem_lease_ended.sql"),
     },
+    Migration {
+        version: 6,
+        name: "idem_client_live",
+        sql: include_str!("../../../../migrations/postgres/0006_idem_client_live.sql"),
+    },
 ];
 
 /// The advisory lock key that serialises idem's migrations across instances (the bytes

@@ -57,7 +57,24 @@ async fn migrations_are_idempotent_and_concurrent() {
             .fetch_all(&pool)
             .await
             .unwrap();
-    assert_eq!(versions, [1, 2, 3, 4, 5]);
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6]);
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes
+        WHERE tablename = 'idem_records' AND schemaname = current_schema() ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        [
+            "idem_records_client_live",
+            "idem_records_expires_at",
+            "idem_records_lease_ended",
+            "idem_records_pkey"
+        ],
+        "migration 6 replaced the budget's index"
+    );
     let store = PostgresStore::without_migrations(pool);
     let k = key("after-migrations");
     let new = new_record("sha256:a", T0);
@@ -566,6 +583,68 @@ async fn explain(conn: &mut sqlx::PgConnection, execute: &str) -> Vec<String> {
     let mut nodes = Vec::new();
     plan_nodes(&plans[0], &mut nodes);
     nodes
+}
+
+/// A key's lookups (the record as it stands, the record unless expired, and the lock's
+/// statement) read the primary key in generic plans made while the table is empty
+/// and never analyzed, as a new table's first connections make them, and keep doing so
+/// once the table holds 20,000 records; the budget's count reads its own partial index.
+/// With the budget's index of migration 3 (not partial) those lookups read it instead.
+#[tokio::test]
+async fn key_lookups_read_the_primary_key_in_plans_made_for_an_empty_table() {
+    use crate::store::sql::records::{GET, SELECT, USAGE};
+
+    let Some(pool) = scratch_pool("postgres empty plans").await else {
+        return;
+    };
+    let store = PostgresStore::from_pool(pool).await.unwrap();
+    let mut conn = store.pool().acquire().await.unwrap();
+    let prepare = format!(
+        "ALTER TABLE idem_records SET (autovacuum_enabled = false);
+        SET plan_cache_mode = force_generic_plan;
+        PREPARE sel (text, text, text) AS {SELECT};
+        PREPARE get (text, text, text, bigint) AS {GET};
+        PREPARE locked (text, text, text, text, text) AS {LOCKED};
+        PREPARE usage (text, bigint, bigint) AS {USAGE}"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(prepare))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let now: u64 = 1_800_000_000_000;
+    let lookups = [
+        "EXECUTE sel('create_order', 'client-7', 'key-107')".to_owned(),
+        format!("EXECUTE get('create_order', 'client-7', 'key-107', {now})"),
+        "EXECUTE locked('1000', 'idem x', 'create_order', 'client-7', 'key-107')".to_owned(),
+    ];
+    let usage = format!("EXECUTE usage('client-7', {now}, 1000)");
+    for loaded in [false, true] {
+        if loaded {
+            let load = sqlx::query(TWENTY_THOUSAND).bind(now as i64);
+            assert_eq!(
+                load.execute(&mut *conn).await.unwrap().rows_affected(),
+                20_000
+            );
+        }
+        for lookup in &lookups {
+            let nodes = explain(&mut conn, lookup).await;
+            let scans: Vec<_> = nodes
+                .iter()
+                .filter(|n| n.contains("idem_records"))
+                .collect();
+            assert!(
+                scans.len() == 1 && scans[0].ends_with("/ idem_records_pkey"),
+                "loaded {loaded}, {lookup}: {nodes:#?}"
+            );
+        }
+        let nodes = explain(&mut conn, &usage).await;
+        assert!(
+            nodes
+                .iter()
+                .any(|n| n.ends_with("idem_records_client_live")),
+            "loaded {loaded}, the budget's count: {nodes:#?}"
+        );
+    }
 }
 
 /// On a table of 20,000 records (analyzed), the reconciler's listing of ended leases
