@@ -18,10 +18,10 @@
 //! [reserves](Reservation) the most bytes one result can add (the handle's
 //! `max_stored_body` plus 1 KiB of headers) and gives back what its result did not use
 //! once that result is built ([`Allowances::settle`]): the bytes that bind are the ones
-//! results really take, not the largest result for every key. A registration that registers nothing new (a
-//! replay, a duplicate in flight) gives its key and its bytes back ([`Allowances::refund`]);
-//! one that reclaims a released record keeps the bytes for its own result and gives the
-//! key back ([`Allowances::return_key`]). An attempt that ends without a result built
+//! results really take, not the largest result for every key. A registration that
+//! registers nothing new (a replay, a duplicate in flight) gives its key and its bytes
+//! back ([`Allowances::refund`]); one that reclaims a released record, in either mode,
+//! keeps the bytes for its own result and gives the key back ([`Allowances::return_key`]). An attempt that ends without a result built
 //! (released, unknown, rolled back) keeps its reservation until the next count.
 //!
 //! # The allowance, and how far it may overshoot

@@ -57,12 +57,7 @@ impl Registration<'_> {
             return self.claim_in_tx(&tx, &new, reservation, now, started).await;
         }
         let record = match self.idem.store().begin(self.key, &new, now).await {
-            Ok(Begin::Started(record)) => {
-                if record.operation_id != new.operation_id {
-                    self.return_key(reservation); // a released record reclaimed: counted already
-                }
-                record
-            }
+            Ok(Begin::Started(record)) => record,
             Ok(Begin::Exists(record)) => {
                 self.refund(reservation);
                 crate::telemetry::found_record(record.attempt);
@@ -173,7 +168,9 @@ impl Registration<'_> {
     }
 
     /// The attempt that holds the key as `record` says, registered as `new` from
-    /// `started`, holding `reservation` of its client's allowance for its result.
+    /// `started`, holding `reservation` of its client's allowance for its result. A
+    /// released record it reclaimed (another operation id than `new`'s) was counted
+    /// already: its key goes back to the allowance, in either mode.
     fn held(
         &self,
         record: &Record,
@@ -181,6 +178,9 @@ impl Registration<'_> {
         reservation: Option<Reservation>,
         started: Instant,
     ) -> Held {
+        if record.operation_id != new.operation_id {
+            self.return_key(reservation);
+        }
         let mut held = Held::start(
             self.idem,
             self.contract,
