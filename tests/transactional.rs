@@ -121,8 +121,13 @@ macro_rules! suite {
                             .await
                             .unwrap();
                     } else if order.mode == "lose-lease-in-tx" {
-                        // Another owner's takeover, as the fenced update will see it.
+                        // Another owner's row of the key, as the completion's insert
+                        // will find it: on SQLite, whose one writer is this
+                        // transaction, written inside it (another process's commit
+                        // after this one read the key would look the same).
                         sqlx::query($lose_in_tx)
+                            .bind(&attempt.operation)
+                            .bind(&attempt.client)
                             .bind(&attempt.key)
                             .execute(&mut *conn)
                             .await
@@ -526,8 +531,14 @@ suite!(
     insert = "INSERT INTO orders (operation_id, key, amount) VALUES (?, ?, ?)",
     count = "SELECT COUNT(*) FROM orders",
     by_operation = "SELECT COUNT(*) FROM orders WHERE operation_id = ?",
-    lose_lease_in_tx =
-        "UPDATE idem_records SET token = '0000000000000000000000000000abcd' WHERE key = ?",
+    lose_lease_in_tx = "INSERT INTO idem_records
+            (operation, client, key, operation_id, fingerprint, state, attempt, token,
+             lease_until, created_at, expires_at, transactional)
+        VALUES (?, ?, ?, '01a242fe-ebb4-745d-a58d-8442da8d42cf', 'sha256:other',
+                'processing', 1, '0000000000000000000000000000abcd',
+                CAST(unixepoch('subsec') * 1000 AS INTEGER) + 60000,
+                CAST(unixepoch('subsec') * 1000 AS INTEGER),
+                CAST(unixepoch('subsec') * 1000 AS INTEGER) + 3600000, 1)",
     lost_elsewhere = false,
     lost_state = "released",
     open = sqlite(),

@@ -32,6 +32,12 @@ struct Order {
 /// machine's load, so the test's wait is counted from its end.
 static LONG_STATEMENT_ENDED: AtomicBool = AtomicBool::new(false);
 
+/// Set by the test to end the SQLite handler's `hold` (which holds the one writer).
+static HOLD_RELEASED: AtomicBool = AtomicBool::new(false);
+
+/// Set by the SQLite handler's `hold` once it runs, holding the one writer.
+static HOLDING: AtomicBool = AtomicBool::new(false);
+
 fn created() -> Response {
     (StatusCode::CREATED, "created").into_response()
 }
@@ -92,6 +98,28 @@ async fn lite_order(
             tokio::time::sleep(Duration::from_millis(300)).await;
             created()
         }
+        // Holds the one writer (its transaction is open) until the test lets go, 900 ms
+        // at most (the attempt has 1 s).
+        "hold" => {
+            drop(conn);
+            HOLDING.store(true, Ordering::SeqCst);
+            let start = Instant::now();
+            while !HOLD_RELEASED.load(Ordering::SeqCst)
+                && start.elapsed() < Duration::from_millis(900)
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            created()
+        }
+        // The key's rows in `idem_records` as the attempt's own transaction sees them.
+        "peek" => {
+            let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM idem_records WHERE key = ?")
+                .bind(&attempt.key)
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+            (StatusCode::CREATED, rows.to_string()).into_response()
+        }
         _ => created(),
     }
 }
@@ -124,6 +152,14 @@ async fn lite() -> (TestServer, SqliteStore, tempfile::TempDir) {
     (TestServer::start(router).await, store, dir)
 }
 
+/// The orders the SQLite handler wrote (the one written by `lite` left out).
+async fn lite_orders(store: &SqliteStore) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE operation_id <> 'pre-existing'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
 async fn post_order(server: &TestServer, key: &str, mode: &str) -> Answer {
     send(
         server
@@ -139,11 +175,7 @@ async fn post_order(server: &TestServer, key: &str, mode: &str) -> Answer {
 async fn sqlite_rolling_back_by_itself_leaves_no_record_without_its_effect() {
     let (server, store, _dir) = lite().await;
     post_order(&server, "k1", "or-rollback-201").await;
-    let orders: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE operation_id <> 'pre-existing'")
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
+    let orders = lite_orders(&store).await;
     let state = store
         .get(&RecordKey::new("lite_order", "client-a", "k1"), unix_now())
         .await
@@ -156,6 +188,137 @@ async fn sqlite_rolling_back_by_itself_leaves_no_record_without_its_effect() {
         retry.status,
         retry.replayed()
     );
+}
+
+/// A new key's record is written once, completed, by the commit that writes its order:
+/// the attempt's own transaction sees no row of the key while the handler runs (the key
+/// is held by its mark in this process), and the record is completed after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_new_key_writes_its_record_once_at_the_commit() {
+    let (server, store, _dir) = lite().await;
+    let first = post_order(&server, "k-once", "peek").await;
+    assert_eq!(first.status, 201, "{first:?}");
+    assert_eq!(first.body, b"0", "no row of the key before the completion");
+    let record = store
+        .get(
+            &RecordKey::new("lite_order", "client-a", "k-once"),
+            unix_now(),
+        )
+        .await
+        .unwrap()
+        .expect("the record, committed with the order");
+    assert!(
+        matches!(record.state, RecordState::Completed { .. }),
+        "{:?}",
+        record.state
+    );
+    assert_eq!(record.operation_id.to_string(), first.operation_id());
+    let replay = post_order(&server, "k-once", "peek").await;
+    assert_eq!(
+        (replay.status, replay.replayed()),
+        (201, true),
+        "{replay:?}"
+    );
+    assert_eq!(replay.body, b"0");
+}
+
+/// A key whose record's TTL has passed is a new key: the read under the mark does not see
+/// the old record, and the completion's insert replaces it, a new operation with its own
+/// order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_key_past_its_ttl_is_written_again_as_a_new_key() {
+    let (server, store, _dir) = lite().await;
+    let first = post_order(&server, "k-aged", "ok").await;
+    assert_eq!(first.status, 201, "{first:?}");
+    sqlx::query("UPDATE idem_records SET expires_at = 1 WHERE key = 'k-aged'")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let second = post_order(&server, "k-aged", "peek").await;
+    assert_eq!(
+        (second.status, second.replayed()),
+        (201, false),
+        "{second:?}"
+    );
+    assert_eq!(
+        second.body, b"1",
+        "the old row, until the completion replaces it"
+    );
+    assert_ne!(second.operation_id(), first.operation_id());
+    let record = store
+        .get(
+            &RecordKey::new("lite_order", "client-a", "k-aged"),
+            unix_now(),
+        )
+        .await
+        .unwrap()
+        .expect("the new record");
+    assert_eq!(record.operation_id.to_string(), second.operation_id());
+    let orders = lite_orders(&store).await;
+    assert_eq!(orders, 2);
+}
+
+/// A duplicate of an attempt still waiting for SQLite's one writer is answered at once
+/// (409 under `concurrency = conflict`, with the waiting attempt's `Operation-Id`), not
+/// queued behind it: the key is marked in flight before it waits, and the status lookup
+/// says `processing` meanwhile. The attempt then writes one order under that id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_duplicate_of_an_attempt_waiting_for_the_writer_is_answered_at_once() {
+    let (server, store, _dir) = lite().await;
+    HOLD_RELEASED.store(false, Ordering::SeqCst);
+    HOLDING.store(false, Ordering::SeqCst);
+    let server = Arc::new(server);
+    let holder = {
+        let server = Arc::clone(&server);
+        tokio::spawn(async move { post_order(&server, "k-writer", "hold").await })
+    };
+    let processing = |key: &'static str| {
+        let server = Arc::clone(&server);
+        async move {
+            for _ in 0..200 {
+                let status = send(server.get(&format!("/orders/operations/{key}"))).await;
+                if status.status == 200 {
+                    let report: serde_json::Value = serde_json::from_slice(&status.body).unwrap();
+                    if report["state"] == "processing" {
+                        return report;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            panic!("{key} never showed as processing");
+        }
+    };
+    let holding = async {
+        while !HOLDING.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), holding)
+        .await
+        .expect("the first attempt holds the writer");
+    let waiting = {
+        let server = Arc::clone(&server);
+        tokio::spawn(async move { post_order(&server, "k-queued", "ok").await })
+    };
+    let report = processing("k-queued").await;
+    let duplicate = post_order(&server, "k-queued", "ok").await;
+    duplicate.problem(409, "operation-in-progress");
+    assert!(
+        !waiting.is_finished(),
+        "the duplicate was answered while the attempt waited"
+    );
+    assert_eq!(report["operation_id"], duplicate.operation_id());
+    HOLD_RELEASED.store(true, Ordering::SeqCst);
+    assert_eq!(holder.await.unwrap().status, 201);
+    let answer = waiting.await.unwrap();
+    assert_eq!(answer.status, 201, "{answer:?}");
+    assert_eq!(answer.operation_id(), duplicate.operation_id());
+    let orders: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE operation_id = ?")
+        .bind(answer.operation_id())
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(orders, 1);
 }
 
 /// After such a transaction, no connection that sqlx still counts as inside a
@@ -221,11 +384,7 @@ async fn sqlite_a_timed_out_attempt_inside_a_statement() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let orders: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE operation_id <> 'pre-existing'")
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
+    let orders = lite_orders(&store).await;
     assert_eq!(orders, 1);
 }
 

@@ -69,7 +69,7 @@ use crate::answer;
 use crate::fault;
 use crate::operation::{HandlerMode, ModeOf};
 use crate::store::{
-    BeginInTx, InFlight, NewRecord, OpenTransaction, OwnerToken, RecordKey, Registered,
+    BeginInTx, InFlight, KeyMark, NewRecord, OpenTransaction, OwnerToken, RecordKey, Registered,
     Reservation, StoreError, StoredResponse, TransactionalStore, UnixMillis,
 };
 
@@ -248,6 +248,22 @@ impl AttemptTx {
         self.0.reserve().await
     }
 
+    /// Marks `key` in flight for `attempt` in this process ([`TransactionalStore::mark`]),
+    /// if the store keeps such marks.
+    pub(crate) fn mark(
+        &self,
+        key: &RecordKey,
+        attempt: InFlight,
+    ) -> Option<Result<KeyMark, InFlight>> {
+        self.0.mark(key, attempt)
+    }
+
+    /// Takes the right to begin, waiting for it, with `mark`: the key's mark, under which
+    /// its record was read and found missing ([`Reservation::marked`]).
+    pub(crate) async fn reserve_marked(&self, mark: KeyMark) -> Result<(), StoreError> {
+        self.0.reserve_marked(mark).await
+    }
+
     /// Begins the transaction (once the key is registered), for an attempt whose time
     /// ends at `until`.
     pub(crate) async fn begin(&self, until: Instant) -> Result<(), StoreError> {
@@ -328,6 +344,12 @@ pub(crate) trait TxControl: Send + Sync {
 
     /// Takes the right to begin if it is free now; whether it was.
     async fn try_reserve(&self) -> bool;
+
+    /// [`TransactionalStore::mark`] of the store.
+    fn mark(&self, key: &RecordKey, attempt: InFlight) -> Option<Result<KeyMark, InFlight>>;
+
+    /// [`TxControl::reserve`], the reservation holding `mark` ([`Reservation::marked`]).
+    async fn reserve_marked(&self, mark: KeyMark) -> Result<(), StoreError>;
 
     /// [`TransactionalStore::fences_by_lock`] of the store.
     fn fences_by_lock(&self) -> bool;
@@ -505,6 +527,16 @@ impl<DB: Database> TxControl for Cell<DB> {
 
     fn fences_by_lock(&self) -> bool {
         self.store.fences_by_lock()
+    }
+
+    fn mark(&self, key: &RecordKey, attempt: InFlight) -> Option<Result<KeyMark, InFlight>> {
+        self.store.mark(key, attempt)
+    }
+
+    async fn reserve_marked(&self, mark: KeyMark) -> Result<(), StoreError> {
+        let reservation = self.store.reserve().await?.marked(mark);
+        *self.state.lock().await = State::Reserved(reservation);
+        Ok(())
     }
 
     async fn try_reserve(&self) -> bool {

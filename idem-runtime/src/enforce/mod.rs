@@ -34,7 +34,7 @@
 //! | 4 | what counts as the same request: the body parsed once, a key in the body, the fingerprint of the body fields, path and query parameters | `significant.rs` | 400 `body-malformed`, `key-missing`, `key-malformed` |
 //! | 5 | look: the key's record read before the extractor, where that read costs no round trip (a store that reads in this process, the memory store); a completed key with this request's fingerprint replayed from it, anything else (another fingerprint too: the extractor answers first) handed on to stage 8 | `look.rs` | a replay, 503 `store-unavailable` |
 //! | 6 | the handler's own extractor `E`, on the same bytes (what it refuses did nothing, so nothing is registered); outside the attempt's span | `inner.rs` | `E`'s own rejection |
-//! | 7 | the transactional mode's right to begin, taken before registration | `begin.rs` | 503 `store-unavailable` |
+//! | 7 | the transactional mode's right to begin, taken before registration (on SQLite, the key marked in flight and read first) | `begin.rs` | 503 `store-unavailable` |
 //! | 8 | register: claim the key atomically, or answer from its record | `register/` | a replay, 422 `fingerprint-mismatch`, the contract's concurrency answer, recovery's answer, 409 `operation-outcome-unknown`, 503 `store-unavailable` |
 //! | 9 | begin the mode: the attempt's transaction begins once the key is held | `begin.rs` | 503 `store-unavailable` |
 //! | 10 | run: the handler, detached from the connection, panics caught, in the attempt's span, within its time | `crate::attempt` (`guard.rs`, `run.rs`) | — |
@@ -89,7 +89,7 @@ use crate::operation::{OperationRef, Recover};
 use crate::reconcile::Recoverer;
 use crate::store::RecordKey;
 use crate::telemetry::AttemptTelemetry;
-use crate::{Idem, answer, fault};
+use crate::{Idem, OperationId, answer, fault};
 
 /// The extractor of a contracted handler: the handler's own last extractor `E`, plus the
 /// [`Guard`] of the attempt that holds the key of operation `C`.
@@ -294,13 +294,19 @@ impl Prepared {
             fault,
             seen,
         } = self;
-        let seen = begin::reserve(&mode, &idem, contract, &key, seen).await?;
+        // The operation id of a new record, known before the key is registered: SQLite's
+        // one commit marks the key in flight with it at stage 7.
+        let id = OperationId::new();
+        let seen = begin::reserve(&mode, &idem, contract, &key, seen, id).await?;
         let held = register::register(
             &idem,
             contract,
             &key,
             &fingerprint,
-            seen,
+            register::Looked {
+                seen,
+                operation_id: id,
+            },
             &mode,
             make_recoverer,
         )

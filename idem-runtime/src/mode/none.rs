@@ -10,6 +10,9 @@ use crate::store::{BeginInTx, InFlight, NewRecord, RecordKey, StoreError, UnixMi
 #[derive(Clone)]
 pub(crate) enum AttemptTx {}
 
+/// A key's mark in flight: none without a transactional store.
+pub(crate) enum KeyMark {}
+
 impl AttemptTx {
     /// Never finds one.
     pub(crate) fn find(_extensions: &Extensions) -> Option<AttemptTx> {
@@ -22,6 +25,18 @@ impl AttemptTx {
 
     pub(crate) async fn reserve(&self) -> Result<(), StoreError> {
         match *self {}
+    }
+
+    pub(crate) fn mark(
+        &self,
+        _key: &RecordKey,
+        _attempt: InFlight,
+    ) -> Option<Result<KeyMark, InFlight>> {
+        match *self {}
+    }
+
+    pub(crate) async fn reserve_marked(&self, mark: KeyMark) -> Result<(), StoreError> {
+        match mark {}
     }
 
     pub(crate) async fn begin(&self, _until: tokio::time::Instant) -> Result<(), StoreError> {

@@ -135,7 +135,7 @@ pub use sql::sqlite::{self, SqliteStore};
 pub(crate) use traits::InFlightProbe;
 pub use traits::{OperatorStore, RecordStore, Store};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use transactional::{OpenTransaction, Registered, Reservation, TransactionalStore};
+pub use transactional::{KeyMark, OpenTransaction, Registered, Reservation, TransactionalStore};
 
 /// The largest result a store keeps unless told otherwise, in bytes (1 MiB), counted as
 /// [`StoredResponse::size`] counts: the body and the selected headers' names and values.

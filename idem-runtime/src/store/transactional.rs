@@ -19,13 +19,54 @@ use super::{
 #[derive(Debug, Default)]
 pub struct Reservation {
     _writer: Option<OwnedSemaphorePermit>,
+    /// The key's in-flight mark, taken before its record was read and found missing
+    /// ([`TransactionalStore::mark`]): the key is registered without a read of its own.
+    mark: Option<KeyMark>,
 }
 
 impl Reservation {
     /// A reservation that holds `writer` (the one-writer permit of the store), or
     /// nothing for a store that admits many writers.
     pub fn new(writer: Option<OwnedSemaphorePermit>) -> Reservation {
-        Reservation { _writer: writer }
+        Reservation {
+            _writer: writer,
+            mark: None,
+        }
+    }
+
+    /// The same reservation, holding `mark` until the key is registered: the key's
+    /// mark in flight, taken before its record was read and found missing.
+    pub(crate) fn marked(mut self, mark: KeyMark) -> Reservation {
+        self.mark = Some(mark);
+        self
+    }
+
+    /// The key's mark this reservation holds ([`Reservation::marked`]), taken out.
+    pub(crate) fn take_mark(&mut self) -> Option<KeyMark> {
+        self.mark.take()
+    }
+}
+
+/// A key marked in flight in this process by [`TransactionalStore::mark`], until
+/// dropped: a duplicate is answered from the mark at once, and a status lookup finds the
+/// attempt in flight.
+pub struct KeyMark(Box<dyn Send + Sync>);
+
+impl KeyMark {
+    /// A mark that holds `guard`, whose drop lets the key go.
+    pub fn new(guard: Box<dyn Send + Sync>) -> KeyMark {
+        KeyMark(guard)
+    }
+
+    /// What the mark holds, for the transaction to keep until it ends.
+    pub fn into_guard(self) -> Box<dyn Send + Sync> {
+        self.0
+    }
+}
+
+impl std::fmt::Debug for KeyMark {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyMark").finish_non_exhaustive()
     }
 }
 
@@ -173,7 +214,8 @@ pub trait TransactionalStore: Store {
     /// hash of it (`pg_try_advisory_xact_lock`), and publishes the attempt's operation id
     /// and end in the session's `application_name` for the transaction, which
     /// [`TransactionalStore::in_flight`] reads back; `SqliteStore` (one process) keeps a
-    /// map of its keys in flight.
+    /// map of its keys in flight, where a key whose mark comes with `reservation`
+    /// ([`TransactionalStore::mark`]) is marked already.
     ///
     /// # Errors
     ///
@@ -187,6 +229,23 @@ pub trait TransactionalStore: Store {
         now: UnixMillis,
         within: Duration,
     ) -> Result<Registered<Self::Database>, StoreError>;
+
+    /// Marks `key` in flight for `attempt` in this process, before its record is read,
+    /// for a store that keeps its marks in the process (`SqliteStore`, whose one writer
+    /// is shared by one process): `Some(Ok(mark))`, held until dropped; `Some(Err(holder))`
+    /// when the attempt `holder` marked it already; `None` for a store that marks keys
+    /// only inside a transaction (the default: `PostgresStore`'s advisory lock).
+    ///
+    /// A mark taken before the read makes the read's answer hold until the mark is
+    /// dropped: no other attempt of this process can register the key meanwhile, and
+    /// one that registered it before has committed its record (it keeps its mark until
+    /// its transaction ends). A key read and found missing under a mark is registered
+    /// with the mark in its [`Reservation`], without a read or a write of its own before
+    /// the handler runs ([`TransactionalStore::begin_registered`] takes it from there).
+    fn mark(&self, key: &RecordKey, attempt: InFlight) -> Option<Result<KeyMark, InFlight>> {
+        let _ = (key, attempt);
+        None
+    }
 
     /// The attempt that holds `key` in a transaction begun by
     /// [`TransactionalStore::begin_registered`] and not ended yet, if one does.

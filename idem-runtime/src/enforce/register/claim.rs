@@ -49,6 +49,7 @@ impl Registration<'_> {
             self.contract,
             self.fingerprint,
             self.transactional,
+            self.operation_id.take().unwrap_or_default(),
             now,
         );
         let reservation;
@@ -221,17 +222,18 @@ fn in_flight(holder: InFlight, now: UnixMillis) -> Claimed {
     Claimed::InFlight(holder, now)
 }
 
-/// The record a new attempt registers at `now`, with a fresh operation id and owner
-/// token; its budget is the claim's ([`Registration::budget`]).
+/// The record a new attempt registers at `now` as operation `operation_id`, with a
+/// fresh owner token; its budget is the claim's ([`Registration::budget`]).
 fn new_record(
     idem: &Idem,
     contract: &Contract,
     fingerprint: &str,
     transactional: bool,
+    operation_id: OperationId,
     now: UnixMillis,
 ) -> NewRecord {
     NewRecord {
-        operation_id: OperationId::new(),
+        operation_id,
         fingerprint: fingerprint.to_owned(),
         lease: Lease {
             token: OwnerToken::random(),

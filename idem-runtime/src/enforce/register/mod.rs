@@ -49,6 +49,9 @@ pub(crate) struct Registration<'a> {
     in_tx: Option<AttemptTx>,
     /// The record stage 5 or 7 read, for the first round to answer from.
     seen: Seen,
+    /// The operation id the first new record takes (stage 7 may have marked the key in
+    /// flight with it); later rounds' records take fresh ones.
+    operation_id: Option<OperationId>,
     /// Makes the contract's recoverer; taken by the round that wins a takeover.
     make_recoverer: Option<MakeRecoverer<'a>>,
     /// When a `concurrency = wait(..)` wait ends, once it has begun.
@@ -57,15 +60,23 @@ pub(crate) struct Registration<'a> {
     last_id: Option<OperationId>,
 }
 
+/// What the stages before registration hand on to it.
+pub(crate) struct Looked {
+    /// The record stage 5 or 7 read, if it read one no registration may take.
+    pub(crate) seen: Seen,
+    /// The operation id a new record takes.
+    pub(crate) operation_id: OperationId,
+}
+
 /// Claims `key` for a request whose fingerprints are `fingerprint`: the attempt that
 /// holds it, or the answer to give instead (see the module docs); the first round
-/// answers from `seen`, the record stage 5 or 7 read, when there is one.
+/// answers from `looked.seen`, the record stage 5 or 7 read, when there is one.
 pub(crate) async fn register(
     idem: &Idem,
     contract: &'static Contract,
     key: &Arc<RecordKey>,
     fingerprint: &Fingerprints,
-    seen: Seen,
+    looked: Looked,
     mode: &Mode,
     make_recoverer: MakeRecoverer<'_>,
 ) -> Result<Held, Rejection> {
@@ -77,7 +88,8 @@ pub(crate) async fn register(
         legacy: fingerprint.legacy.as_deref(),
         transactional: mode.is_transactional(),
         in_tx: mode.one_commit(contract),
-        seen,
+        seen: looked.seen,
+        operation_id: Some(looked.operation_id),
         make_recoverer: Some(make_recoverer),
         wait_until: None,
         last_id: None,

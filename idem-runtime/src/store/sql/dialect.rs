@@ -12,7 +12,8 @@ use super::SqlStore;
 use super::records::Registration;
 use super::statement::{Run, Statement};
 use crate::store::{
-    Begin, InFlight, OpenTransaction, OwnerToken, RecordKey, Registered, Reservation, StoreError,
+    Begin, InFlight, KeyMark, OpenTransaction, OwnerToken, RecordKey, Registered, Reservation,
+    StoreError,
 };
 
 /// A database [`SqlStore`] speaks: implemented for `sqlx::Sqlite` and `sqlx::Postgres`.
@@ -132,6 +133,17 @@ pub trait TxDialect: Dialect {
     ) -> impl Future<Output = Result<Reservation, StoreError>> + Send {
         let _ = store;
         async { Ok(Reservation::default()) }
+    }
+
+    /// [`TransactionalStore::mark`](crate::store::TransactionalStore::mark): no marks
+    /// outside a transaction unless said otherwise.
+    fn mark(
+        store: &SqlStore<Self>,
+        key: &RecordKey,
+        attempt: InFlight,
+    ) -> Option<Result<KeyMark, InFlight>> {
+        let _ = (store, key, attempt);
+        None
     }
 
     /// Free unless said otherwise.

@@ -9,7 +9,7 @@ use super::SqlStore;
 use super::dialect::TxDialect;
 use super::records::Registration;
 use crate::store::{
-    InFlight, NewRecord, OpenTransaction, OwnerToken, RecordKey, Registered, Reservation,
+    InFlight, KeyMark, NewRecord, OpenTransaction, OwnerToken, RecordKey, Registered, Reservation,
     StoreError, StoredResponse, TransactionalStore, UnixMillis,
 };
 
@@ -43,6 +43,10 @@ impl<DB: TxDialect> TransactionalStore for SqlStore<DB> {
     ) -> Result<Registered<DB>, StoreError> {
         let registration = Registration { key, new, now };
         DB::begin_registered(self, reservation, registration, within).await
+    }
+
+    fn mark(&self, key: &RecordKey, attempt: InFlight) -> Option<Result<KeyMark, InFlight>> {
+        DB::mark(self, key, attempt)
     }
 
     async fn in_flight(&self, key: &RecordKey) -> Result<Option<InFlight>, StoreError> {

@@ -14,11 +14,13 @@ use crate::store::sql::records::{Registration, completion_sql, release_sql};
 use crate::store::sql::rows::changed_one;
 use crate::store::sql::statement::Statement;
 use crate::store::{
-    Begin, InFlight, OpenTransaction, OwnerToken, RecordKey, Registered, Reservation, StoreError,
+    Begin, InFlight, KeyMark, OpenTransaction, OwnerToken, RecordKey, Registered, Reservation,
+    StoreError,
 };
 
-/// The keys of a store registered inside attempts' transactions that have not ended:
-/// SQLite serves one process, so this map is the whole truth of what is in flight.
+/// The keys of a store in flight: marked by attempts of the one-commit mode before they
+/// read the key and wait for the writer, until their transactions end. SQLite serves one
+/// process, so this map is the whole truth of what is in flight.
 #[derive(Clone, Debug, Default)]
 pub struct InFlightKeys(Arc<Mutex<HashMap<RecordKey, InFlight>>>);
 
@@ -97,6 +99,67 @@ fn begin_marked(
     }
 }
 
+/// A key registered by its mark alone (read under the mark, no record): [`OPEN`] on a
+/// connection of the pool, one call, and nothing of the key written: its record, as the
+/// completion will insert it ([`TxDialect::INSERT_COMPLETED_IN_TX`]), and the mark, which
+/// goes with the transaction.
+async fn registered_by_mark(
+    store: &SqlStore<Sqlite>,
+    reservation: Reservation,
+    registration: &Registration<'_>,
+    mark: Box<dyn Send + Sync>,
+) -> Result<Registered<Sqlite>, StoreError> {
+    let tx = match store.bounded(store.pool.begin_with(OPEN)).await {
+        Ok(tx) => tx,
+        Err(error) => {
+            // The savepoint may have failed after `BEGIN IMMEDIATE` took the lock, on a
+            // connection sqlx hands out again as if outside a transaction: every
+            // connection opened before now is replaced.
+            store.state.health.recycle();
+            return Err(error);
+        }
+    };
+    let record = crate::store::Record::started(registration.new, registration.now);
+    store.state.in_flight.started(registration.key, &record);
+    let open = OpenTransaction::new(tx, 0, reservation)
+        .registered(Some(mark))
+        .written_at_completion(record.clone());
+    Ok(Registered::Started(record, open))
+}
+
+/// The completion of a key registered by its mark alone
+/// ([`TxDialect::INSERT_COMPLETED_IN_TX`]): its savepoint gone, SQLite rolled the
+/// transaction back by itself, or the handler ended it; nothing inserted, the key has a
+/// row committed by another process, and the attempt lost its record.
+async fn complete_unwritten(
+    store: &SqlStore<Sqlite>,
+    tx: &mut OpenTransaction<Sqlite>,
+    completion: Statement<Sqlite>,
+) -> Result<(), StoreError> {
+    match completion.fetch_optional(&mut tx.tx).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(StoreError::LeaseLost),
+        Err(sqlx::Error::Database(db)) if db.message().contains("no such savepoint") => {
+            Err(rolled_back_by_itself())
+        }
+        Err(error) => Err(Sqlite::fault(store, error)),
+    }
+}
+
+/// The error of a transaction SQLite ended by itself before idem could commit it.
+fn rolled_back_by_itself() -> StoreError {
+    StoreError::TransactionEnded(
+        "SQLite rolled it back before idem could commit (a conflict clause such as `OR ROLLBACK`, or a trigger's `RAISE(ROLLBACK)`)"
+            .into(),
+    )
+}
+
+/// The one call that begins a transaction registered by its key's mark: `BEGIN
+/// IMMEDIATE`, then the savepoint `idem_open`, which only that transaction can hold: a
+/// rollback of it, SQLite's own included, takes the savepoint with it, and the
+/// completion's `RELEASE` then fails.
+const OPEN: &str = "BEGIN IMMEDIATE; SAVEPOINT idem_open";
+
 /// The release inside an attempt's transaction, which holds the write lock: the owner
 /// token alone (`$4`) fences.
 const RELEASE_LOCKED: &str = release_sql!("");
@@ -116,19 +179,51 @@ impl TxDialect for Sqlite {
 
     const FENCES_BY_LOCK: bool = true;
 
-    /// Deletes the transaction's marker first: gone, SQLite rolled the transaction back
-    /// by itself.
+    /// The record of a key registered by its mark alone, written once, completed, in the
+    /// transaction that [`OPEN`] began: first `RELEASE SAVEPOINT idem_open`, which fails
+    /// unless that transaction is still open (SQLite rolls a transaction back by itself
+    /// on a conflict clause such as `OR ROLLBACK`, savepoints and all, and the connection
+    /// is in autocommit then, where nothing must be written); then the insert (`$4` the
+    /// token is bound and not used), whose one row says it wrote (a count of changes
+    /// would count the handler's last write too, after the `RELEASE`). One call, two
+    /// statements. A row of the key whose TTL has passed at `$5` (now) is replaced, as a
+    /// new key's: the read under the mark does not see it (`get` leaves such records
+    /// out). Any other row of the key is kept, and nothing written: one committed by
+    /// another process after this one read the key (this process's attempts are held off
+    /// by the mark); the attempt then loses its record, and everything it wrote rolls
+    /// back.
+    const INSERT_COMPLETED_IN_TX: Option<&'static str> = Some(
+        "RELEASE SAVEPOINT idem_open;
+        INSERT INTO idem_records
+            (operation, client, key, operation_id, fingerprint, state, attempt, token,
+             lease_until, created_at, expires_at, status, headers, body, reason,
+             stored_bytes, transactional)
+        VALUES ($1, $2, $3, $10, $11, 'completed', 1, NULL, NULL, $12, $13, $6, $7, $8, NULL,
+                $9, $14)
+        ON CONFLICT (operation, client, key) DO UPDATE SET
+            operation_id = excluded.operation_id, fingerprint = excluded.fingerprint,
+            state = excluded.state, attempt = excluded.attempt, token = NULL,
+            lease_until = NULL, created_at = excluded.created_at,
+            expires_at = excluded.expires_at, status = excluded.status,
+            headers = excluded.headers, body = excluded.body, reason = NULL,
+            stored_bytes = excluded.stored_bytes, transactional = excluded.transactional,
+            history = NULL
+        WHERE idem_records.expires_at <= $5
+        RETURNING 1",
+    );
+
+    /// A key registered by its mark alone: [`complete_unwritten`]. A key registered under
+    /// the lock: its processing row is the marker. Otherwise deletes the transaction's
+    /// marker first: gone, SQLite rolled the transaction back by itself.
     async fn complete_in(
         store: &SqlStore<Sqlite>,
         tx: &mut OpenTransaction<Sqlite>,
         completion: Statement<Sqlite>,
     ) -> Result<(), StoreError> {
-        let ended = || {
-            StoreError::TransactionEnded(
-                "SQLite rolled it back before idem could commit (a conflict clause such as `OR ROLLBACK`, or a trigger's `RAISE(ROLLBACK)`)"
-                    .into(),
-            )
-        };
+        let ended = rolled_back_by_itself;
+        if tx.unwritten.is_some() {
+            return complete_unwritten(store, tx, completion).await;
+        }
         if tx.registered {
             // The key's own processing row is the marker: only this transaction can
             // have changed it (it holds the write lock), so a completion that finds it
@@ -170,6 +265,21 @@ impl TxDialect for Sqlite {
         Ok(Reservation::new(Some(permit)))
     }
 
+    /// A mark in this process's [`InFlightKeys`].
+    fn mark(
+        store: &SqlStore<Sqlite>,
+        key: &RecordKey,
+        attempt: InFlight,
+    ) -> Option<Result<KeyMark, InFlight>> {
+        Some(
+            store
+                .state
+                .in_flight
+                .claim(key, attempt)
+                .map(|mark| KeyMark::new(Box::new(mark))),
+        )
+    }
+
     fn try_reserve(store: &SqlStore<Sqlite>) -> Option<Reservation> {
         let permit = Arc::clone(&store.state.writer).try_acquire_owned().ok()?;
         Some(Reservation::new(Some(permit)))
@@ -192,27 +302,39 @@ impl TxDialect for Sqlite {
     }
 
     /// The key marked in this process's [`InFlightKeys`] (a duplicate finds it there at
-    /// once, without the write lock), then `BEGIN IMMEDIATE` and the registration written
-    /// under the lock ([`register_locked`]). A record this attempt may not take ends the
-    /// transaction and the mark.
+    /// once, without the write lock), then `BEGIN IMMEDIATE`. A key whose mark came with
+    /// `reservation` ([`Reservation::marked`]) was read under it and had no record: it is
+    /// registered by the mark alone ([`registered_by_mark`]), nothing written until the
+    /// completion inserts the record, completed, when no budget needs counting. Any other
+    /// key is marked here and its registration written under the lock
+    /// ([`register_locked`]); a record this attempt may not take ends the transaction and
+    /// the mark.
     async fn begin_registered(
         store: &SqlStore<Sqlite>,
-        reservation: Reservation,
+        mut reservation: Reservation,
         registration: Registration<'_>,
         _within: Duration,
     ) -> Result<Registered<Sqlite>, StoreError> {
-        // Its attempt number is known once registered; a duplicate that finds the mark
-        // before then is told the first.
-        let attempt = InFlight {
-            operation_id: registration.new.operation_id,
-            attempt: 1,
-            until: registration.new.holds_until,
-        };
-        let mark = match store.state.in_flight.claim(registration.key, attempt) {
-            Ok(mark) => mark,
-            Err(holder) => return Ok(Registered::InFlight(holder, reservation)),
+        let (mark, found_missing) = match reservation.take_mark() {
+            Some(mark) => (mark.into_guard(), true),
+            None => {
+                // Its attempt number is known once registered; a duplicate that finds the
+                // mark before then is told the first.
+                let attempt = InFlight {
+                    operation_id: registration.new.operation_id,
+                    attempt: 1,
+                    until: registration.new.holds_until,
+                };
+                match store.state.in_flight.claim(registration.key, attempt) {
+                    Ok(mark) => (Box::new(mark) as Box<dyn Send + Sync>, false),
+                    Err(holder) => return Ok(Registered::InFlight(holder, reservation)),
+                }
+            }
         };
         store.state.health.check_file()?;
+        if found_missing && registration.counted_budget().is_none() {
+            return registered_by_mark(store, reservation, &registration, mark).await;
+        }
         // No marker and no savepoint: the key's row is the marker (`complete_in`), and a
         // rollback undoes everything at once.
         let mut tx = store
@@ -228,7 +350,7 @@ impl TxDialect for Sqlite {
             Ok(Begin::Started(record)) => {
                 store.state.in_flight.started(registration.key, &record);
                 let open = OpenTransaction::new(tx, 0, reservation);
-                Registered::Started(record, open.registered(Some(Box::new(mark))))
+                Registered::Started(record, open.registered(Some(mark)))
             }
             Ok(Begin::Exists(record)) => {
                 refused(tx).await;
