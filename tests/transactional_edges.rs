@@ -7,7 +7,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State};
@@ -38,6 +38,9 @@ static HOLD_RELEASED: AtomicBool = AtomicBool::new(false);
 /// Set by the SQLite handler's `hold` once it runs, holding the one writer.
 static HOLDING: AtomicBool = AtomicBool::new(false);
 
+/// Runs of each handler for the key `k-self-commit`: SQLite's, PostgreSQL's.
+static SELF_COMMIT_RUNS: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+
 fn created() -> Response {
     (StatusCode::CREATED, "created").into_response()
 }
@@ -60,6 +63,9 @@ async fn lite_order(
     tx: idem::SqliteTx,
     Json(order): Json<Order>,
 ) -> Response {
+    if attempt.key == "k-self-commit" {
+        SELF_COMMIT_RUNS[0].fetch_add(1, Ordering::SeqCst);
+    }
     let mut conn = tx.conn().await.unwrap();
     sqlx::query("INSERT INTO orders (operation_id, ref) VALUES (?, NULL)")
         .bind(attempt.operation_id.to_string())
@@ -109,6 +115,14 @@ async fn lite_order(
             {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
+            created()
+        }
+        // A retryable answer after the write: rolled back, the key released.
+        "503" => (StatusCode::SERVICE_UNAVAILABLE, "busy").into_response(),
+        // Ends the attempt's transaction itself, its order committed (the docs say not
+        // to; the record must not then say that nothing took effect).
+        "commit" => {
+            sqlx::query("COMMIT").execute(&mut *conn).await.unwrap();
             created()
         }
         // The key's rows in `idem_records` as the attempt's own transaction sees them.
@@ -220,6 +234,57 @@ async fn sqlite_a_new_key_writes_its_record_once_at_the_commit() {
         "{replay:?}"
     );
     assert_eq!(replay.body, b"0");
+}
+
+/// A handler that commits its transaction itself (which the docs forbid) has its effect
+/// committed: the record is written beside it, whatever the first answer, so the retry
+/// replays and the effect is not run twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_handler_that_commits_itself_is_not_run_twice() {
+    let (server, store, _dir) = lite().await;
+    let first = post_order(&server, "k-self-commit", "commit").await;
+    assert_eq!(lite_orders(&store).await, 1, "{first:?}");
+    let retry = post_order(&server, "k-self-commit", "ok").await;
+    assert_eq!(
+        (retry.status, retry.replayed()),
+        (201, true),
+        "{first:?} then {retry:?}"
+    );
+    assert_eq!(retry.operation_id(), first.operation_id());
+    assert_eq!(lite_orders(&store).await, 1, "the effect ran once");
+    assert_eq!(
+        SELF_COMMIT_RUNS[0].load(Ordering::SeqCst),
+        1,
+        "the handler ran once"
+    );
+}
+
+/// An attempt that rolls back (a retryable 503) keeps its key's mark until its release is
+/// written: a duplicate racing it is answered from the mark, never registered in between
+/// as if the key had no record (it would run the handler, then lose its record to the
+/// release and answer 503 for nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_duplicates_of_a_rolled_back_attempt_do_not_run_for_nothing() {
+    let (server, store, _dir) = lite().await;
+    let server = Arc::new(server);
+    for round in 0..4 {
+        let key = format!("k-released-{round}");
+        let requests: Vec<_> = (0..10)
+            .map(|_| {
+                let (server, key) = (Arc::clone(&server), key.clone());
+                tokio::spawn(async move { post_order(&server, &key, "503").await })
+            })
+            .collect();
+        for request in requests {
+            let answer = request.await.unwrap();
+            let body = String::from_utf8_lossy(&answer.body);
+            assert!(
+                matches!(answer.status, 409 | 503) && !body.contains("lost its record"),
+                "{answer:?}: {body}"
+            );
+        }
+    }
+    assert_eq!(lite_orders(&store).await, 0, "every attempt rolled back");
 }
 
 /// A key whose record's TTL has passed is a new key: the read under the mark does not see
@@ -480,6 +545,9 @@ async fn pg_order(
     tx: idem::PgTx,
     Json(order): Json<Order>,
 ) -> Response {
+    if attempt.key == "k-self-commit" {
+        SELF_COMMIT_RUNS[1].fetch_add(1, Ordering::SeqCst);
+    }
     let mut conn = tx.conn().await.unwrap();
     sqlx::query("INSERT INTO orders (operation_id, ref) VALUES ($1, NULL)")
         .bind(attempt.operation_id.to_string())
@@ -504,6 +572,11 @@ async fn pg_order(
         "slow" => {
             drop(conn);
             tokio::time::sleep(Duration::from_millis(400)).await;
+            created()
+        }
+        // Ends the attempt's transaction itself, its order committed.
+        "commit" => {
+            sqlx::query("COMMIT").execute(&mut *conn).await.unwrap();
             created()
         }
         _ => created(),
@@ -555,6 +628,41 @@ async fn pg_with(
         .with_state(Pg(store.clone()))
         .layer(idem.layer());
     Some((TestServer::start(router).await, store))
+}
+
+/// A handler that commits its transaction itself (which the docs forbid) has its effect
+/// committed: the retry must not run it a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_handler_that_commits_itself_is_not_run_twice() {
+    let Some((server, store)) = pg_with("adv self-commit", |store| store).await else {
+        return;
+    };
+    let orders = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT COUNT(*) FROM orders WHERE operation_id <> 'pre-existing'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+    };
+    let first = post_order(&server, "k-self-commit", "commit").await;
+    assert_eq!(orders().await, 1, "{first:?}");
+    let retry = post_order(&server, "k-self-commit", "ok").await;
+    assert_eq!(
+        (retry.status, retry.replayed()),
+        (201, true),
+        "{first:?} then {retry:?}"
+    );
+    assert_eq!(
+        orders().await,
+        1,
+        "the effect ran once: {first:?} then {retry:?}"
+    );
+    assert_eq!(
+        SELF_COMMIT_RUNS[1].load(Ordering::SeqCst),
+        1,
+        "the handler ran once: {first:?} then {retry:?}"
+    );
 }
 
 /// A permanent answer (422) after a failed statement (a unique violation), which makes

@@ -503,17 +503,26 @@ impl<DB: Database> Cell<DB> {
             .unwrap_or_default()
     }
 
-    /// Rolls `open` back, and gives back its reservation; a rollback that fails leaves
-    /// the connection suspect, and the store replaces it.
+    /// Rolls `open` back, and gives back its reservation, holding the key's mark in this
+    /// process (SQLite's) if the transaction held one: the caller writes the key's release
+    /// before it lets both go, so that no duplicate registers the key in between as if
+    /// it had no record. A rollback that fails leaves the connection suspect, and the
+    /// store replaces it.
     async fn rollback(&self, open: OpenTransaction<DB>) -> Reservation {
         let OpenTransaction {
-            tx, reservation, ..
+            tx,
+            reservation,
+            _claim: claim,
+            ..
         } = open;
         if let Err(error) = tx.rollback().await {
             let error = self.store.rollback_failed(error);
             tracing::warn!(error = %error, "idem: rolling back the attempt's transaction failed");
         }
-        reservation
+        match claim {
+            Some(claim) => reservation.keeping(KeyMark::new(claim)),
+            None => reservation,
+        }
     }
 }
 
@@ -704,5 +713,66 @@ impl<DB: Database> TxControl for Cell<DB> {
                 RolledBack::Pending
             }
         }
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::OperationId;
+    use crate::store::{Lease, SqliteStore, unix_now};
+
+    /// SQLite's one commit, rolled back: the key's mark in this process outlives the
+    /// transaction, held with the right to write that the rollback gives back, so that a
+    /// duplicate finds the key in flight until the caller has written its release (and
+    /// is not registered in between as if the key had no record).
+    #[tokio::test]
+    async fn a_rolled_back_attempt_keeps_its_mark_until_its_release_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SqliteStore::open(dir.path().join("t.db")).await.unwrap());
+        let cell = Cell::<sqlx::Sqlite> {
+            store: store.clone(),
+            state: Mutex::new(State::NotBegun),
+        };
+        let key = RecordKey::new("op", "client", "k");
+        let now = unix_now();
+        let new = NewRecord {
+            operation_id: OperationId::new(),
+            fingerprint: "sha256:f".into(),
+            lease: Lease {
+                token: OwnerToken::random(),
+                until: now + 60_000,
+            },
+            expires_at: now + 3_600_000,
+            transactional: true,
+            holds_until: now + 60_000,
+            budget: None,
+        };
+        let attempt = InFlight {
+            operation_id: new.operation_id,
+            attempt: 1,
+            until: new.holds_until,
+        };
+        let mark = cell
+            .mark(&key, attempt)
+            .expect("SQLite marks keys")
+            .unwrap();
+        cell.reserve_marked(mark).await.unwrap();
+        let until = Instant::now() + Duration::from_secs(5);
+        let begun = cell.register(&key, &new, now, until).await.unwrap();
+        assert!(matches!(begun, BeginInTx::Started(_)));
+        let RolledBack::Rolled(writer) =
+            Arc::new(cell).roll_back(&key, new.lease.token, until).await
+        else {
+            panic!("rolled back, the key left for the caller to release");
+        };
+        assert!(
+            store.in_flight(&key).await.unwrap().is_some(),
+            "the mark outlives the transaction"
+        );
+        drop(writer);
+        assert!(store.in_flight(&key).await.unwrap().is_none());
     }
 }

@@ -22,6 +22,9 @@ pub struct Reservation {
     /// The key's in-flight mark, taken before its record was read and found missing
     /// ([`TransactionalStore::mark`]): the key is registered without a read of its own.
     mark: Option<KeyMark>,
+    /// The key's mark kept after its transaction rolled back, until the key's release is
+    /// written and this reservation dropped.
+    _kept: Option<KeyMark>,
 }
 
 impl Reservation {
@@ -31,6 +34,7 @@ impl Reservation {
         Reservation {
             _writer: writer,
             mark: None,
+            _kept: None,
         }
     }
 
@@ -44,6 +48,13 @@ impl Reservation {
     /// The key's mark this reservation holds ([`Reservation::marked`]), taken out.
     pub(crate) fn take_mark(&mut self) -> Option<KeyMark> {
         self.mark.take()
+    }
+
+    /// The same reservation, keeping `mark` alive until it is dropped: the key's mark of
+    /// a transaction that rolled back, held while its release is written.
+    pub(crate) fn keeping(mut self, mark: KeyMark) -> Reservation {
+        self._kept = Some(mark);
+        self
     }
 }
 

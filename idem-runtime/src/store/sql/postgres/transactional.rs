@@ -56,20 +56,31 @@ impl PostgresState {
 impl TxDialect for Postgres {
     /// The completion inside the attempt's transaction, with the values of
     /// `SqlStore::completion`: the owner of a live lease (`$5` now), on the condition that
-    /// it is still the transaction that began (`$10`, its id).
-    const COMPLETE_IN_TX: &'static str =
-        completion_sql!(" AND lease_until > $5 AND txid_current_if_assigned() = $10");
+    /// it is still the transaction that began (`$10`, its id), or that this transaction
+    /// has committed (`txid_status`): a handler that ended it with a `COMMIT` of its own
+    /// (which the docs tell it not to do) has committed its effect, and the record is
+    /// then written beside it, on its own (no longer atomic with it: a crash in between
+    /// leaves the effect without its record, as in the plain mode), so that the retry
+    /// replays it rather than running the effect again. A transaction the database or the
+    /// handler rolled back (`aborted`) writes nothing.
+    const COMPLETE_IN_TX: &'static str = completion_sql!(
+        " AND lease_until > $5 AND (txid_current_if_assigned() = $10 OR txid_status($10) = 'committed')"
+    );
 
     /// The completion in a transaction that registered the key under its advisory lock:
     /// no other session can take the key while the lock is held, so the owner token and
-    /// the transaction's id fence (`$5`, now, is bound and not compared).
-    const COMPLETE_REGISTERED_IN_TX: &'static str =
-        completion_sql!(" AND txid_current_if_assigned() = $10");
+    /// the transaction's id fence (`$5`, now, is bound and not compared), as in
+    /// [`TxDialect::COMPLETE_IN_TX`].
+    const COMPLETE_REGISTERED_IN_TX: &'static str = completion_sql!(
+        " AND (txid_current_if_assigned() = $10 OR txid_status($10) = 'committed')"
+    );
 
     /// The record of a new key, written once, completed, in the transaction that holds
     /// the key's advisory lock ([`LOCKED`] found no row), on the condition that it
     /// is still the transaction that began (`$15`, its id; `$4` the token and `$5` now
-    /// are bound and not used). A row of the key inserts nothing: one committed by the
+    /// are bound and not used), or that this transaction has committed (as in
+    /// [`TxDialect::COMPLETE_IN_TX`]).
+    /// A row of the key inserts nothing: one committed by the
     /// lock's previous holder after [`LOCKED`]'s snapshot was taken and before the
     /// lock was, which the primary key finds here; the attempt then loses its record,
     /// and everything it wrote rolls back.
@@ -80,7 +91,7 @@ impl TxDialect for Postgres {
              stored_bytes, transactional)
         SELECT $1, $2, $3, $10, $11, 'completed', 1, NULL, NULL, $12, $13, $6, $7, $8, NULL,
                $9, $14
-        WHERE txid_current_if_assigned() = $15
+        WHERE txid_current_if_assigned() = $15 OR txid_status($15) = 'committed'
         ON CONFLICT (operation, client, key) DO NOTHING",
     );
 

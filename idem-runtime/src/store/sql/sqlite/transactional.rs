@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use sqlx::{Sqlite, Transaction};
+use sqlx::{AssertSqlSafe, Sqlite, Transaction};
 
 use super::dialect::register_locked;
 use crate::store::sql::SqlStore;
@@ -78,11 +78,7 @@ impl Drop for InFlightMark {
 fn begin_marked(
     store: &SqlStore<Sqlite>,
 ) -> impl Future<Output = Result<(Transaction<'static, Sqlite>, i64), sqlx::Error>> + '_ {
-    let marker = i64::from_ne_bytes(
-        uuid::Uuid::new_v4().as_bytes()[..8]
-            .try_into()
-            .unwrap_or([0; 8]),
-    );
+    let marker = random_marker();
     async move {
         let mut tx = store.pool.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query("CREATE TEMP TABLE IF NOT EXISTS idem_tx_marker (marker INTEGER NOT NULL)")
@@ -99,21 +95,25 @@ fn begin_marked(
     }
 }
 
-/// A key registered by its mark alone (read under the mark, no record): [`OPEN`] on a
-/// connection of the pool, one call, and nothing of the key written: its record, as the
-/// completion will insert it ([`TxDialect::INSERT_COMPLETED_IN_TX`]), and the mark, which
-/// goes with the transaction.
+/// A key registered by its mark alone (read under the mark, no record): [`open_sql`] on
+/// a connection of the pool, one call that begins the transaction and writes its marker,
+/// and nothing of the key written: its record, as the completion will insert it
+/// ([`TxDialect::INSERT_COMPLETED_IN_TX`]), and the mark, which goes with the transaction.
 async fn registered_by_mark(
     store: &SqlStore<Sqlite>,
     reservation: Reservation,
     registration: &Registration<'_>,
     mark: Box<dyn Send + Sync>,
 ) -> Result<Registered<Sqlite>, StoreError> {
-    let tx = match store.bounded(store.pool.begin_with(OPEN)).await {
+    let marker = random_marker();
+    let begun = store
+        .bounded(store.pool.begin_with(AssertSqlSafe(open_sql(marker))))
+        .await;
+    let tx = match begun {
         Ok(tx) => tx,
         Err(error) => {
-            // The savepoint may have failed after `BEGIN IMMEDIATE` took the lock, on a
-            // connection sqlx hands out again as if outside a transaction: every
+            // The marker's write may have failed after `BEGIN IMMEDIATE` took the lock,
+            // on a connection sqlx hands out again as if outside a transaction: every
             // connection opened before now is replaced.
             store.state.health.recycle();
             return Err(error);
@@ -121,28 +121,38 @@ async fn registered_by_mark(
     };
     let record = crate::store::Record::started(registration.new, registration.now);
     store.state.in_flight.started(registration.key, &record);
-    let open = OpenTransaction::new(tx, 0, reservation)
+    let open = OpenTransaction::new(tx, marker, reservation)
         .registered(Some(mark))
         .written_at_completion(record.clone());
     Ok(Registered::Started(record, open))
 }
 
 /// The completion of a key registered by its mark alone
-/// ([`TxDialect::INSERT_COMPLETED_IN_TX`]): its savepoint gone, SQLite rolled the
-/// transaction back by itself, or the handler ended it; nothing inserted, the key has a
-/// row committed by another process, and the attempt lost its record.
+/// ([`TxDialect::INSERT_COMPLETED_IN_TX`], the transaction's marker bound last). Nothing
+/// written is looked into: the marker gone, SQLite rolled the transaction back by itself
+/// (or the handler did); still there, the key has a row committed by another process, and
+/// the attempt lost its record.
 async fn complete_unwritten(
     store: &SqlStore<Sqlite>,
     tx: &mut OpenTransaction<Sqlite>,
     completion: Statement<Sqlite>,
 ) -> Result<(), StoreError> {
-    match completion.fetch_optional(&mut tx.tx).await {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => Err(StoreError::LeaseLost),
-        Err(sqlx::Error::Database(db)) if db.message().contains("no such savepoint") => {
-            Err(rolled_back_by_itself())
-        }
-        Err(error) => Err(Sqlite::fault(store, error)),
+    let written = completion
+        .int(tx.marker)
+        .fetch_optional(&mut tx.tx)
+        .await
+        .map_err(|error| Sqlite::fault(store, error))?;
+    if written.is_some() {
+        return Ok(());
+    }
+    let current: Option<i64> = sqlx::query_scalar("SELECT marker FROM temp.idem_open WHERE id = 1")
+        .fetch_optional(&mut *tx.tx)
+        .await
+        .map_err(|error| Sqlite::fault(store, error))?;
+    if current == Some(tx.marker) {
+        Err(StoreError::LeaseLost)
+    } else {
+        Err(rolled_back_by_itself())
     }
 }
 
@@ -154,11 +164,30 @@ fn rolled_back_by_itself() -> StoreError {
     )
 }
 
-/// The one call that begins a transaction registered by its key's mark: `BEGIN
-/// IMMEDIATE`, then the savepoint `idem_open`, which only that transaction can hold: a
-/// rollback of it, SQLite's own included, takes the savepoint with it, and the
-/// completion's `RELEASE` then fails.
-const OPEN: &str = "BEGIN IMMEDIATE; SAVEPOINT idem_open";
+/// A transaction's marker: random, so that no transaction of a connection has the marker
+/// of one before it.
+fn random_marker() -> i64 {
+    i64::from_ne_bytes(
+        uuid::Uuid::new_v4().as_bytes()[..8]
+            .try_into()
+            .unwrap_or([0; 8]),
+    )
+}
+
+/// The one call that begins a transaction registered by its key's mark, with `marker` (a
+/// number, written into the SQL as digits): the connection's temporary table `idem_open`
+/// made if it has none (before the transaction, so that no rollback takes it away),
+/// `BEGIN IMMEDIATE`, and the marker as the table's one row. A rollback of the
+/// transaction, SQLite's own included, puts the row back as it was; a commit, the
+/// handler's own included, keeps it. One call to the connection's thread, where three
+/// statements would be three.
+fn open_sql(marker: i64) -> String {
+    format!(
+        "CREATE TEMP TABLE IF NOT EXISTS idem_open (id INTEGER PRIMARY KEY CHECK (id = 1), marker INTEGER NOT NULL); \
+         BEGIN IMMEDIATE; \
+         INSERT OR REPLACE INTO temp.idem_open (id, marker) VALUES (1, {marker})"
+    )
+}
 
 /// The release inside an attempt's transaction, which holds the write lock: the owner
 /// token alone (`$4`) fences.
@@ -180,26 +209,26 @@ impl TxDialect for Sqlite {
     const FENCES_BY_LOCK: bool = true;
 
     /// The record of a key registered by its mark alone, written once, completed, in the
-    /// transaction that [`OPEN`] began: first `RELEASE SAVEPOINT idem_open`, which fails
-    /// unless that transaction is still open (SQLite rolls a transaction back by itself
-    /// on a conflict clause such as `OR ROLLBACK`, savepoints and all, and the connection
-    /// is in autocommit then, where nothing must be written); then the insert (`$4` the
-    /// token is bound and not used), whose one row says it wrote (a count of changes
-    /// would count the handler's last write too, after the `RELEASE`). One call, two
-    /// statements. A row of the key whose TTL has passed at `$5` (now) is replaced, as a
-    /// new key's: the read under the mark does not see it (`get` leaves such records
-    /// out). Any other row of the key is kept, and nothing written: one committed by
-    /// another process after this one read the key (this process's attempts are held off
-    /// by the mark); the attempt then loses its record, and everything it wrote rolls
-    /// back.
+    /// transaction that [`open_sql`] began, on the condition that the connection's marker
+    /// is still that transaction's (`$15`; `$4` the token is bound and not used): a
+    /// transaction SQLite rolled back by itself (a conflict clause such as `OR ROLLBACK`)
+    /// took its marker with it, and the connection is in autocommit then, where this
+    /// writes nothing; one the handler committed itself kept it, and the record is
+    /// written beside the effect that was committed. One row returned says it wrote (a
+    /// count of changes could not tell). A row of the key whose TTL has passed at `$5`
+    /// (now) is replaced, as a new key's: the read under the mark does not see it (`get`
+    /// leaves such records out). Any other row of the key is kept, and nothing written:
+    /// one committed by another process after this one read the key (this process's
+    /// attempts are held off by the mark); the attempt then loses its record, and
+    /// everything it wrote rolls back.
     const INSERT_COMPLETED_IN_TX: Option<&'static str> = Some(
-        "RELEASE SAVEPOINT idem_open;
-        INSERT INTO idem_records
+        "INSERT INTO idem_records
             (operation, client, key, operation_id, fingerprint, state, attempt, token,
              lease_until, created_at, expires_at, status, headers, body, reason,
              stored_bytes, transactional)
-        VALUES ($1, $2, $3, $10, $11, 'completed', 1, NULL, NULL, $12, $13, $6, $7, $8, NULL,
-                $9, $14)
+        SELECT $1, $2, $3, $10, $11, 'completed', 1, NULL, NULL, $12, $13, $6, $7, $8, NULL,
+               $9, $14
+        FROM temp.idem_open WHERE id = 1 AND marker = $15
         ON CONFLICT (operation, client, key) DO UPDATE SET
             operation_id = excluded.operation_id, fingerprint = excluded.fingerprint,
             state = excluded.state, attempt = excluded.attempt, token = NULL,
