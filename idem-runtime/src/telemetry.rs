@@ -317,6 +317,20 @@ pub(crate) fn found_record(attempts: u32) {
     record_number(&span, attempts.saturating_add(1));
 }
 
+/// Records on the current span (the attempt's) that it answers as a resend of operation
+/// `operation_id`, whose record of `attempts` attempts another attempt committed first:
+/// this one registered the key under an operation id of its own, which was never kept
+/// (its transaction rolled back when it lost its record), and its answer is that
+/// operation's, replayed.
+pub(crate) fn answered_for(operation_id: OperationId, attempts: u32) {
+    let span = Span::current();
+    if span.is_disabled() {
+        return;
+    }
+    span.record(FIELD_OPERATION_ID, tracing::field::display(operation_id));
+    record_number(&span, attempts.saturating_add(1));
+}
+
 fn record_number(span: &Span, number: u32) {
     span.record(FIELD_ATTEMPT, number);
     if number > 1 {

@@ -142,7 +142,7 @@ impl Held {
             crate::store::RecordState::Completed { response }
                 if record.fingerprint == new.fingerprint =>
             {
-                crate::telemetry::found_record(record.attempt);
+                crate::telemetry::answered_for(record.operation_id, record.attempt);
                 Some(crate::replay::replay(response, record.operation_id))
             }
             _ => None,
