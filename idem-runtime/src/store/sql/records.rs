@@ -43,6 +43,27 @@ macro_rules! completion_sql {
 }
 pub(super) use completion_sql;
 
+/// The SQL of a record written once, completed, at its completion (`TxDialect::
+/// INSERT_COMPLETED_IN_TX`), with the values of [`SqlStore::completion`] (`$1`..`$9`) and
+/// then the record's operation id, fingerprint, creation, expiry and mode (`$10`..`$14`):
+/// an `INSERT … SELECT` whose `FROM`, `WHERE` and `ON CONFLICT` are the database's
+/// `$rest`.
+macro_rules! insert_completed_sql {
+    ($rest:literal) => {
+        concat!(
+            "INSERT INTO idem_records
+            (operation, client, key, operation_id, fingerprint, state, attempt, token,
+             lease_until, created_at, expires_at, status, headers, body, reason,
+             stored_bytes, transactional)
+        SELECT $1, $2, $3, $10, $11, 'completed', 1, NULL, NULL, $12, $13, $6, $7, $8, NULL,
+               $9, $14
+        ",
+            $rest
+        )
+    };
+}
+pub(super) use insert_completed_sql;
+
 /// The SQL of a release: the record released if it is processing under the token `$4`
 /// and `$condition` (more SQL, `AND …`) holds.
 macro_rules! release_sql {

@@ -11,7 +11,7 @@ use tokio::sync::Semaphore;
 use crate::OperationId;
 use crate::store::sql::SqlStore;
 use crate::store::sql::dialect::{Dialect, TxDialect};
-use crate::store::sql::records::{Registration, completion_sql};
+use crate::store::sql::records::{Registration, completion_sql, insert_completed_sql};
 use crate::store::sql::statement::{Columns, Statement};
 use crate::store::{
     Begin, InFlight, OpenTransaction, RecordKey, Registered, Reservation, StoreError, UnixMillis,
@@ -84,16 +84,10 @@ impl TxDialect for Postgres {
     /// lock's previous holder after [`LOCKED`]'s snapshot was taken and before the
     /// lock was, which the primary key finds here; the attempt then loses its record,
     /// and everything it wrote rolls back.
-    const INSERT_COMPLETED_IN_TX: Option<&'static str> = Some(
-        "INSERT INTO idem_records
-            (operation, client, key, operation_id, fingerprint, state, attempt, token,
-             lease_until, created_at, expires_at, status, headers, body, reason,
-             stored_bytes, transactional)
-        SELECT $1, $2, $3, $10, $11, 'completed', 1, NULL, NULL, $12, $13, $6, $7, $8, NULL,
-               $9, $14
-        WHERE txid_current_if_assigned() = $15 OR txid_status($15) = 'committed'
-        ON CONFLICT (operation, client, key) DO NOTHING",
-    );
+    const INSERT_COMPLETED_IN_TX: Option<&'static str> = Some(insert_completed_sql!(
+        "WHERE txid_current_if_assigned() = $15 OR txid_status($15) = 'committed'
+        ON CONFLICT (operation, client, key) DO NOTHING"
+    ));
 
     /// One round trip: the completion's compare-and-set, on the condition that this is
     /// still the transaction that began (its id, bound last); only a refusal is looked

@@ -10,7 +10,7 @@ use sqlx::{AssertSqlSafe, Sqlite, Transaction};
 use super::dialect::register_locked;
 use crate::store::sql::SqlStore;
 use crate::store::sql::dialect::{Dialect, TxDialect};
-use crate::store::sql::records::{Registration, completion_sql, release_sql};
+use crate::store::sql::records::{Registration, completion_sql, insert_completed_sql, release_sql};
 use crate::store::sql::rows::changed_one;
 use crate::store::sql::statement::Statement;
 use crate::store::{
@@ -221,14 +221,8 @@ impl TxDialect for Sqlite {
     /// one committed by another process after this one read the key (this process's
     /// attempts are held off by the mark); the attempt then loses its record, and
     /// everything it wrote rolls back.
-    const INSERT_COMPLETED_IN_TX: Option<&'static str> = Some(
-        "INSERT INTO idem_records
-            (operation, client, key, operation_id, fingerprint, state, attempt, token,
-             lease_until, created_at, expires_at, status, headers, body, reason,
-             stored_bytes, transactional)
-        SELECT $1, $2, $3, $10, $11, 'completed', 1, NULL, NULL, $12, $13, $6, $7, $8, NULL,
-               $9, $14
-        FROM temp.idem_open WHERE id = 1 AND marker = $15
+    const INSERT_COMPLETED_IN_TX: Option<&'static str> = Some(insert_completed_sql!(
+        "FROM temp.idem_open WHERE id = 1 AND marker = $15
         ON CONFLICT (operation, client, key) DO UPDATE SET
             operation_id = excluded.operation_id, fingerprint = excluded.fingerprint,
             state = excluded.state, attempt = excluded.attempt, token = NULL,
@@ -238,8 +232,8 @@ impl TxDialect for Sqlite {
             stored_bytes = excluded.stored_bytes, transactional = excluded.transactional,
             history = NULL
         WHERE idem_records.expires_at <= $5
-        RETURNING 1",
-    );
+        RETURNING 1"
+    ));
 
     /// A key registered by its mark alone: [`complete_unwritten`]. A key registered under
     /// the lock: its processing row is the marker. Otherwise deletes the transaction's
