@@ -637,6 +637,12 @@ impl<DB: Database> TxControl for Cell<DB> {
                 let writer = self.rollback_by(open, until).await;
                 return Err(CommitError::RolledBack(error, writer));
             }
+            // A completion that commits too may have committed meanwhile.
+            Err(_elapsed) if open.commits_at_completion => {
+                return Err(CommitError::Commit(StoreError::outcome_unknown(
+                    "the database did not answer the write of the record and its commit within the attempt's time",
+                )));
+            }
             // Dropped, the transaction rolls back in the background (sqlx's
             // `Transaction`), once the connection hears from the server again.
             Err(_elapsed) => {
@@ -648,14 +654,22 @@ impl<DB: Database> TxControl for Cell<DB> {
                 ));
             }
         }
-        match tokio::time::timeout_at(until, open.tx.commit()).await {
-            Ok(Ok(())) => {}
-            // sqlx counts a transaction whose commit failed as still open.
-            Ok(Err(error)) => return Err(CommitError::Commit(self.store.rollback_failed(error))),
-            Err(_elapsed) => {
-                return Err(CommitError::Commit(StoreError::outcome_unknown(
-                    "the database did not answer the commit within the attempt's time",
-                )));
+        if open.committed {
+            // The completion committed: what is left open is a transaction of nothing,
+            // which sqlx rolls back in the background as it is dropped.
+            drop(open);
+        } else {
+            match tokio::time::timeout_at(until, open.tx.commit()).await {
+                Ok(Ok(())) => {}
+                // sqlx counts a transaction whose commit failed as still open.
+                Ok(Err(error)) => {
+                    return Err(CommitError::Commit(self.store.rollback_failed(error)));
+                }
+                Err(_elapsed) => {
+                    return Err(CommitError::Commit(StoreError::outcome_unknown(
+                        "the database did not answer the commit within the attempt's time",
+                    )));
+                }
             }
         }
         fault::point("after_commit");

@@ -104,6 +104,11 @@ pub struct OpenTransaction<DB: Database> {
     /// ([`OpenTransaction::written_at_completion`]): the completion inserts it, in its
     /// final state, rather than updating a row written at registration.
     pub(crate) unwritten: Option<Record>,
+    /// Whether the completion commits too ([`OpenTransaction::committed_by_completion`]).
+    pub(crate) commits_at_completion: bool,
+    /// Whether the completion has committed the attempt's writes: what is left open is a
+    /// transaction of nothing, dropped rather than committed.
+    pub(crate) committed: bool,
 }
 
 impl<DB: Database> OpenTransaction<DB> {
@@ -117,6 +122,8 @@ impl<DB: Database> OpenTransaction<DB> {
             registered: false,
             _claim: None,
             unwritten: None,
+            commits_at_completion: false,
+            committed: false,
         }
     }
 
@@ -135,6 +142,14 @@ impl<DB: Database> OpenTransaction<DB> {
     pub fn written_at_completion(mut self, record: Record) -> Self {
         self.registered = true;
         self.unwritten = Some(record);
+        self
+    }
+
+    /// The same transaction, committed by its completion's own call (SQLite's
+    /// [`OpenTransaction::written_at_completion`]): a completion that does not answer in
+    /// time may have committed, and its outcome is unknown, not rolled back.
+    pub fn committed_by_completion(mut self) -> Self {
+        self.commits_at_completion = true;
         self
     }
 }

@@ -123,37 +123,57 @@ async fn registered_by_mark(
     store.state.in_flight.started(registration.key, &record);
     let open = OpenTransaction::new(tx, marker, reservation)
         .registered(Some(mark))
-        .written_at_completion(record.clone());
+        .written_at_completion(record.clone())
+        .committed_by_completion();
     Ok(Registered::Started(record, open))
 }
 
-/// The completion of a key registered by its mark alone
-/// ([`TxDialect::INSERT_COMPLETED_IN_TX`], the transaction's marker bound last). Nothing
-/// written is looked into: the marker gone, SQLite rolled the transaction back by itself
-/// (or the handler did); still there, the key has a row committed by another process, and
-/// the attempt lost its record.
+/// The completion of a key registered by its mark alone, and its commit: one call
+/// ([`TxDialect::INSERT_COMPLETED_IN_TX`], the transaction's marker bound last) that
+/// inserts the record, checks that it did, commits, and begins a transaction of nothing
+/// (so that sqlx, which counts the transaction as open, ends one), which the caller
+/// drops. Committed, the store's one writer and the key's mark are let go at once.
+///
+/// A call that fails is looked into by the connection's marker row (`idem_open`): gone
+/// (another transaction's marker, or none), SQLite rolled the transaction back by itself
+/// (or the handler did); still there with the record written (`written`), only the
+/// commit failed, and the caller's commit tries again (or, after the handler's own
+/// `COMMIT`, which kept the row and left the record written in autocommit, fails as it
+/// did before); still there without it, either the check refused (the key has a row
+/// committed by another process, and the attempt lost its record) or a statement failed.
 async fn complete_unwritten(
     store: &SqlStore<Sqlite>,
     tx: &mut OpenTransaction<Sqlite>,
     completion: Statement<Sqlite>,
 ) -> Result<(), StoreError> {
-    let written = completion
-        .int(tx.marker)
-        .fetch_optional(&mut tx.tx)
-        .await
-        .map_err(|error| Sqlite::fault(store, error))?;
-    if written.is_some() {
-        return Ok(());
+    let error = match completion.int(tx.marker).execute(&mut tx.tx).await {
+        Ok(_) => {
+            tx.committed = true;
+            drop(std::mem::take(&mut tx.reservation));
+            tx._claim = None;
+            return Ok(());
+        }
+        Err(error) => error,
+    };
+    let open: Option<(i64, Option<i64>)> =
+        sqlx::query_as("SELECT marker, written FROM temp.idem_open WHERE id = 1")
+            .fetch_optional(&mut *tx.tx)
+            .await
+            .map_err(|error| Sqlite::fault(store, error))?;
+    match open {
+        Some((marker, Some(1))) if marker == tx.marker => Ok(()),
+        Some((marker, _)) if marker == tx.marker && refused_by_check(&error) => {
+            Err(StoreError::LeaseLost)
+        }
+        Some((marker, _)) if marker == tx.marker => Err(Sqlite::fault(store, error)),
+        _ => Err(rolled_back_by_itself()),
     }
-    let current: Option<i64> = sqlx::query_scalar("SELECT marker FROM temp.idem_open WHERE id = 1")
-        .fetch_optional(&mut *tx.tx)
-        .await
-        .map_err(|error| Sqlite::fault(store, error))?;
-    if current == Some(tx.marker) {
-        Err(StoreError::LeaseLost)
-    } else {
-        Err(rolled_back_by_itself())
-    }
+}
+
+/// Whether `error` is a `CHECK` constraint's refusal: the completion's check that its
+/// record was written ([`TxDialect::INSERT_COMPLETED_IN_TX`]).
+fn refused_by_check(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.kind() == sqlx::error::ErrorKind::CheckViolation)
 }
 
 /// The error of a transaction SQLite ended by itself before idem could commit it.
@@ -177,13 +197,15 @@ fn random_marker() -> i64 {
 /// The one call that begins a transaction registered by its key's mark, with `marker` (a
 /// number, written into the SQL as digits): the connection's temporary table `idem_open`
 /// made if it has none (before the transaction, so that no rollback takes it away),
-/// `BEGIN IMMEDIATE`, and the marker as the table's one row. A rollback of the
-/// transaction, SQLite's own included, puts the row back as it was; a commit, the
+/// `BEGIN IMMEDIATE`, and the marker as the table's one row (`written` null until the
+/// completion writes the record: [`TxDialect::INSERT_COMPLETED_IN_TX`]). A rollback of
+/// the transaction, SQLite's own included, puts the row back as it was; a commit, the
 /// handler's own included, keeps it. One call to the connection's thread, where three
 /// statements would be three.
 fn open_sql(marker: i64) -> String {
     format!(
-        "CREATE TEMP TABLE IF NOT EXISTS idem_open (id INTEGER PRIMARY KEY CHECK (id = 1), marker INTEGER NOT NULL); \
+        "CREATE TEMP TABLE IF NOT EXISTS idem_open (id INTEGER PRIMARY KEY CHECK (id = 1), marker INTEGER NOT NULL, \
+         written INTEGER CHECK (written IS NULL OR written = 1)); \
          BEGIN IMMEDIATE; \
          INSERT OR REPLACE INTO temp.idem_open (id, marker) VALUES (1, {marker})"
     )
@@ -210,17 +232,21 @@ impl TxDialect for Sqlite {
 
     /// The record of a key registered by its mark alone, written once, completed, in the
     /// transaction that [`open_sql`] began, on the condition that the connection's marker
-    /// is still that transaction's (`$15`; `$4` the token is bound and not used): a
-    /// transaction SQLite rolled back by itself (a conflict clause such as `OR ROLLBACK`)
-    /// took its marker with it, and the connection is in autocommit then, where this
-    /// writes nothing; one the handler committed itself kept it, and the record is
-    /// written beside the effect that was committed. One row returned says it wrote (a
-    /// count of changes could not tell). A row of the key whose TTL has passed at `$5`
-    /// (now) is replaced, as a new key's: the read under the mark does not see it (`get`
-    /// leaves such records out). Any other row of the key is kept, and nothing written:
-    /// one committed by another process after this one read the key (this process's
-    /// attempts are held off by the mark); the attempt then loses its record, and
-    /// everything it wrote rolls back.
+    /// is still that transaction's (`$15`; `$4` the token is bound and not used), then
+    /// the check that it was written, the commit and an empty `BEGIN`, in one call
+    /// ([`complete_unwritten`]): the write lock is held for one call less than with the
+    /// commit on its own, and the caller drops a transaction of nothing.
+    ///
+    /// A transaction SQLite rolled back by itself (a conflict clause such as `OR
+    /// ROLLBACK`) took its marker with it, and the connection is in autocommit then,
+    /// where this writes nothing and the `COMMIT` fails; one the handler committed itself
+    /// kept it, and the record is written beside the effect that was committed. A row of
+    /// the key whose TTL has passed at `$5` (now) is replaced, as a new key's: the read
+    /// under the mark does not see it (`get` leaves such records out). Any other row of
+    /// the key is kept, and nothing written: one committed by another process after this
+    /// one read the key (this process's attempts are held off by the mark). The check
+    /// then refuses (`written` takes `changes()`, 0, which its `CHECK` refuses) before
+    /// the `COMMIT`: the attempt loses its record, and everything it wrote rolls back.
     const INSERT_COMPLETED_IN_TX: Option<&'static str> = Some(insert_completed_sql!(
         "FROM temp.idem_open WHERE id = 1 AND marker = $15
         ON CONFLICT (operation, client, key) DO UPDATE SET
@@ -231,8 +257,10 @@ impl TxDialect for Sqlite {
             headers = excluded.headers, body = excluded.body, reason = NULL,
             stored_bytes = excluded.stored_bytes, transactional = excluded.transactional,
             history = NULL
-        WHERE idem_records.expires_at <= $5
-        RETURNING 1"
+        WHERE idem_records.expires_at <= $5;
+        UPDATE temp.idem_open SET written = changes() WHERE id = 1 AND marker = $15;
+        COMMIT;
+        BEGIN"
     ));
 
     /// A key registered by its mark alone: [`complete_unwritten`]. A key registered under
