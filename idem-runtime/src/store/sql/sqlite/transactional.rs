@@ -69,29 +69,25 @@ impl Drop for InFlightMark {
     }
 }
 
-/// `BEGIN IMMEDIATE` on a connection of the pool: the write lock is taken at the start,
-/// so that the transaction never fails halfway because another connection wrote first.
-/// Its marker is a random number written in a temporary table inside the transaction:
-/// gone if SQLite rolls the transaction back by itself. What the handler writes comes
-/// after the savepoint `idem_business`, so that it can be undone while the key is
-/// released in the same transaction (`release_in`).
-fn begin_marked(
+/// A transaction begun on a connection of the pool in one call ([`open_sql`], then
+/// `then`, more SQL to run in it), and its marker. A call that failed may have failed
+/// after `BEGIN IMMEDIATE` took the lock, on a connection sqlx hands out again as if
+/// outside a transaction: every connection opened before now is replaced then.
+async fn open(
     store: &SqlStore<Sqlite>,
-) -> impl Future<Output = Result<(Transaction<'static, Sqlite>, i64), sqlx::Error>> + '_ {
+    then: &str,
+) -> Result<(Transaction<'static, Sqlite>, i64), StoreError> {
     let marker = random_marker();
-    async move {
-        let mut tx = store.pool.begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::query("CREATE TEMP TABLE IF NOT EXISTS idem_tx_marker (marker INTEGER NOT NULL)")
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("INSERT INTO temp.idem_tx_marker (marker) VALUES (?)")
-            .bind(marker)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("SAVEPOINT idem_business")
-            .execute(&mut *tx)
-            .await?;
-        Ok((tx, marker))
+    let sql = format!("{}{then}", open_sql(marker));
+    match store
+        .bounded(store.pool.begin_with(AssertSqlSafe(sql)))
+        .await
+    {
+        Ok(tx) => Ok((tx, marker)),
+        Err(error) => {
+            store.state.health.recycle();
+            Err(error)
+        }
     }
 }
 
@@ -105,20 +101,7 @@ async fn registered_by_mark(
     registration: &Registration<'_>,
     mark: Box<dyn Send + Sync>,
 ) -> Result<Registered<Sqlite>, StoreError> {
-    let marker = random_marker();
-    let begun = store
-        .bounded(store.pool.begin_with(AssertSqlSafe(open_sql(marker))))
-        .await;
-    let tx = match begun {
-        Ok(tx) => tx,
-        Err(error) => {
-            // The marker's write may have failed after `BEGIN IMMEDIATE` took the lock,
-            // on a connection sqlx hands out again as if outside a transaction: every
-            // connection opened before now is replaced.
-            store.state.health.recycle();
-            return Err(error);
-        }
-    };
+    let (tx, marker) = open(store, "").await?;
     let record = crate::store::Record::started(registration.new, registration.now);
     store.state.in_flight.started(registration.key, &record);
     let open = OpenTransaction::new(tx, marker, reservation)
@@ -155,12 +138,7 @@ async fn complete_unwritten(
         }
         Err(error) => error,
     };
-    let open: Option<(i64, Option<i64>)> =
-        sqlx::query_as("SELECT marker, written FROM temp.idem_open WHERE id = 1")
-            .fetch_optional(&mut *tx.tx)
-            .await
-            .map_err(|error| Sqlite::fault(store, error))?;
-    match open {
+    match marker_row(store, tx).await? {
         Some((marker, Some(1))) if marker == tx.marker => Ok(()),
         Some((marker, _)) if marker == tx.marker && refused_by_check(&error) => {
             Err(StoreError::LeaseLost)
@@ -168,6 +146,19 @@ async fn complete_unwritten(
         Some((marker, _)) if marker == tx.marker => Err(Sqlite::fault(store, error)),
         _ => Err(rolled_back_by_itself()),
     }
+}
+
+/// The connection's marker row ([`open_sql`]) as the transaction `tx` sees it: its
+/// marker and whether the completion wrote the record; none when no transaction of the
+/// connection wrote one.
+async fn marker_row(
+    store: &SqlStore<Sqlite>,
+    tx: &mut OpenTransaction<Sqlite>,
+) -> Result<Option<(i64, Option<i64>)>, StoreError> {
+    sqlx::query_as("SELECT marker, written FROM temp.idem_open WHERE id = 1")
+        .fetch_optional(&mut *tx.tx)
+        .await
+        .map_err(|error| Sqlite::fault(store, error))
 }
 
 /// Whether `error` is a `CHECK` constraint's refusal: the completion's check that its
@@ -221,12 +212,20 @@ const WRITER_WAIT: Duration = Duration::from_secs(5);
 
 impl TxDialect for Sqlite {
     /// The completion inside an attempt's transaction, with the values of
-    /// `SqlStore::completion`: the transaction holds the only write lock since its
-    /// `BEGIN IMMEDIATE`, after the key was registered, so no other writer can have taken the
-    /// record over meanwhile, and the owner token (`$4`) is the whole fence. The lease is not
-    /// renewed while the lock is held and may have run out on the clock: `$5` (now) is not
-    /// compared.
-    const COMPLETE_IN_TX: &'static str = completion_sql!("");
+    /// `SqlStore::completion`, on the condition that the connection's marker row is still
+    /// the transaction's (`$10`, [`open_sql`]): the transaction holds the only write lock
+    /// since its `BEGIN IMMEDIATE`, after the key was registered, so no other writer can
+    /// have taken the record over meanwhile, and the owner token (`$4`) is the fence. The
+    /// lease is not renewed while the lock is held and may have run out on the clock:
+    /// `$5` (now) is not compared. A transaction SQLite rolled back by itself took its
+    /// marker with it: the connection is in autocommit then, where this writes nothing.
+    const COMPLETE_IN_TX: &'static str =
+        completion_sql!(" AND EXISTS (SELECT 1 FROM temp.idem_open WHERE id = 1 AND marker = $10)");
+
+    /// The completion of a key registered inside the transaction: its processing row is
+    /// the marker (only this transaction, which holds the write lock, can have changed
+    /// it), so the owner token alone fences.
+    const COMPLETE_REGISTERED_IN_TX: &'static str = completion_sql!("");
 
     const FENCES_BY_LOCK: bool = true;
 
@@ -264,8 +263,10 @@ impl TxDialect for Sqlite {
     ));
 
     /// A key registered by its mark alone: [`complete_unwritten`]. A key registered under
-    /// the lock: its processing row is the marker. Otherwise deletes the transaction's
-    /// marker first: gone, SQLite rolled the transaction back by itself.
+    /// the lock: its processing row is the marker. Otherwise one statement
+    /// ([`TxDialect::COMPLETE_IN_TX`]), and only a refusal is looked into: the marker row
+    /// still the transaction's, the record is no longer this attempt's (taken over before
+    /// the transaction began); gone, SQLite rolled the transaction back by itself.
     async fn complete_in(
         store: &SqlStore<Sqlite>,
         tx: &mut OpenTransaction<Sqlite>,
@@ -285,19 +286,13 @@ impl TxDialect for Sqlite {
                 _ => Err(ended()),
             };
         }
-        let found = sqlx::query("DELETE FROM temp.idem_tx_marker WHERE marker = ?")
-            .bind(tx.marker)
-            .execute(&mut *tx.tx)
-            .await;
-        match found {
-            Ok(result) if result.rows_affected() == 1 => {}
-            Ok(_) => return Err(ended()),
-            Err(sqlx::Error::Database(db)) if db.message().contains("no such table") => {
-                return Err(ended());
-            }
-            Err(error) => return Err(Sqlite::fault(store, error)),
+        if store.execute(&mut tx.tx, completion.int(tx.marker)).await? == 1 {
+            return Ok(());
         }
-        changed_one(store.execute(&mut tx.tx, completion).await?)
+        match marker_row(store, tx).await? {
+            Some((marker, _)) if marker == tx.marker => Err(StoreError::LeaseLost),
+            _ => Err(ended()),
+        }
     }
 
     /// This store's one writer permit (transactions run one at a time), waited for at
@@ -336,10 +331,12 @@ impl TxDialect for Sqlite {
         Some(Reservation::new(Some(permit)))
     }
 
-    /// `BEGIN IMMEDIATE` on a connection of the pool: the write lock is taken at the
-    /// start, so that the transaction never fails halfway because another connection
-    /// wrote first. Its marker is a random number written in a temporary table inside
-    /// the transaction: gone if SQLite rolls the transaction back by itself. Within the
+    /// `BEGIN IMMEDIATE` on a connection of the pool, in one call ([`open`]): the write
+    /// lock is taken at the start, so that the transaction never fails halfway because
+    /// another connection wrote first. Its marker is the connection's marker row
+    /// ([`open_sql`]): gone if SQLite rolls the transaction back by itself. What the
+    /// handler writes comes after the savepoint `idem_business`, so that it can be undone
+    /// while the key is released in the same transaction (`release_in`). Within the
     /// store's call timeout, if it has one; the attempt's time (`_within`) bounds nothing
     /// here: the file is on this machine, and its busy timeout bounds the wait for a lock.
     async fn begin_transaction(
@@ -348,7 +345,7 @@ impl TxDialect for Sqlite {
         _within: Duration,
     ) -> Result<OpenTransaction<Sqlite>, StoreError> {
         store.state.health.check_file()?;
-        let (tx, marker) = store.bounded(begin_marked(store)).await?;
+        let (tx, marker) = open(store, "; SAVEPOINT idem_business").await?;
         Ok(OpenTransaction::new(tx, marker, reservation))
     }
 
