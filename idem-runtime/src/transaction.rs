@@ -639,6 +639,7 @@ impl<DB: Database> TxControl for Cell<DB> {
             }
             // A completion that commits too may have committed meanwhile.
             Err(_elapsed) if open.commits_at_completion => {
+                self.store.completion_abandoned();
                 return Err(CommitError::Commit(StoreError::outcome_unknown(
                     "the database did not answer the write of the record and its commit within the attempt's time",
                 )));

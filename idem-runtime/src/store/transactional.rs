@@ -345,6 +345,13 @@ pub trait TransactionalStore: Store {
     fn rollback_failed(&self, error: sqlx::Error) -> StoreError {
         self.fault(error)
     }
+
+    /// A completion that commits too ([`OpenTransaction::committed_by_completion`]) was
+    /// given up while it ran (the attempt's time ended): the driver may have stopped
+    /// between its statements, with the connection outside the transaction it still
+    /// counts as open, so no connection of that time may be handed out again. Nothing by
+    /// default.
+    fn completion_abandoned(&self) {}
 }
 
 #[async_trait]

@@ -190,4 +190,9 @@ pub trait TxDialect: Dialect {
     fn rollback_failed(store: &SqlStore<Self>, error: sqlx::Error) -> StoreError {
         Self::fault(store, error)
     }
+
+    /// Nothing unless said otherwise (a completion that does not commit).
+    fn completion_abandoned(store: &SqlStore<Self>) {
+        let _ = store;
+    }
 }

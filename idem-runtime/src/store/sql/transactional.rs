@@ -102,4 +102,8 @@ impl<DB: TxDialect> TransactionalStore for SqlStore<DB> {
     fn rollback_failed(&self, error: sqlx::Error) -> StoreError {
         DB::rollback_failed(self, error)
     }
+
+    fn completion_abandoned(&self) {
+        DB::completion_abandoned(self);
+    }
 }

@@ -243,9 +243,15 @@ impl TxDialect for Sqlite {
     /// the key whose TTL has passed at `$5` (now) is replaced, as a new key's: the read
     /// under the mark does not see it (`get` leaves such records out). Any other row of
     /// the key is kept, and nothing written: one committed by another process after this
-    /// one read the key (this process's attempts are held off by the mark). The check
-    /// then refuses (`written` takes `changes()`, 0, which its `CHECK` refuses) before
-    /// the `COMMIT`: the attempt loses its record, and everything it wrote rolls back.
+    /// one read the key (this process's attempts are held off by the mark).
+    ///
+    /// The check writes the marker row whatever it holds: `written` takes `changes()`
+    /// when the row is this transaction's, 0 when it is another's, and a missing row is
+    /// written with `changes()`, 0 then. Its `CHECK` refuses 0, which stops the call
+    /// before the `COMMIT` whenever the record was not written: the key held by another
+    /// process (the attempt loses its record, and everything it wrote rolls back), or a
+    /// transaction that is no longer this one, such as one the handler began after SQLite
+    /// rolled its own back (the `COMMIT` would commit its writes without their record).
     const INSERT_COMPLETED_IN_TX: Option<&'static str> = Some(insert_completed_sql!(
         "FROM temp.idem_open WHERE id = 1 AND marker = $15
         ON CONFLICT (operation, client, key) DO UPDATE SET
@@ -257,7 +263,9 @@ impl TxDialect for Sqlite {
             stored_bytes = excluded.stored_bytes, transactional = excluded.transactional,
             history = NULL
         WHERE idem_records.expires_at <= $5;
-        UPDATE temp.idem_open SET written = changes() WHERE id = 1 AND marker = $15;
+        INSERT INTO temp.idem_open (id, marker, written) VALUES (1, $15, changes())
+        ON CONFLICT (id) DO UPDATE SET
+            written = CASE WHEN marker = excluded.marker THEN excluded.written ELSE 0 END;
         COMMIT;
         BEGIN"
     ));
@@ -453,5 +461,16 @@ impl TxDialect for Sqlite {
         tracing::warn!(error = %error, "idem: a rollback failed; the pool replaces its connections");
         store.state.health.recycle();
         StoreError::unavailable(error)
+    }
+
+    /// sqlx stops a call whose caller went away after the statement it runs: the one
+    /// call of [`TxDialect::INSERT_COMPLETED_IN_TX`] may have committed without its
+    /// `BEGIN`, on a connection sqlx still counts as inside a transaction. The pool
+    /// replaces every connection opened before now.
+    fn completion_abandoned(store: &SqlStore<Sqlite>) {
+        tracing::warn!(
+            "idem: a completion was given up while it ran; the pool replaces its connections"
+        );
+        store.state.health.recycle();
     }
 }
