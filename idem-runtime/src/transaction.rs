@@ -512,7 +512,7 @@ impl<DB: Database> Cell<DB> {
         let OpenTransaction {
             tx,
             reservation,
-            _claim: claim,
+            claim,
             ..
         } = open;
         if let Err(error) = tx.rollback().await {

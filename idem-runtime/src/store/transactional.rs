@@ -99,7 +99,7 @@ pub struct OpenTransaction<DB: Database> {
     pub(crate) registered: bool,
     /// What marks the key in flight in this process while the transaction is open
     /// (SQLite's in-flight keys), let go when it ends.
-    pub(crate) _claim: Option<Box<dyn Send + Sync>>,
+    pub(crate) claim: Option<Box<dyn Send + Sync>>,
     /// The key's record when registration wrote nothing yet
     /// ([`OpenTransaction::written_at_completion`]): the completion inserts it, in its
     /// final state, rather than updating a row written at registration.
@@ -120,7 +120,7 @@ impl<DB: Database> OpenTransaction<DB> {
             marker,
             reservation,
             registered: false,
-            _claim: None,
+            claim: None,
             unwritten: None,
             commits_at_completion: false,
             committed: false,
@@ -131,7 +131,7 @@ impl<DB: Database> OpenTransaction<DB> {
     /// by `claim` (if the store keeps such marks) until it ends.
     pub fn registered(mut self, claim: Option<Box<dyn Send + Sync>>) -> Self {
         self.registered = true;
-        self._claim = claim;
+        self.claim = claim;
         self
     }
 

@@ -69,7 +69,7 @@ impl Drop for InFlightMark {
     }
 }
 
-/// A transaction begun on a connection of the pool in one call ([`open_sql`], then
+/// A transaction begun on a connection of the pool in one call ([`open_sql`], with
 /// `then`, more SQL to run in it), and its marker. A call that failed may have failed
 /// after `BEGIN IMMEDIATE` took the lock, on a connection sqlx hands out again as if
 /// outside a transaction: every connection opened before now is replaced then.
@@ -78,7 +78,7 @@ async fn open(
     then: &str,
 ) -> Result<(Transaction<'static, Sqlite>, i64), StoreError> {
     let marker = random_marker();
-    let sql = format!("{}{then}", open_sql(marker));
+    let sql = open_sql(marker, then);
     match store
         .bounded(store.pool.begin_with(AssertSqlSafe(sql)))
         .await
@@ -133,7 +133,7 @@ async fn complete_unwritten(
         Ok(_) => {
             tx.committed = true;
             drop(std::mem::take(&mut tx.reservation));
-            tx._claim = None;
+            tx.claim = None;
             return Ok(());
         }
         Err(error) => error,
@@ -185,20 +185,20 @@ fn random_marker() -> i64 {
     )
 }
 
-/// The one call that begins a transaction registered by its key's mark, with `marker` (a
-/// number, written into the SQL as digits): the connection's temporary table `idem_open`
-/// made if it has none (before the transaction, so that no rollback takes it away),
-/// `BEGIN IMMEDIATE`, and the marker as the table's one row (`written` null until the
-/// completion writes the record: [`TxDialect::INSERT_COMPLETED_IN_TX`]). A rollback of
-/// the transaction, SQLite's own included, puts the row back as it was; a commit, the
-/// handler's own included, keeps it. One call to the connection's thread, where three
-/// statements would be three.
-fn open_sql(marker: i64) -> String {
+/// The one call that begins an attempt's transaction, with `marker` (a number, written
+/// into the SQL as digits) and `then` (more SQL to run in the transaction, after the
+/// marker): the connection's temporary table `idem_open` made if it has none (before the
+/// transaction, so that no rollback takes it away), `BEGIN IMMEDIATE`, and the marker as
+/// the table's one row (`written` null until the completion writes the record:
+/// [`TxDialect::INSERT_COMPLETED_IN_TX`]). A rollback of the transaction, SQLite's own
+/// included, puts the row back as it was; a commit, the handler's own included, keeps it.
+/// One call to the connection's thread, where three statements would be three.
+fn open_sql(marker: i64, then: &str) -> String {
     format!(
         "CREATE TEMP TABLE IF NOT EXISTS idem_open (id INTEGER PRIMARY KEY CHECK (id = 1), marker INTEGER NOT NULL, \
          written INTEGER CHECK (written IS NULL OR written = 1)); \
          BEGIN IMMEDIATE; \
-         INSERT OR REPLACE INTO temp.idem_open (id, marker) VALUES (1, {marker})"
+         INSERT OR REPLACE INTO temp.idem_open (id, marker) VALUES (1, {marker}){then}"
     )
 }
 
