@@ -37,22 +37,30 @@ pub(super) const RECORD_FIELDS: [&str; 13] = [
     "reason",
 ];
 
-/// The Lua that every script returning a record starts with: `RECORD` (the names of
-/// [`RECORD_FIELDS`]), `F` (each name's position in it) and `record(key)`, the record's
-/// values in that order (`false` for a field the hash lacks).
+/// The Lua that every script returning a record starts with: `record(key)`, the
+/// record's values in the order of [`RECORD_FIELDS`] (`false` for a field the hash
+/// lacks). The names are written into the call, not kept in a table that every run of
+/// the script would make again; a script names a value's position as `F.<field>`,
+/// which [`positioned`] writes as its number.
 pub(super) fn lua_prelude() -> String {
     let names: Vec<String> = RECORD_FIELDS.iter().map(|f| format!("'{f}'")).collect();
-    let positions: Vec<String> = RECORD_FIELDS
-        .iter()
-        .enumerate()
-        .map(|(i, f)| format!("{f} = {}", i + 1))
-        .collect();
     format!(
-        "local RECORD = {{{}}}\nlocal F = {{{}}}\n\
-         local function record(key) return redis.call('HMGET', key, unpack(RECORD)) end\n",
-        names.join(", "),
-        positions.join(", ")
+        "local function record(key) return redis.call('HMGET', key, {}) end\n",
+        names.join(", ")
     )
+}
+
+/// `script` with each `F.<field>` of [`RECORD_FIELDS`] written as the field's position
+/// in a record's values (1-based, as Lua counts), the longest names first so that no
+/// name is taken for the start of another.
+pub(super) fn positioned(script: &str) -> String {
+    let mut fields: Vec<(usize, &str)> = RECORD_FIELDS.iter().copied().enumerate().collect();
+    fields.sort_by_key(|(_, f)| std::cmp::Reverse(f.len()));
+    let mut text = script.to_owned();
+    for (i, f) in fields {
+        text = text.replace(&format!("F.{f}"), &(i + 1).to_string());
+    }
+    text
 }
 
 /// Where a record's fields are read from.
@@ -336,12 +344,13 @@ mod tests {
     fn the_lua_list_names_every_field_in_order() {
         let lua = lua_prelude();
         assert!(lua.contains(
-            "local RECORD = {'operation_id', 'fingerprint', 'state', 'attempt', 'created_at', \
-             'expires_at', 'transactional', 'token', 'lease_until', 'status', 'headers', \
-             'body', 'reason'}"
+            "redis.call('HMGET', key, 'operation_id', 'fingerprint', 'state', 'attempt', \
+             'created_at', 'expires_at', 'transactional', 'token', 'lease_until', 'status', \
+             'headers', 'body', 'reason')"
         ));
-        assert!(lua.contains("expires_at = 6"));
-        assert!(lua.contains("state = 3"));
-        assert!(lua.contains("fingerprint = 2"));
+        assert_eq!(
+            positioned("cur[F.expires_at] cur[F.state] cur[F.status] cur[F.fingerprint]"),
+            "cur[6] cur[3] cur[10] cur[2]"
+        );
     }
 }

@@ -6,7 +6,7 @@
 use redis::Script;
 
 use super::journal::JournalScripts;
-use super::record::lua_prelude;
+use super::record::{lua_prelude, positioned};
 
 /// Lua helpers every script starts with. Times travel as decimal strings and are compared
 /// as numbers (exact up to 2^53 ms, the year 287 396); the larger of two is written back
@@ -40,10 +40,20 @@ end
 /// newest bucket plus two margins; their expiry is written only when a bucket opens.
 /// On one server `begin` and `complete` keep them in the same script as the record; on a
 /// cluster they live in the client's own slot and [`COUNT`], [`ACCOUNT`] keep them.
-const BUDGET: &str = r"
+///
+/// Its parts, in the order a script defines them (each script only the ones it calls:
+/// a Lua function is made anew on every run of the script that defines it).
+const BUDGET: [&str; 4] = [BUCKET_OF, BUDGET_CHECK, BUDGET_COUNT, BUDGET_SIZE];
+
+/// The bucket of an expiry ([`BUDGET`]): `bucket_of`.
+const BUCKET_OF: &str = r"
 local function bucket_of(exp)
   return string.format('%d', math.ceil(tonumber(exp) / BUCKET_MS))
 end
+";
+
+/// The budget's check ([`BUDGET`]): `budget_usage` and `budget_oldest`.
+const BUDGET_CHECK: &str = r"
 -- The client's usage at `now` without writing (a full server refuses writes that grow
 -- memory before the record's own): its live records, their bytes, the ended buckets.
 local function budget_usage(ends, counts, now)
@@ -62,6 +72,11 @@ local function budget_oldest(ends, now, none)
   local oldest = redis.call('ZRANGEBYSCORE', ends, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   return tonumber(oldest[2] or none)
 end
+";
+
+/// The budget's count of a new record ([`BUDGET`]): `forget` and `budget_count`; needs
+/// [`BUCKET_OF`] before it.
+const BUDGET_COUNT: &str = r"
 -- Forgets `gone`, the oldest buckets (a ZRANGEBYSCORE from -inf).
 local function forget(ends, counts, gone)
   if #gone == 0 then return end
@@ -97,6 +112,10 @@ local function budget_count(ends, counts, exp, now, gone, margin)
   end
   return b
 end
+";
+
+/// The budget's count of a stored result's bytes ([`BUDGET`]): `budget_size`.
+const BUDGET_SIZE: &str = r"
 -- Adds a result of `size` bytes to bucket `b`, unless the bucket has ended at `now`
 -- (then it is, or will be, forgotten).
 local function budget_size(counts, b, size, now)
@@ -129,8 +148,20 @@ budget_size(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
 return 1
 ";
 
-/// `begin`. KEYS[2] and KEYS[3] the client's `ends` and `counts` ([`BUDGET`]) when it is
-/// counted here. ARGV: now, operation id, fingerprint, token, lease end, TTL end, holds
+/// The start of `begin` (ARGV as there): the key's record, read into `cur`, and the
+/// answer `{0, record}` when it is live and may not be taken (`Record::begin_over`: a
+/// replay, a duplicate in flight), before the functions only a new or reclaimed record
+/// needs are defined.
+const BEGIN_FOUND: &str = r"
+local cur = record(KEYS[1])
+if cur[F.expires_at] and tonumber(cur[F.expires_at]) > tonumber(ARGV[1])
+    and not (cur[F.state] == 'released' and cur[F.fingerprint] == ARGV[3]) then
+  return {0, cur}
+end
+";
+
+/// `begin`, after [`BEGIN_FOUND`]. KEYS[2] and KEYS[3] the client's `ends` and `counts`
+/// ([`BUDGET`]) when it is counted here. ARGV: now, operation id, fingerprint, token, lease end, TTL end, holds
 /// until, transactional, margin, prefix, then the budget: empty (none), `count` (count
 /// without checking, [`ClientBudget::COUNT_ONLY`](crate::store::ClientBudget::COUNT_ONLY)),
 /// `elsewhere` (a cluster counts it in the client's slot: only its bucket is written), or
@@ -141,7 +172,6 @@ return 1
 /// new operation is over the client's budget.
 const BEGIN: &str = r"
 local now = ARGV[1]
-local cur = record(KEYS[1])
 local cur_exp = cur[F.expires_at]
 if (not cur_exp) or tonumber(cur_exp) <= tonumber(now) then
   local budgeted = ARGV[11] ~= ''
@@ -343,29 +373,43 @@ impl Scripts {
             "local BUCKET_MS = {}\n",
             crate::store::budget::COUNT_SLACK_MS
         );
-        // `record(key)`, `RECORD` and `F`: a script that returns a record returns
-        // `record(KEYS[1])`, the values of its fields in order, never the whole hash.
+        // `record(key)`: a script that returns a record returns `record(KEYS[1])`, the
+        // values of its fields in order, never the whole hash.
         let read = lua_prelude();
         let read = read.as_str();
+        // The parts in order; `BUCKET_MS` before the first of the budget's.
         let with = |parts: &[&str]| {
-            let mut text = parts.concat();
-            if parts.contains(&BUDGET) {
-                text.insert_str(0, &bucket);
+            let mut text = String::new();
+            for part in parts {
+                if BUDGET.contains(part) && !text.contains("local BUCKET_MS") {
+                    text.push_str(&bucket);
+                }
+                text.push_str(part);
             }
-            Script::new(&text)
+            Script::new(&positioned(&text))
         };
+        let [bucket_of, check, count, size] = BUDGET;
         Scripts {
-            begin: with(&[PRELUDE, read, HISTORY, BUDGET, BEGIN]),
-            complete: with(&[BUDGET, LIVE_OWNER, COMPLETE]),
+            begin: with(&[
+                read,
+                BEGIN_FOUND,
+                PRELUDE,
+                HISTORY,
+                bucket_of,
+                check,
+                count,
+                BEGIN,
+            ]),
+            complete: with(&[size, LIVE_OWNER, COMPLETE]),
             release: with(&[LIVE_OWNER, RELEASE]),
             renew: with(&[PRELUDE, CURRENT_OWNER, RENEW]),
             park: with(&[CURRENT_OWNER, PARK]),
             take_over: with(&[PRELUDE, read, HISTORY, TAKE_OVER]),
             purge: with(&[PURGE]),
             resolve: with(&[read, HISTORY, RESOLVE]),
-            usage: with(&[BUDGET, USAGE]),
-            count: with(&[BUDGET, COUNT]),
-            account: with(&[BUDGET, ACCOUNT]),
+            usage: with(&[check, USAGE]),
+            count: with(&[bucket_of, count, COUNT]),
+            account: with(&[size, ACCOUNT]),
             journal: JournalScripts::new(),
         }
     }
