@@ -140,13 +140,17 @@ impl Guard {
         // every handler, and boxed: a handler's future that held it by value would make
         // every handler compile its layout and drop glue again.
         let handler: Handler = Box::pin(async move { handler.await.into_response() });
-        Box::pin(self.run_boxed(handler))
+        self.run_boxed(handler)
     }
 
-    /// [`Guard::run`] once the handler's answer is a [`Response`].
-    async fn run_boxed(mut self, handler: Handler) -> Response {
+    /// [`Guard::run`] once the handler's answer is a [`Response`]. Not an `async fn`: the
+    /// attempt's future is boxed once, where [`detached`] keeps it, and what is returned
+    /// only waits for it (a future that held it by value would be boxed, and copied,
+    /// again).
+    fn run_boxed(mut self, handler: Handler) -> Pin<Box<dyn Future<Output = Response> + Send>> {
         let Some(attempt) = self.attempt.take() else {
-            return answer::attempt_failed(self.operation_id, "had already run", 1);
+            let answer = answer::attempt_failed(self.operation_id, "had already run", 1);
+            return Box::pin(std::future::ready(answer));
         };
         // The attempt's span covers the handler and the settlement, and its telemetry ends
         // with the settlement (detached with it when the client hangs up first).
@@ -157,7 +161,7 @@ impl Guard {
         let until = attempt.handler_deadline();
         let settled =
             run_and_settle(attempt, handler, self.fault, telemetry).instrument(span.clone());
-        detached(settled, self.operation_id, until, &span).await
+        detached(settled, self.operation_id, until, span)
     }
 }
 

@@ -63,31 +63,35 @@ async fn run(held: &Held, handler: Handler) -> Response {
 /// Polls `settled` in place, and runs it to its end on the runtime if the connection
 /// closes first ([`Detach`]): the handler is never cancelled by a client that hangs up.
 /// A panic while settling is answered 503 `attempt-failed`, with a `Retry-After` past
-/// `until` (the attempt's time), after which recovery decides.
-pub(super) async fn detached(
+/// `until` (the attempt's time), after which recovery decides. `settled` is boxed once,
+/// by the [`Detach`]; the future returned holds that box, not the future itself.
+pub(super) fn detached(
     settled: impl Future<Output = Response> + Send + 'static,
     operation_id: OperationId,
     until: Instant,
-    span: &Span,
-) -> Response {
+    span: Span,
+) -> Pin<Box<dyn Future<Output = Response> + Send>> {
     let settled = AssertUnwindSafe(settled).catch_unwind();
     let Some(detached) = Detach::new(settled) else {
-        return answer::attempt_failed(operation_id, "could not run: no tokio runtime", 1);
+        let answer = answer::attempt_failed(operation_id, "could not run: no tokio runtime", 1);
+        return Box::pin(std::future::ready(answer));
     };
-    match detached.await {
-        Ok(response) => response,
-        Err(_panic) => {
-            tracing::error!(
-                parent: span,
-                outcome = "panicked",
-                "idem: settling the attempt failed; the outcome is unknown until the lease ends and recovery decides"
-            );
-            let left = until.saturating_duration_since(Instant::now());
-            answer::attempt_failed(
-                operation_id,
-                "failed while its answer was settled",
-                left.as_secs().saturating_add(1),
-            )
+    Box::pin(async move {
+        match detached.await {
+            Ok(response) => response,
+            Err(_panic) => {
+                tracing::error!(
+                    parent: &span,
+                    outcome = "panicked",
+                    "idem: settling the attempt failed; the outcome is unknown until the lease ends and recovery decides"
+                );
+                let left = until.saturating_duration_since(Instant::now());
+                answer::attempt_failed(
+                    operation_id,
+                    "failed while its answer was settled",
+                    left.as_secs().saturating_add(1),
+                )
+            }
         }
-    }
+    })
 }
