@@ -40,6 +40,12 @@ impl Health {
             .store(self.nanos(Instant::now()).max(1), Ordering::SeqCst);
     }
 
+    /// Whether [`Health::recycle`] was ever called.
+    #[cfg(test)]
+    pub(super) fn recycled(&self) -> bool {
+        self.reset_after.load(Ordering::SeqCst) != 0
+    }
+
     /// Whether a connection that is `age` old may be handed out.
     pub(super) fn is_fresh(&self, age: Duration) -> bool {
         let reset_after = self.reset_after.load(Ordering::SeqCst);

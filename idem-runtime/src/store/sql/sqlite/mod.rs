@@ -186,18 +186,24 @@ impl SqlStore<Sqlite> {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(bounds.map_or(BUSY_TIMEOUT, |b| b.limit));
         let health = Health::new(Some(path.to_owned()));
-        let hook = Arc::clone(&health);
+        let (on_acquire, on_release) = (Arc::clone(&health), Arc::clone(&health));
         // No ping when a connection is taken (sqlx's default): a connection is a thread
         // of this process, and the ping a round trip to it on every call, inside the
         // one writer's turn for an attempt's transaction. A connection that broke fails
         // its next statement instead, and a fatal failure replaces every connection
-        // (`Health`, as `before_acquire` below enforces).
+        // (`Health`): one in use is closed when it is given back (`after_release`), not
+        // left idle, where it may hold a transaction, and SQLite's write lock with it,
+        // until the pool hands it out again; an idle one when it is next taken.
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             .acquire_timeout(bounds.map_or(POOL_WAIT, |b| b.limit))
             .test_before_acquire(false)
             .before_acquire(move |_, meta| {
-                let fresh = hook.is_fresh(meta.age);
+                let fresh = on_acquire.is_fresh(meta.age);
+                Box::pin(async move { Ok(fresh) })
+            })
+            .after_release(move |_, meta| {
+                let fresh = on_release.is_fresh(meta.age);
                 Box::pin(async move { Ok(fresh) })
             })
             .connect_with(options.clone())

@@ -8,11 +8,11 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, Sqlite, Transaction};
 
 use super::dialect::register_locked;
-use crate::store::sql::SqlStore;
 use crate::store::sql::dialect::{Dialect, TxDialect};
 use crate::store::sql::records::{Registration, completion_sql, insert_completed_sql, release_sql};
 use crate::store::sql::rows::changed_one;
 use crate::store::sql::statement::Statement;
+use crate::store::sql::{SqlStore, no_answer};
 use crate::store::{
     Begin, InFlight, KeyMark, OpenTransaction, OwnerToken, RecordKey, Registered, Reservation,
     StoreError,
@@ -70,24 +70,44 @@ impl Drop for InFlightMark {
 }
 
 /// A transaction begun on a connection of the pool in one call ([`open_sql`], with
-/// `then`, more SQL to run in it), and its marker. A call that failed may have failed
-/// after `BEGIN IMMEDIATE` took the lock, on a connection sqlx hands out again as if
-/// outside a transaction: every connection opened before now is replaced then.
+/// `then`, more SQL to run in it), and its marker. A call that failed after `BEGIN
+/// IMMEDIATE` took the lock leaves its connection inside that transaction while sqlx
+/// hands it out again as if outside one: every connection opened before now is replaced
+/// then. One that failed before (no connection to be had, or the lock still held by
+/// another writer when the busy timeout ran out: `SQLITE_BUSY` can only come from the
+/// `BEGIN`) began nothing, and the pool is kept.
 async fn open(
     store: &SqlStore<Sqlite>,
     then: &str,
 ) -> Result<(Transaction<'static, Sqlite>, i64), StoreError> {
     let marker = random_marker();
     let sql = open_sql(marker, then);
-    match store
-        .bounded(store.pool.begin_with(AssertSqlSafe(sql)))
-        .await
-    {
-        Ok(tx) => Ok((tx, marker)),
-        Err(error) => {
-            store.state.health.recycle();
-            Err(error)
+    match store.timed(store.pool.begin_with(AssertSqlSafe(sql))).await {
+        Ok(Ok(tx)) => Ok((tx, marker)),
+        Ok(Err(error)) => {
+            if !began_nothing(&error) {
+                store.state.health.recycle();
+            }
+            Err(Sqlite::fault(store, error))
         }
+        Err(limit) => {
+            store.state.health.recycle();
+            Err(StoreError::unavailable(no_answer(limit)))
+        }
+    }
+}
+
+/// Whether `error`, from the call of [`open`], says that no transaction was begun: no
+/// connection of the pool was had in time, or `BEGIN IMMEDIATE` found the lock held
+/// past the busy timeout (`SQLITE_BUSY`, 5, and its extended codes).
+fn began_nothing(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::PoolTimedOut => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .and_then(|code| code.parse::<i32>().ok())
+            .is_some_and(|code| code & 0xff == 5),
+        _ => false,
     }
 }
 
@@ -472,5 +492,62 @@ impl TxDialect for Sqlite {
             "idem: a completion was given up while it ran; the pool replaces its connections"
         );
         store.state.health.recycle();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sqlx::{Connection, Executor, SqliteConnection};
+
+    use super::open;
+    use crate::store::StoreError;
+    use crate::store::open::Bounds;
+    use crate::store::sql::sqlite::SqliteStore;
+
+    /// Another writer holds SQLite's lock past the busy timeout: the begin fails as
+    /// unavailable and the pool's connections are kept, since nothing was begun on them.
+    /// A begin that fails after `BEGIN IMMEDIATE` (here its next statement) replaces them,
+    /// and the next begin on the pool goes through, on a connection outside any
+    /// transaction.
+    #[tokio::test]
+    async fn a_busy_lock_keeps_the_pool_a_failed_begin_replaces_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("busy.db");
+        let bounds = Bounds {
+            limit: Duration::from_millis(200),
+            call: Duration::from_secs(10),
+        };
+        let store = SqliteStore::open_within(&path, Some(bounds)).await.unwrap();
+        let url = format!("sqlite://{}", path.display());
+        let mut other = SqliteConnection::connect(&url).await.unwrap();
+        other.execute("BEGIN IMMEDIATE").await.unwrap();
+
+        let busy = open(&store, "").await;
+        assert!(matches!(busy, Err(StoreError::Unavailable(_))), "{busy:?}");
+        assert!(
+            !store.state.health.recycled(),
+            "a busy lock replaced the pool"
+        );
+
+        other.execute("ROLLBACK").await.unwrap();
+        let (tx, _) = open(&store, "").await.unwrap();
+        tx.rollback().await.unwrap();
+        assert!(!store.state.health.recycled());
+
+        let failed = open(&store, "; SELECT * FROM no_such_table").await;
+        assert!(
+            matches!(failed, Err(StoreError::Unavailable(_))),
+            "{failed:?}"
+        );
+        assert!(
+            store.state.health.recycled(),
+            "a begun transaction was handed out"
+        );
+        for _ in 0..3 {
+            let (tx, _) = open(&store, "").await.unwrap();
+            tx.rollback().await.unwrap();
+        }
     }
 }
