@@ -22,7 +22,10 @@
 //! Each row gives the ratio, both absolute figures, idem's p99 latency (the loopback
 //! figures) and the store's size while it ran. The load generator shares the machine's
 //! cores with the servers, so the figures are ratios, not capacity; on a 2-core VM a
-//! loopback ratio moves by about ±0.1 from one run to the next.
+//! loopback ratio moves by about ±0.1 from one run to the next. The stores' rows also
+//! give the CPU a request cost the service and the store's server together, idem's and
+//! the baseline's, and the baseline's over idem's ([`crate::cpu`]): the same ratio read
+//! from what each request costs rather than from the rate, which moves less.
 //!
 //! **Scale.** The full run: `wrk -t2 -c32`, 3 interleaved rounds of 3 s for the stores,
 //! 3 s windows for the growth and the purge, the records above, 2 timed builds of each
@@ -189,6 +192,10 @@ pub struct Figure {
     pub size: String,
     /// The goal.
     pub target: Target,
+    /// The stores' rows: the CPU a request cost idem and the baseline (the service and
+    /// the store's server together, [`crate::cpu`]) and the baseline's over idem's, a
+    /// steadier reading of the same ratio.
+    pub cpu: Option<String>,
 }
 
 /// What a run measured: its figures, the parts it left out and why, and how long it took.
@@ -305,6 +312,15 @@ impl Figures {
                     .push(format!("{what}: the {store} runs did not run"));
                 continue;
             };
+            let cpu = stores::cpu_ratio(base, idem)
+                .zip(idem.cpu.zip(base.cpu))
+                .map(|(ratio, (idem, base))| {
+                    format!(
+                        "{:.0} µs; {:.0} µs: **{ratio:.2}**",
+                        idem.total_us(),
+                        base.total_us()
+                    )
+                });
             self.rows.push(Figure {
                 what: what.to_owned(),
                 idem: format!("{:.0} req/s", idem.rps),
@@ -313,6 +329,7 @@ impl Figures {
                 p99_ms: Some(idem.p99_ms),
                 size: fresh.clone(),
                 target,
+                cpu,
             });
         }
         self.commits(report, &fresh);
@@ -341,6 +358,7 @@ impl Figures {
             p99_ms: None,
             size: size.to_owned(),
             target: Target::AtMost(1.1),
+            cpu: None,
         });
     }
 
@@ -379,6 +397,7 @@ impl Figures {
                 p99_ms: Some(line.p99),
                 size,
                 target: Target::AtLeast(0.9),
+                cpu: None,
             });
         }
     }
@@ -408,6 +427,7 @@ impl Figures {
                 p99_ms: None,
                 size: size.clone(),
                 target: Target::AtMost(1.3),
+                cpu: None,
             });
             self.rows.push(Figure {
                 what: format!("build, {name}: contracted of bare, binary"),
@@ -417,6 +437,7 @@ impl Figures {
                 p99_ms: None,
                 size,
                 target: Target::AtMost(1.3),
+                cpu: None,
             });
         }
     }
@@ -426,8 +447,10 @@ impl Figures {
         if self.scale.quick {
             println!("\nQUICK RUN: the harness at a tiny scale; these figures are not the goals'.");
         }
-        println!("\n| figure | idem | baseline | ratio | p99 | store | target | met |");
-        println!("|---|---|---|---|---|---|---|---|");
+        println!(
+            "\n| figure | idem | baseline | ratio | p99 | store | target | met | CPU a request: idem; baseline: ratio |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|");
         for row in &self.rows {
             let p99 = row
                 .p99_ms
@@ -438,13 +461,14 @@ impl Figures {
                 None => "–",
             };
             println!(
-                "| {} | {} | {} | **{:.2}** | {p99} | {} | {} | {met} |",
+                "| {} | {} | {} | **{:.2}** | {p99} | {} | {} | {met} | {} |",
                 row.what,
                 row.idem,
                 row.baseline,
                 row.ratio,
                 row.size,
-                row.target.text()
+                row.target.text(),
+                row.cpu.as_deref().unwrap_or("–")
             );
         }
         for missing in &self.missing {

@@ -95,6 +95,7 @@
 
 pub mod build;
 pub mod children;
+pub mod cpu;
 pub mod driver;
 pub mod figures;
 pub mod flat;

@@ -55,6 +55,7 @@ use redis::aio::ConnectionManager;
 pub mod handlers;
 
 use self::handlers::*;
+use crate::cpu::{CpuTime, PerRequest, Server};
 use crate::wrk::{median, wrk};
 
 /// The key the hand-written minimum claims: the client and its key, as idem scopes keys
@@ -422,6 +423,9 @@ pub struct Measured {
     /// PostgreSQL's new keys: the server's writing transactions per order written (each
     /// new key writes one), the median of the rounds; `None` elsewhere.
     pub writes_per_request: Option<f64>,
+    /// The CPU a request cost this process and the store's server ([`crate::cpu`]),
+    /// the median of the rounds; `None` where `/proc` could not be read.
+    pub cpu: Option<PerRequest>,
 }
 
 impl Measured {
@@ -463,7 +467,9 @@ impl Report {
     }
 
     /// The markdown table: every run, its rate, p99 and ratio (idem's new keys to the
-    /// minimum, replays to bare, the minimum to bare).
+    /// minimum, replays to bare, the minimum to bare), and the CPU a request cost the
+    /// service and the store's server, with the same ratio taken of the CPU (the
+    /// baseline's over idem's: 0.5 when idem costs twice as much).
     pub fn print(&self) {
         let Settings {
             rounds, seconds, ..
@@ -472,9 +478,9 @@ impl Report {
             "\nPOST /orders, wrk -t2 -c32 -d{seconds}s, {rounds} interleaved rounds, medians\n"
         );
         println!(
-            "| store | form | path | requests/s | p99 | ratio | writing transactions a request |"
+            "| store | form | path | requests/s | p99 | ratio | writing transactions a request | CPU a request: service + server | CPU ratio |"
         );
-        println!("|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|");
         for run in &self.runs {
             let of = |form: Form, what: &str| {
                 self.find(run.store, form, false).map_or_else(
@@ -492,8 +498,20 @@ impl Report {
             let writes = run
                 .writes_per_request
                 .map_or_else(|| "–".to_owned(), |w| format!("{w:.2}"));
+            let cpu = run.cpu.map_or_else(
+                || "–".to_owned(),
+                |c| format!("{:.1} + {:.1} µs", c.service_us, c.server_us),
+            );
+            let baseline = match (run.form, run.replay) {
+                (Form::Bare, _) => None,
+                (Form::Min, _) | (Form::Idem, true) => self.find(run.store, Form::Bare, false),
+                (Form::Idem, false) => self.find(run.store, Form::Min, false),
+            };
+            let cpu_ratio = baseline
+                .and_then(|base| cpu_ratio(base, run))
+                .map_or_else(|| "–".to_owned(), |r| format!("{r:.2}"));
             println!(
-                "| {} | {form} | {path} | {:.0} | {:.2} ms | {ratio} | {writes} |",
+                "| {} | {form} | {path} | {:.0} | {:.2} ms | {ratio} | {writes} | {cpu} | {cpu_ratio} |",
                 run.store, run.rps, run.p99_ms
             );
         }
@@ -503,6 +521,14 @@ impl Report {
             self.memory_records
         );
     }
+}
+
+/// The CPU a request cost `base` over what it cost `run`, both sides together; `None`
+/// where either was not measured.
+#[must_use]
+pub fn cpu_ratio(base: &Measured, run: &Measured) -> Option<f64> {
+    let (base, run) = (base.cpu?, run.cpu?);
+    (run.total_us() > 0.0).then(|| base.total_us() / run.total_us())
 }
 
 /// Serves every store's three forms (a store whose server does not answer is left out,
@@ -602,9 +628,22 @@ impl Served {
                 let v = &self.variants[run.variant];
                 let counted = v.pg.as_ref().filter(|_| !run.replay);
                 let before = counted.map(|pool| runtime.block_on(Written::now(pool)));
+                let server = Server::of_store(v.store);
+                let cpu_before = CpuTime::now(server);
                 let (r, p) = wrk(&v.url, script, settings.seconds, 32, round * 100 + i);
+                #[allow(clippy::cast_precision_loss, reason = "a few seconds")]
+                let requests = r * settings.seconds as f64;
+                let cpu = cpu_before
+                    .zip(CpuTime::now(server))
+                    .and_then(|(before, after)| after.per_request_since(&before, requests));
+                let cpu_text = cpu.map_or_else(String::new, |c| {
+                    format!(
+                        ", CPU {:.1} + {:.1} µs a request",
+                        c.service_us, c.server_us
+                    )
+                });
                 eprintln!(
-                    "round {} {}: {r:.0} req/s, p99 {p:.2} ms",
+                    "round {} {}: {r:.0} req/s, p99 {p:.2} ms{cpu_text}",
                     round + 1,
                     name_of(run)
                 );
@@ -622,6 +661,7 @@ impl Served {
                 }
                 run.rps.push(r);
                 run.p99.push(p);
+                run.cpu.extend(cpu);
             }
         }
         let runs = runs
@@ -633,6 +673,7 @@ impl Served {
                 rps: median(&mut run.rps),
                 p99_ms: median(&mut run.p99),
                 writes_per_request: (!run.writes.is_empty()).then(|| median(&mut run.writes)),
+                cpu: PerRequest::median(&run.cpu),
             })
             .collect();
         Report {
@@ -652,6 +693,8 @@ struct Run {
     p99: Vec<f64>,
     /// Writing transactions per order, for a PostgreSQL form's new keys.
     writes: Vec<f64>,
+    /// The CPU each round cost a request.
+    cpu: Vec<PerRequest>,
 }
 
 /// The Lua scripts of the two paths, written in `dir`: new keys from 64 clients, and
