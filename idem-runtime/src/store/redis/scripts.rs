@@ -161,15 +161,16 @@ end
 ";
 
 /// `begin`, after [`BEGIN_FOUND`]. KEYS[2] and KEYS[3] the client's `ends` and `counts`
-/// ([`BUDGET`]) when it is counted here. ARGV: now, operation id, fingerprint, token, lease end, TTL end, holds
-/// until, transactional, margin, prefix, then the budget: empty (none), `count` (count
-/// without checking, [`ClientBudget::COUNT_ONLY`](crate::store::ClientBudget::COUNT_ONLY)),
-/// `elsewhere` (a cluster counts it in the client's slot: only its bucket is written), or
-/// the records and bytes to check against (ARGV[11], ARGV[12]). Returns `{2}` when a new
-/// record was written (exactly `Record::started`, which the caller builds itself),
-/// `{1, record}` when a released record was reclaimed, `{0, record}` when it exists and
-/// may not be taken (`Record::begin_over`), `{3, records, bytes, oldest expiry}` when a
-/// new operation is over the client's budget.
+/// ([`BUDGET`]) when it is counted here. ARGV: now, operation id, fingerprint, token,
+/// lease end, TTL end, holds until, transactional, margin, prefix, then the budget:
+/// empty (none), `count` (count without checking,
+/// [`ClientBudget::COUNT_ONLY`](crate::store::ClientBudget::COUNT_ONLY)), `elsewhere` (a
+/// cluster counts it in the client's slot: only its bucket is written), or the records
+/// and bytes to check against (ARGV[11], ARGV[12]). Returns `{2}` when a new record was
+/// written (exactly `Record::started`, which the caller builds itself), `{1, record}`
+/// when a released record was reclaimed, `{0, record}` when it exists and may not be
+/// taken (`Record::begin_over`, answered by [`BEGIN_FOUND`]), `{3, records, bytes, oldest
+/// expiry}` when a new operation is over the client's budget.
 const BEGIN: &str = r"
 local now = ARGV[1]
 local cur_exp = cur[F.expires_at]
