@@ -28,14 +28,20 @@ pub(crate) struct Detach<T: Send + 'static> {
 }
 
 impl<T: Send + 'static> Detach<T> {
-    /// Wraps `future`. Must be called within a tokio runtime (as every request handler
-    /// is); returns `None` outside of one, for the caller to run the future as it sees fit.
-    pub(crate) fn new(future: impl Future<Output = T> + Send + 'static) -> Option<Detach<T>> {
-        let runtime = Handle::try_current().ok()?;
-        Some(Detach {
-            future: Some(Box::pin(future)),
-            runtime,
-        })
+    /// Wraps `future`, boxed. Must be called within a tokio runtime (as every request
+    /// handler is); outside of one, gives `future` back, for the caller to run it as it
+    /// sees fit.
+    pub(crate) fn new<F>(future: F) -> Result<Detach<T>, F>
+    where
+        F: Future<Output = T> + Send + 'static,
+    {
+        match Handle::try_current() {
+            Ok(runtime) => Ok(Detach {
+                future: Some(Box::pin(future)),
+                runtime,
+            }),
+            Err(_) => Err(future),
+        }
     }
 }
 
@@ -76,7 +82,7 @@ mod tests {
 
     #[tokio::test]
     async fn polled_to_its_end_in_place() {
-        let detach = Detach::new(async { 7 }).unwrap();
+        let detach = Detach::new(async { 7 }).ok().unwrap();
         assert_eq!(detach.await, 7);
     }
 
@@ -88,6 +94,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
             flag.store(true, Ordering::SeqCst);
         })
+        .ok()
         .unwrap();
         // The caller gives up after 5 ms, as a client that hangs up.
         let gave_up = tokio::time::timeout(Duration::from_millis(5), detach).await;
@@ -102,6 +109,6 @@ mod tests {
 
     #[test]
     fn outside_a_runtime_there_is_none() {
-        assert!(Detach::new(async {}).is_none());
+        assert!(Detach::new(async {}).is_err());
     }
 }

@@ -64,7 +64,9 @@ async fn run(held: &Held, handler: Handler) -> Response {
 /// closes first ([`Detach`]): the handler is never cancelled by a client that hangs up.
 /// A panic while settling is answered 503 `attempt-failed`, with a `Retry-After` past
 /// `until` (the attempt's time), after which recovery decides. `settled` is boxed once,
-/// by the [`Detach`]; the future returned holds that box, not the future itself.
+/// by the [`Detach`], and the future returned holds that box, not the future itself.
+/// Called off the runtime (on a thread of the handler's own, the future then awaited on
+/// the runtime), it looks for the runtime when first polled, as an `async fn` would.
 pub(super) fn detached(
     settled: impl Future<Output = Response> + Send + 'static,
     operation_id: OperationId,
@@ -72,26 +74,41 @@ pub(super) fn detached(
     span: Span,
 ) -> Pin<Box<dyn Future<Output = Response> + Send>> {
     let settled = AssertUnwindSafe(settled).catch_unwind();
-    let Some(detached) = Detach::new(settled) else {
-        let answer = answer::attempt_failed(operation_id, "could not run: no tokio runtime", 1);
-        return Box::pin(std::future::ready(answer));
-    };
-    Box::pin(async move {
-        match detached.await {
-            Ok(response) => response,
-            Err(_panic) => {
-                tracing::error!(
-                    parent: &span,
-                    outcome = "panicked",
-                    "idem: settling the attempt failed; the outcome is unknown until the lease ends and recovery decides"
-                );
-                let left = until.saturating_duration_since(Instant::now());
-                answer::attempt_failed(
-                    operation_id,
-                    "failed while its answer was settled",
-                    left.as_secs().saturating_add(1),
-                )
+    match Detach::new(settled) {
+        Ok(detached) => Box::pin(awaited(detached, operation_id, until, span)),
+        Err(settled) => Box::pin(async move {
+            match Detach::new(settled) {
+                Ok(detached) => awaited(detached, operation_id, until, span).await,
+                Err(_) => {
+                    answer::attempt_failed(operation_id, "could not run: no tokio runtime", 1)
+                }
             }
+        }),
+    }
+}
+
+/// The answer of a [`detached`] attempt: its response, or 503 `attempt-failed` when
+/// settling it panicked.
+async fn awaited(
+    detached: Detach<std::thread::Result<Response>>,
+    operation_id: OperationId,
+    until: Instant,
+    span: Span,
+) -> Response {
+    match detached.await {
+        Ok(response) => response,
+        Err(_panic) => {
+            tracing::error!(
+                parent: &span,
+                outcome = "panicked",
+                "idem: settling the attempt failed; the outcome is unknown until the lease ends and recovery decides"
+            );
+            let left = until.saturating_duration_since(Instant::now());
+            answer::attempt_failed(
+                operation_id,
+                "failed while its answer was settled",
+                left.as_secs().saturating_add(1),
+            )
         }
-    })
+    }
 }
