@@ -704,3 +704,77 @@ async fn pool_healthy_after_many_misbehaving_attempts() {
     let failed = later_failures(&server, "k-mis-later", 40).await;
     assert!(failed.is_empty(), "later requests failed: {failed:?}");
 }
+
+// ---- another process's write lock (2e68c78) ---------------------------------------------
+
+/// Another process holds SQLite's write lock (`BEGIN IMMEDIATE` on a connection of its
+/// own) past the busy timeout: the one-commit path and the deferred path (a step journal,
+/// `; SAVEPOINT idem_business`) answer 503 with nothing committed and nothing run twice;
+/// once the lock is let go, new keys and the retries are served at once (no connection
+/// of the pool is left holding the lock, no 503 after it), each effect once beside its
+/// completed record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_process_holding_the_lock_is_503_then_the_pool_serves_at_once() {
+    let (server, store, dir) = lite().await;
+    // Warm the pool: its connections were opened before the lock is taken.
+    assert!(later_failures(&server, "warm", 3).await.is_empty());
+    let url = format!("sqlite://{}", dir.path().join("orders.db").display());
+    let mut other = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let (order, journal) = tokio::join!(
+        post_order(&server, "locked", "ok"),
+        post_to(&server, "/journal", "locked-j", "ok"),
+    );
+    assert_eq!(
+        order.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&order.body)
+    );
+    assert!(
+        journal.status >= 500,
+        "{} {}",
+        journal.status,
+        String::from_utf8_lossy(&journal.body)
+    );
+    assert_eq!(effects(&store, "locked").await, 0);
+    assert_eq!(effects(&store, "locked-j").await, 0);
+    sqlx::raw_sql("ROLLBACK").execute(&mut other).await.unwrap();
+
+    let started = std::time::Instant::now();
+    assert_eq!(
+        later_failures(&server, "after", 8).await,
+        Vec::<String>::new()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "a connection held the lock after the other process let it go: {:?}",
+        started.elapsed()
+    );
+    let retry = retry_until_settled(&server, "locked").await;
+    assert_eq!(
+        retry.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert_eq!(effects(&store, "locked").await, 1);
+    assert!(completed(&state(&store, "locked").await));
+    let retry = retry_on(&server, "/journal", "locked-j").await;
+    assert!(
+        retry.status == 201 || retry.status == 409,
+        "{} {}",
+        retry.status,
+        String::from_utf8_lossy(&retry.body)
+    );
+    let effects_j = effects(&store, "locked-j").await;
+    let record_j = state_of(&store, "adv_journal", "locked-j").await;
+    assert!(
+        effects_j <= 1 && (effects_j == 0 || completed(&record_j)),
+        "{effects_j} effect(s), record {record_j:?}"
+    );
+    server.stop().await;
+}

@@ -1466,6 +1466,198 @@ mod hostile {
         assert_eq!((buckets, records, bytes), (1, 1, 0));
         assert_eq!(usage(later).await.0, 1);
     }
+
+    /// `begin` at the edges of a record's life, each record as a hash written by hand
+    /// (an older version's, a hostile one's): the live-record answer that `begin` gives
+    /// before it defines its helpers, and every path after it.
+    #[tokio::test]
+    async fn begin_at_the_edges_of_a_records_life() {
+        let Some(url) = url_or_skip("begin's edges").await else {
+            return;
+        };
+        let store = store(&url, &scratch_prefix()).await;
+        let mut conn = store.connection().clone();
+        let set = |k: &RecordKey, fields: &[(&str, &str)]| {
+            let mut cmd = redis::cmd("HSET");
+            cmd.arg(store.hash_name(k));
+            for (f, v) in fields {
+                cmd.arg(*f).arg(*v);
+            }
+            cmd
+        };
+        let hget = |k: &RecordKey, f: &str| {
+            let mut cmd = redis::cmd("HGET");
+            cmd.arg(store.hash_name(k)).arg(f.to_owned());
+            cmd
+        };
+        let now = T0 + 1_000;
+
+        // Completed, its TTL ending exactly now: a new operation, its old result gone.
+        let k = RecordKey::new("op", "c", "ends-now");
+        let old = new_record("sha256:a", now - TTL);
+        store.begin(&k, &old, now - TTL).await.unwrap();
+        store
+            .complete(&k, old.lease.token, &response(b"old"), now - TTL)
+            .await
+            .unwrap();
+        let _: () = set(&k, &[("expires_at", &now.to_string()), ("history", "[]")])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let fresh = new_record("sha256:b", now);
+        match store.begin(&k, &fresh, now).await.unwrap() {
+            Begin::Started(r) => {
+                assert_eq!((r.attempt, r.operation_id), (1, fresh.operation_id));
+            }
+            other => panic!("a record ending now is not live: {other:?}"),
+        }
+        for f in ["status", "body", "headers", "history"] {
+            let v: Option<Vec<u8>> = hget(&k, f).query_async(&mut conn).await.unwrap();
+            assert!(v.is_none(), "`{f}` of the old operation kept");
+        }
+        // One millisecond before its end, the same hash is live: answered as it stands.
+        let again = new_record("sha256:b", now);
+        match store.begin(&k, &again, now - 1).await.unwrap() {
+            Begin::Exists(r) => assert_eq!(r.operation_id, fresh.operation_id),
+            other => panic!("a live record was taken: {other:?}"),
+        }
+
+        // Released: the same fingerprint reclaims it (attempt 2, its own id, history
+        // kept), another is answered with it; an unknown (parked) one is never taken.
+        let k = RecordKey::new("op", "c", "released");
+        let first = new_record("sha256:a", now);
+        store.begin(&k, &first, now).await.unwrap();
+        store.release(&k, first.lease.token, now).await.unwrap();
+        let other = new_record("sha256:other", now);
+        match store.begin(&k, &other, now).await.unwrap() {
+            Begin::Exists(r) => assert!(matches!(r.state, RecordState::Released)),
+            other => panic!("another request took a released key: {other:?}"),
+        }
+        let same = new_record("sha256:a", now);
+        match store.begin(&k, &same, now + 1).await.unwrap() {
+            Begin::Started(r) => {
+                assert_eq!((r.attempt, r.operation_id), (2, first.operation_id));
+                assert!(
+                    matches!(r.state, RecordState::Processing { lease } if lease.token == same.lease.token)
+                );
+            }
+            other => panic!("the same request did not reclaim it: {other:?}"),
+        }
+        let history: Option<String> = hget(&k, "history").query_async(&mut conn).await.unwrap();
+        assert!(
+            history.is_some_and(|h| h.contains("released")),
+            "the reclaim is in the history"
+        );
+        store
+            .park_unknown(&k, same.lease.token, "test", now + 2)
+            .await
+            .unwrap();
+        match store
+            .begin(&k, &new_record("sha256:a", now), now + 3)
+            .await
+            .unwrap()
+        {
+            Begin::Exists(r) => assert!(matches!(r.state, RecordState::Unknown { .. })),
+            other => panic!("a parked record was taken: {other:?}"),
+        }
+
+        // Processing, its lease ended but the record live: a duplicate, never a new run;
+        // past its TTL (the hash still there, within the expiry margin): a new operation.
+        let k = RecordKey::new("op", "c", "lease-ended");
+        let held = new_record("sha256:a", now);
+        store.begin(&k, &held, now).await.unwrap();
+        match store
+            .begin(&k, &new_record("sha256:a", now), held.lease.until + 1)
+            .await
+            .unwrap()
+        {
+            Begin::Exists(r) => assert!(matches!(r.state, RecordState::Processing { .. })),
+            other => panic!("an ended lease was taken by begin: {other:?}"),
+        }
+        let past = held.expires_at + 1;
+        match store
+            .begin(&k, &new_record("sha256:a", past), past)
+            .await
+            .unwrap()
+        {
+            Begin::Started(r) => assert_eq!(r.attempt, 1),
+            other => panic!("an expired record was answered: {other:?}"),
+        }
+
+        // A hash an older version wrote without `expires_at`: no live record.
+        let k = RecordKey::new("op", "c", "no-expiry");
+        let _: () = set(&k, &[("state", "completed"), ("fingerprint", "sha256:a")])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(matches!(
+            store
+                .begin(&k, &new_record("sha256:a", now), now)
+                .await
+                .unwrap(),
+            Begin::Started(_)
+        ));
+
+        // A hostile `expires_at`: an error, and the hash left as it was.
+        let k = RecordKey::new("op", "c", "hostile");
+        let _: () = set(
+            &k,
+            &[
+                ("state", "completed"),
+                ("expires_at", "soon"),
+                ("body", "x"),
+            ],
+        )
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+        assert!(
+            store
+                .begin(&k, &new_record("sha256:a", now), now)
+                .await
+                .is_err()
+        );
+        let body: Option<String> = hget(&k, "body").query_async(&mut conn).await.unwrap();
+        assert_eq!(body.as_deref(), Some("x"));
+
+        // A live record is answered before the budget is looked at, in every mode; past
+        // its TTL, the checked budget refuses and the count-only one counts.
+        for (i, budget) in [
+            None,
+            Some(ClientBudget::COUNT_ONLY),
+            Some(ClientBudget::new(0, 0)),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let k = RecordKey::new("op", format!("budget{i}"), "live");
+            let held = new_record("sha256:a", now);
+            store.begin(&k, &held, now).await.unwrap();
+            let dup = NewRecord {
+                budget,
+                ..new_record("sha256:a", now)
+            };
+            assert!(
+                matches!(
+                    store.begin(&k, &dup, now + 1).await.unwrap(),
+                    Begin::Exists(_)
+                ),
+                "{budget:?}"
+            );
+            let past = held.expires_at;
+            let late = NewRecord {
+                budget,
+                ..new_record("sha256:a", past)
+            };
+            let begun = store.begin(&k, &late, past).await.unwrap();
+            match budget {
+                Some(b) if !b.refuses_nothing() => {
+                    assert!(matches!(begun, Begin::OverBudget(_)), "{begun:?}");
+                }
+                _ => assert!(matches!(begun, Begin::Started(_)), "{begun:?}"),
+            }
+        }
+    }
 }
 
 /// The store on a Redis Cluster of the tests' own (3 masters, a replica each).
