@@ -744,15 +744,11 @@ async fn another_process_holding_the_lock_is_503_then_the_pool_serves_at_once() 
     assert_eq!(effects(&store, "locked-j").await, 0);
     sqlx::raw_sql("ROLLBACK").execute(&mut other).await.unwrap();
 
-    let started = std::time::Instant::now();
+    // A connection of the pool left holding the lock would make these wait out the busy
+    // timeout and answer 503.
     assert_eq!(
         later_failures(&server, "after", 8).await,
         Vec::<String>::new()
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "a connection held the lock after the other process let it go: {:?}",
-        started.elapsed()
     );
     let retry = retry_until_settled(&server, "locked").await;
     assert_eq!(
