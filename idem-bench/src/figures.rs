@@ -143,6 +143,60 @@ impl Scale {
     }
 }
 
+/// The stores part's rows: the store, replays or new keys, the baseline form, what the
+/// row says, and its goal.
+const STORE_FIGURES: [(&str, bool, Form, &str, Target); 7] = [
+    (
+        "pg",
+        false,
+        Form::Min,
+        "PostgreSQL, new keys, of the minimum",
+        Target::AtLeast(0.9),
+    ),
+    (
+        "sqlite",
+        false,
+        Form::Min,
+        "SQLite, new keys, of the minimum",
+        Target::AtLeast(0.9),
+    ),
+    (
+        "memory",
+        false,
+        Form::Min,
+        "memory, new keys, of the minimum",
+        Target::AtLeast(0.9),
+    ),
+    (
+        "redis",
+        false,
+        Form::Min,
+        "Redis, new keys, of the minimum",
+        Target::AtLeast(0.8),
+    ),
+    (
+        "memory",
+        true,
+        Form::Bare,
+        "memory, replay, of the bare handler",
+        Target::AtLeast(1.0),
+    ),
+    (
+        "redis",
+        true,
+        Form::Bare,
+        "Redis, replay, of the bare handler",
+        Target::AtLeast(1.0),
+    ),
+    (
+        "pg",
+        true,
+        Form::Bare,
+        "PostgreSQL, replay, of the bare handler",
+        Target::NoGoal,
+    ),
+];
+
 /// Which way a figure's target points.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Target {
@@ -253,58 +307,7 @@ impl Figures {
         // Each store starts empty but for the warm-up's completed keys; the new-key runs
         // add theirs as they go.
         let fresh = format!("{} warm-up keys, growing", report.settings.replay_keys);
-        let pairs = [
-            (
-                "pg",
-                false,
-                Form::Min,
-                "PostgreSQL, new keys, of the minimum",
-                Target::AtLeast(0.9),
-            ),
-            (
-                "sqlite",
-                false,
-                Form::Min,
-                "SQLite, new keys, of the minimum",
-                Target::AtLeast(0.9),
-            ),
-            (
-                "memory",
-                false,
-                Form::Min,
-                "memory, new keys, of the minimum",
-                Target::AtLeast(0.9),
-            ),
-            (
-                "redis",
-                false,
-                Form::Min,
-                "Redis, new keys, of the minimum",
-                Target::AtLeast(0.8),
-            ),
-            (
-                "memory",
-                true,
-                Form::Bare,
-                "memory, replay, of the bare handler",
-                Target::AtLeast(1.0),
-            ),
-            (
-                "redis",
-                true,
-                Form::Bare,
-                "Redis, replay, of the bare handler",
-                Target::AtLeast(1.0),
-            ),
-            (
-                "pg",
-                true,
-                Form::Bare,
-                "PostgreSQL, replay, of the bare handler",
-                Target::NoGoal,
-            ),
-        ];
-        for (store, replay, against, what, target) in pairs {
+        for (store, replay, against, what, target) in STORE_FIGURES {
             let idem = report.find(store, Form::Idem, replay);
             let base = report.find(store, against, false);
             let (Some(idem), Some(base)) = (idem, base) else {

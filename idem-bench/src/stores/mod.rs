@@ -590,16 +590,9 @@ impl Served {
         }
     }
 
-    /// The kept runs, `settings.rounds` interleaved rounds of each, on `runtime` (where
-    /// the PostgreSQL forms' writing transactions are counted).
-    fn measure(
-        &self,
-        settings: &Settings,
-        dir: &Path,
-        runtime: &tokio::runtime::Runtime,
-    ) -> Report {
-        let (new_keys, replays) = scripts(settings, dir);
-        let mut runs: Vec<Run> = (0..self.variants.len())
+    /// Every run there is: each variant's new keys, then each idem variant's replays.
+    fn runs(&self) -> Vec<Run> {
+        (0..self.variants.len())
             .map(|variant| (variant, false))
             .chain(
                 self.variants
@@ -613,7 +606,19 @@ impl Served {
                 replay,
                 ..Run::default()
             })
-            .collect();
+            .collect()
+    }
+
+    /// The kept runs, `settings.rounds` interleaved rounds of each, on `runtime` (where
+    /// the PostgreSQL forms' writing transactions are counted).
+    fn measure(
+        &self,
+        settings: &Settings,
+        dir: &Path,
+        runtime: &tokio::runtime::Runtime,
+    ) -> Report {
+        let (new_keys, replays) = scripts(settings, dir);
+        let mut runs = self.runs();
         let name_of = |run: &Run| {
             let v = &self.variants[run.variant];
             name(v.store, v.form, run.replay)
@@ -629,23 +634,15 @@ impl Served {
                 let counted = v.pg.as_ref().filter(|_| !run.replay);
                 let before = counted.map(|pool| runtime.block_on(Written::now(pool)));
                 let server = Server::of_store(v.store);
-                let cpu_before = CpuTime::now(server);
-                let (r, p) = wrk(&v.url, script, settings.seconds, 32, round * 100 + i);
-                #[allow(clippy::cast_precision_loss, reason = "a few seconds")]
-                let requests = r * settings.seconds as f64;
-                let cpu = cpu_before
-                    .zip(CpuTime::now(server))
-                    .and_then(|(before, after)| after.per_request_since(&before, requests));
-                let cpu_text = cpu.map_or_else(String::new, |c| {
-                    format!(
+                let (r, p, cpu) = costed(&v.url, script, settings.seconds, round * 100 + i, server);
+                eprintln!(
+                    "round {} {}: {r:.0} req/s, p99 {p:.2} ms{}",
+                    round + 1,
+                    name_of(run),
+                    cpu.map_or_else(String::new, |c| format!(
                         ", CPU {:.1} + {:.1} µs a request",
                         c.service_us, c.server_us
-                    )
-                });
-                eprintln!(
-                    "round {} {}: {r:.0} req/s, p99 {p:.2} ms{cpu_text}",
-                    round + 1,
-                    name_of(run)
+                    ))
                 );
                 // A replay runs no handler: the memory handler's orders do not change.
                 if run.replay && v.store == "memory" {
@@ -682,6 +679,26 @@ impl Served {
             memory_records: self.memory_store.len(),
         }
     }
+}
+
+/// One wrk run of `script` on `url` ([`wrk`], 32 connections, its number `run`) and the
+/// CPU a request cost this process and `server`'s processes meanwhile: requests per
+/// second, p99 in milliseconds, and the CPU when `/proc` could be read.
+fn costed(
+    url: &str,
+    script: &Path,
+    seconds: u64,
+    run: usize,
+    server: Server,
+) -> (f64, f64, Option<PerRequest>) {
+    let before = CpuTime::now(server);
+    let (rps, p99) = wrk(url, script, seconds, 32, run);
+    #[allow(clippy::cast_precision_loss, reason = "a few seconds")]
+    let requests = rps * seconds as f64;
+    let cpu = before
+        .zip(CpuTime::now(server))
+        .and_then(|(before, after)| after.per_request_since(&before, requests));
+    (rps, p99, cpu)
 }
 
 /// One kept run as its rounds go: the variant, the path, and each round's figures.

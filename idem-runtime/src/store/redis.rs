@@ -1467,28 +1467,38 @@ mod hostile {
         assert_eq!(usage(later).await.0, 1);
     }
 
-    /// `begin` at the edges of a record's life, each record as a hash written by hand
-    /// (an older version's, a hostile one's): the live-record answer that `begin` gives
-    /// before it defines its helpers, and every path after it.
-    #[tokio::test]
-    async fn begin_at_the_edges_of_a_records_life() {
-        let Some(url) = url_or_skip("begin's edges").await else {
-            return;
-        };
+    /// A scratch store of `begin`'s edges, and a connection to write its hashes by hand
+    /// (an older version's, a hostile one's); none without a Redis.
+    async fn edges() -> Option<(RedisStore, RedisConnection)> {
+        let url = url_or_skip("begin's edges").await?;
         let store = store(&url, &scratch_prefix()).await;
-        let mut conn = store.connection().clone();
-        let set = |k: &RecordKey, fields: &[(&str, &str)]| {
-            let mut cmd = redis::cmd("HSET");
-            cmd.arg(store.hash_name(k));
-            for (f, v) in fields {
-                cmd.arg(*f).arg(*v);
-            }
-            cmd
-        };
-        let hget = |k: &RecordKey, f: &str| {
-            let mut cmd = redis::cmd("HGET");
-            cmd.arg(store.hash_name(k)).arg(f.to_owned());
-            cmd
+        let conn = store.connection().clone();
+        Some((store, conn))
+    }
+
+    /// `HSET` of `fields` in `k`'s hash.
+    fn hset(store: &RedisStore, k: &RecordKey, fields: &[(&str, &str)]) -> redis::Cmd {
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(store.hash_name(k));
+        for (f, v) in fields {
+            cmd.arg(*f).arg(*v);
+        }
+        cmd
+    }
+
+    /// `HGET` of field `f` of `k`'s hash.
+    fn hget(store: &RedisStore, k: &RecordKey, f: &str) -> redis::Cmd {
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(store.hash_name(k)).arg(f.to_owned());
+        cmd
+    }
+
+    /// `begin` at the end of a record's TTL: a record that ends exactly now is a new
+    /// operation and its old result goes; a millisecond before, it is answered as it stands.
+    #[tokio::test]
+    async fn begin_at_the_end_of_a_records_ttl() {
+        let Some((store, mut conn)) = edges().await else {
+            return;
         };
         let now = T0 + 1_000;
 
@@ -1500,10 +1510,14 @@ mod hostile {
             .complete(&k, old.lease.token, &response(b"old"), now - TTL)
             .await
             .unwrap();
-        let _: () = set(&k, &[("expires_at", &now.to_string()), ("history", "[]")])
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let _: () = hset(
+            &store,
+            &k,
+            &[("expires_at", &now.to_string()), ("history", "[]")],
+        )
+        .query_async(&mut conn)
+        .await
+        .unwrap();
         let fresh = new_record("sha256:b", now);
         match store.begin(&k, &fresh, now).await.unwrap() {
             Begin::Started(r) => {
@@ -1512,7 +1526,7 @@ mod hostile {
             other => panic!("a record ending now is not live: {other:?}"),
         }
         for f in ["status", "body", "headers", "history"] {
-            let v: Option<Vec<u8>> = hget(&k, f).query_async(&mut conn).await.unwrap();
+            let v: Option<Vec<u8>> = hget(&store, &k, f).query_async(&mut conn).await.unwrap();
             assert!(v.is_none(), "`{f}` of the old operation kept");
         }
         // One millisecond before its end, the same hash is live: answered as it stands.
@@ -1521,6 +1535,16 @@ mod hostile {
             Begin::Exists(r) => assert_eq!(r.operation_id, fresh.operation_id),
             other => panic!("a live record was taken: {other:?}"),
         }
+    }
+
+    /// `begin` over a released record (the same request reclaims it, another is answered)
+    /// and a parked one (never taken).
+    #[tokio::test]
+    async fn begin_over_released_and_parked_records() {
+        let Some((store, mut conn)) = edges().await else {
+            return;
+        };
+        let now = T0 + 1_000;
 
         // Released: the same fingerprint reclaims it (attempt 2, its own id, history
         // kept), another is answered with it; an unknown (parked) one is never taken.
@@ -1543,7 +1567,10 @@ mod hostile {
             }
             other => panic!("the same request did not reclaim it: {other:?}"),
         }
-        let history: Option<String> = hget(&k, "history").query_async(&mut conn).await.unwrap();
+        let history: Option<String> = hget(&store, &k, "history")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         assert!(
             history.is_some_and(|h| h.contains("released")),
             "the reclaim is in the history"
@@ -1560,6 +1587,16 @@ mod hostile {
             Begin::Exists(r) => assert!(matches!(r.state, RecordState::Unknown { .. })),
             other => panic!("a parked record was taken: {other:?}"),
         }
+    }
+
+    /// `begin` over a processing record whose lease ended (a duplicate, not a new run)
+    /// and one past its TTL, its hash still there (a new operation).
+    #[tokio::test]
+    async fn begin_over_an_ended_lease_and_an_ended_ttl() {
+        let Some((store, _)) = edges().await else {
+            return;
+        };
+        let now = T0 + 1_000;
 
         // Processing, its lease ended but the record live: a duplicate, never a new run;
         // past its TTL (the hash still there, within the expiry margin): a new operation.
@@ -1583,13 +1620,27 @@ mod hostile {
             Begin::Started(r) => assert_eq!(r.attempt, 1),
             other => panic!("an expired record was answered: {other:?}"),
         }
+    }
+
+    /// `begin` over hashes idem did not write: one without `expires_at` (no live record),
+    /// one with a hostile `expires_at` (an error, the hash left as it was).
+    #[tokio::test]
+    async fn begin_over_hashes_it_did_not_write() {
+        let Some((store, mut conn)) = edges().await else {
+            return;
+        };
+        let now = T0 + 1_000;
 
         // A hash an older version wrote without `expires_at`: no live record.
         let k = RecordKey::new("op", "c", "no-expiry");
-        let _: () = set(&k, &[("state", "completed"), ("fingerprint", "sha256:a")])
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let _: () = hset(
+            &store,
+            &k,
+            &[("state", "completed"), ("fingerprint", "sha256:a")],
+        )
+        .query_async(&mut conn)
+        .await
+        .unwrap();
         assert!(matches!(
             store
                 .begin(&k, &new_record("sha256:a", now), now)
@@ -1600,7 +1651,8 @@ mod hostile {
 
         // A hostile `expires_at`: an error, and the hash left as it was.
         let k = RecordKey::new("op", "c", "hostile");
-        let _: () = set(
+        let _: () = hset(
+            &store,
             &k,
             &[
                 ("state", "completed"),
@@ -1617,8 +1669,21 @@ mod hostile {
                 .await
                 .is_err()
         );
-        let body: Option<String> = hget(&k, "body").query_async(&mut conn).await.unwrap();
+        let body: Option<String> = hget(&store, &k, "body")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         assert_eq!(body.as_deref(), Some("x"));
+    }
+
+    /// `begin` answers a live record before it looks at the budget, in every mode; past
+    /// its TTL the checked budget refuses and the others start.
+    #[tokio::test]
+    async fn begin_answers_a_live_record_before_the_budget() {
+        let Some((store, _)) = edges().await else {
+            return;
+        };
+        let now = T0 + 1_000;
 
         // A live record is answered before the budget is looked at, in every mode; past
         // its TTL, the checked budget refuses and the count-only one counts.
