@@ -136,45 +136,10 @@ async fn act(conn: &mut sqlx::SqliteConnection, op: &str, key: &str, mode: &str)
             slow_next_commit(&mut *conn, 600).await;
             created()
         }
-        // SQLite rolls the transaction back by itself (`OR ROLLBACK`); the handler goes
-        // on, and a raw `SAVEPOINT` (a library's sub-step) opens a new transaction in
-        // which it writes its effect again.
-        "rollback-then-savepoint" => {
-            let r = sqlx::query(
-                "INSERT OR ROLLBACK INTO orders (operation_id, key, ref) VALUES ('x', 'x', 'taken')",
-            )
-            .execute(&mut *conn)
-            .await;
-            assert!(r.is_err(), "the unique violation");
-            sqlx::query("SAVEPOINT sub")
-                .execute(&mut *conn)
-                .await
-                .unwrap();
-            effect(&mut *conn, &format!("{op}-again"), key).await;
-            created()
-        }
-        // The same with sqlx's own nested transaction: `begin()` on the handler's
-        // connection is a `SAVEPOINT` (which, after SQLite's rollback, begins a
-        // transaction), and its `rollback()` a `ROLLBACK TO SAVEPOINT`, which leaves that
-        // transaction open. The handler then writes its effect again.
-        "rollback-then-nested" => {
-            let r = sqlx::query(
-                "INSERT OR ROLLBACK INTO orders (operation_id, key, ref) VALUES ('x', 'x', 'taken')",
-            )
-            .execute(&mut *conn)
-            .await;
-            assert!(r.is_err(), "the unique violation");
-            {
-                let mut inner = conn.begin().await.unwrap();
-                sqlx::query("INSERT INTO audit (what) VALUES ('tried')")
-                    .execute(&mut *inner)
-                    .await
-                    .unwrap();
-                inner.rollback().await.unwrap();
-            }
-            effect(&mut *conn, &format!("{op}-again"), key).await;
-            created()
-        }
+        // SQLite rolls the transaction back by itself, and the handler goes on in a new
+        // one: a raw `SAVEPOINT`, or sqlx's nested transaction (`rollback_then`).
+        "rollback-then-savepoint" => rollback_then(conn, op, key, false).await,
+        "rollback-then-nested" => rollback_then(conn, op, key, true).await,
         // sqlx's nested transaction, committed, in a healthy transaction: no misuse.
         "nested-commit" => {
             let mut inner = conn.begin().await.unwrap();
@@ -187,31 +152,59 @@ async fn act(conn: &mut sqlx::SqliteConnection, op: &str, key: &str, mode: &str)
         }
         // Commits itself, then begins again (the docs forbid it).
         "commit-begin" => {
-            sqlx::query("COMMIT; BEGIN")
-                .execute(&mut *conn)
-                .await
-                .unwrap();
+            exec(conn, "COMMIT; BEGIN").await;
             created()
         }
         // A deferred foreign key that fails at the COMMIT: SQLite keeps the transaction
         // open then.
         "deferred-fk" => {
-            sqlx::query("INSERT INTO children (id, parent) VALUES (NULL, 999)")
-                .execute(&mut *conn)
-                .await
-                .unwrap();
+            exec(conn, "INSERT INTO children (id, parent) VALUES (NULL, 999)").await;
             created()
         }
         // Overwrites idem's marker row (pure sabotage).
         "clobber-marker" => {
-            sqlx::query("DELETE FROM temp.idem_open")
-                .execute(&mut *conn)
-                .await
-                .unwrap();
+            exec(conn, "DELETE FROM temp.idem_open").await;
             created()
         }
         other => panic!("unknown mode {other}"),
     }
+}
+
+/// Runs `sql` on the handler's connection; it must succeed.
+async fn exec(conn: &mut sqlx::SqliteConnection, sql: &'static str) {
+    sqlx::query(sql).execute(&mut *conn).await.unwrap();
+}
+
+/// SQLite rolls the attempt's transaction back by itself (`OR ROLLBACK` over a taken
+/// row), and the handler goes on: a raw `SAVEPOINT` (a library's sub-step), or with
+/// `nested` sqlx's nested transaction (`begin()` on the handler's connection is a
+/// `SAVEPOINT`, which after SQLite's rollback begins a transaction, and its `rollback()`
+/// a `ROLLBACK TO SAVEPOINT`, which leaves that transaction open), opens a new
+/// transaction, in which it writes its effect again.
+async fn rollback_then(
+    conn: &mut sqlx::SqliteConnection,
+    op: &str,
+    key: &str,
+    nested: bool,
+) -> Response {
+    let r = sqlx::query(
+        "INSERT OR ROLLBACK INTO orders (operation_id, key, ref) VALUES ('x', 'x', 'taken')",
+    )
+    .execute(&mut *conn)
+    .await;
+    assert!(r.is_err(), "the unique violation");
+    if nested {
+        let mut inner = conn.begin().await.unwrap();
+        sqlx::query("INSERT INTO audit (what) VALUES ('tried')")
+            .execute(&mut *inner)
+            .await
+            .unwrap();
+        inner.rollback().await.unwrap();
+    } else {
+        exec(conn, "SAVEPOINT sub").await;
+    }
+    effect(&mut *conn, &format!("{op}-again"), key).await;
+    created()
 }
 
 async fn adv_status(
