@@ -323,6 +323,12 @@ async fn later_failures(server: &TestServer, prefix: &str, n: usize) -> Vec<Stri
     failed
 }
 
+/// `n` new keys after the test's misbehaviour all answer 201: the pool was left healthy.
+async fn pool_serves(server: &TestServer, prefix: &str, n: usize) {
+    let failed = later_failures(server, prefix, n).await;
+    assert!(failed.is_empty(), "later requests failed: {failed:?}");
+}
+
 /// Retries `key` with "ok" until it is not a 409/503, at most 20 times.
 async fn retry_until_settled(server: &TestServer, key: &str) -> Answer {
     retry_on(server, "/orders", key).await
@@ -376,8 +382,7 @@ async fn rollback_by_itself_then_nested_sqlx_transaction_is_not_run_twice() {
         "rollback-then-nested",
     )
     .await;
-    let failed = later_failures(&server, "k-rb-nested-later", 12).await;
-    assert!(failed.is_empty(), "later requests failed: {failed:?}");
+    pool_serves(&server, "k-rb-nested-later", 12).await;
 }
 
 /// sqlx's nested transaction committed inside a healthy attempt: one effect, a record,
@@ -391,8 +396,7 @@ async fn nested_sqlx_transaction_commits_once() {
     let retry = post_order(&server, "k-nested", "ok").await;
     assert_eq!((retry.status, retry.replayed()), (201, true));
     assert_eq!(effects(&store, "k-nested").await, 1);
-    let failed = later_failures(&server, "k-nested-later", 12).await;
-    assert!(failed.is_empty(), "later requests failed: {failed:?}");
+    pool_serves(&server, "k-nested-later", 12).await;
 }
 
 /// A handler that commits itself and begins again (misuse): the effect and the record
@@ -406,8 +410,7 @@ async fn commit_then_begin_in_the_handler_is_not_run_twice() {
     assert_eq!(effects(&store, key).await, 1, "{first:?} then {retry:?}");
     assert!(completed(&state(&store, key).await));
     assert!(retry.replayed(), "{first:?} then {retry:?}");
-    let failed = later_failures(&server, "k-commit-begin-later", 12).await;
-    assert!(failed.is_empty(), "later requests failed: {failed:?}");
+    pool_serves(&server, "k-commit-begin-later", 12).await;
 }
 
 /// A deferred foreign key fails the completion's COMMIT, and SQLite keeps the
@@ -435,8 +438,7 @@ async fn deferred_foreign_key_failing_the_commit_leaves_nothing() {
     let retry = retry_until_settled(&server, key).await;
     assert_eq!(retry.status, 201, "{first:?} then {retry:?}");
     assert_eq!(effects(&store, key).await, 1);
-    let failed = later_failures(&server, "k-fk-later", 12).await;
-    assert!(failed.is_empty(), "later requests failed: {failed:?}");
+    pool_serves(&server, "k-fk-later", 12).await;
 }
 
 /// Sabotage (the handler deletes idem's marker row): the check refuses a missing row as
@@ -497,8 +499,7 @@ async fn client_hangs_up_during_the_completion() {
     assert!(completed(&state(&store, key).await));
     let retry = post_order(&server, key, "ok").await;
     assert_eq!((retry.status, retry.replayed()), (201, true), "{retry:?}");
-    let failed = later_failures(&server, "k-hangup-later", 12).await;
-    assert!(failed.is_empty(), "later requests failed: {failed:?}");
+    pool_serves(&server, "k-hangup-later", 12).await;
 }
 
 // ---- 3. two stores (two processes) on one file ----------------------------------------
@@ -633,8 +634,7 @@ async fn journal_rollback_by_itself_then_nested_sqlx_transaction_is_not_run_twic
         "rollback-then-nested",
     )
     .await;
-    let failed = later_failures(&server, "j-rb-nested-later", 12).await;
-    assert!(failed.is_empty(), "later requests failed: {failed:?}");
+    pool_serves(&server, "j-rb-nested-later", 12).await;
 }
 
 /// The deferred path's commit (sqlx's own `commit()`) outlasting the deadline: sqlx
@@ -655,8 +655,7 @@ async fn journal_commit_cut_off_by_the_deadline() {
     );
     let retry = retry_on(&server, "/journal", key).await;
     assert_eq!(effects(&store, key).await, 1, "{first:?} then {retry:?}");
-    let failed = later_failures(&server, "j-slow-later", 20).await;
-    assert!(failed.is_empty(), "later requests failed: {failed:?}");
+    pool_serves(&server, "j-slow-later", 20).await;
 }
 
 /// The deferred path with a deferred foreign key failing the commit: nothing committed,
@@ -671,8 +670,7 @@ async fn journal_deferred_foreign_key_leaves_nothing() {
     let retry = retry_on(&server, "/journal", key).await;
     assert_eq!(retry.status, 201, "{first:?} then {retry:?}");
     assert_eq!(effects(&store, key).await, 1);
-    let failed = later_failures(&server, "j-fk-later", 12).await;
-    assert!(failed.is_empty(), "later requests failed: {failed:?}");
+    pool_serves(&server, "j-fk-later", 12).await;
 }
 
 /// Many misbehaving attempts, then many healthy ones on the one-commit path: a pool of 8
@@ -694,8 +692,7 @@ async fn pool_healthy_after_many_misbehaving_attempts() {
         post_order(&server, &format!("k-mis-{i}"), mode).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let failed = later_failures(&server, "k-mis-later", 40).await;
-    assert!(failed.is_empty(), "later requests failed: {failed:?}");
+    pool_serves(&server, "k-mis-later", 40).await;
 }
 
 // ---- another process's write lock (2e68c78) ---------------------------------------------

@@ -192,7 +192,5 @@ pub trait TxDialect: Dialect {
     }
 
     /// Nothing unless said otherwise (a completion that does not commit).
-    fn completion_abandoned(store: &SqlStore<Self>) {
-        let _ = store;
-    }
+    fn completion_abandoned(_store: &SqlStore<Self>) {}
 }
