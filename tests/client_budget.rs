@@ -1,13 +1,16 @@
 //! The per-client store budget over real sockets, on every store: a new key from a client
 //! at its budget is refused before the handler runs with 429 `client-budget-exhausted`
 //! and a `Retry-After` at its oldest record's expiry; keys it already holds are still
-//! answered; another client is untouched.
+//! answered; another client is untouched. A client's usage is counted once at a time,
+//! and ahead of its allowance's end in the background.
 
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
+use axum::middleware::Next;
 use axum::routing::{get, post};
 use idem::store::{ClientBudget, Store};
 use idem::{Idem, MemoryStore, identity};
@@ -116,10 +119,37 @@ async fn redis() {
 }
 
 /// A store that counts the client counts ([`RecordStore::client_usage`]) asked of the
-/// store it wraps.
+/// store it wraps: all of them, those asked by a request itself (inside [`REQUEST`]),
+/// and those finished; each takes `delay` first.
 struct CountsUsage<S> {
     inner: S,
     counts: Counter,
+    by_requests: Counter,
+    finished: Counter,
+    delay: Duration,
+}
+
+impl<S> CountsUsage<S> {
+    fn new(inner: S, counts: &Counter) -> CountsUsage<S> {
+        CountsUsage {
+            inner,
+            counts: counts.clone(),
+            by_requests: Counter::default(),
+            finished: Counter::default(),
+            delay: Duration::ZERO,
+        }
+    }
+}
+
+tokio::task_local! {
+    /// Set around each request the test server answers: a count asked inside it is a
+    /// request's own, one asked outside it a task's in the background.
+    static REQUEST: ();
+}
+
+/// Runs each request inside [`REQUEST`].
+async fn in_request(request: axum::extract::Request, next: Next) -> axum::response::Response {
+    REQUEST.scope((), next.run(request)).await
 }
 
 idem_runtime::forward_store! {
@@ -133,7 +163,13 @@ idem_runtime::forward_store! {
             now: UnixMillis,
         ) -> Result<ClientUsage, StoreError> {
             self.counts.bump();
-            self.inner.client_usage(client, cap, now).await
+            if REQUEST.try_with(|()| ()).is_ok() {
+                self.by_requests.bump();
+            }
+            tokio::time::sleep(self.delay).await;
+            let usage = self.inner.client_usage(client, cap, now).await;
+            self.finished.bump();
+            usage
         }
     }
     impl[S: Store] OperatorStore for CountsUsage<S> {
@@ -147,10 +183,7 @@ idem_runtime::forward_store! {
 /// where a replay used to spend a key like a new one.
 async fn replays_spend_no_allowance(store: impl Store) {
     let counts = Counter::default();
-    let store = CountsUsage {
-        inner: store,
-        counts: counts.clone(),
-    };
+    let store = CountsUsage::new(store, &counts);
     let (server, runs) = serve(store, ClientBudget::new(32, 1 << 30)).await;
     assert_eq!(order(&server, "client-a", "k-1").await.status, 201);
     assert_eq!(counts.get(), 1, "the first new key counts");
@@ -160,9 +193,9 @@ async fn replays_spend_no_allowance(store: impl Store) {
     }
     assert_eq!(counts.get(), 1, "20 replays, no count");
     assert_eq!(order(&server, "client-a", "k-2").await.status, 201);
-    assert_eq!(counts.get(), 1, "the allowance's second key");
+    // The allowance's last key: counted again, in the background (or by k-3, waiting).
     assert_eq!(order(&server, "client-a", "k-3").await.status, 201);
-    assert_eq!(counts.get(), 2, "spent: counted again");
+    assert_eq!(counts.get(), 2, "spent: counted again, once");
     assert_eq!(runs.get(), 3);
     server.stop().await;
 }
@@ -187,10 +220,7 @@ async fn redis_replays_spend_no_allowance() {
 /// and gives back what that result does not take.
 async fn small_results_give_their_bytes_back(store: impl Store) {
     let counts = Counter::default();
-    let store = CountsUsage {
-        inner: store,
-        counts: counts.clone(),
-    };
+    let store = CountsUsage::new(store, &counts);
     let idem = Idem::builder(store, identity::header("x-client-id"))
         .client_budget(ClientBudget::DEFAULT)
         .max_stored_body(1 << 20)
@@ -228,4 +258,95 @@ async fn redis_small_results_give_their_bytes_back() {
         return;
     };
     small_results_give_their_bytes_back(scratch_store(&url).await).await;
+}
+
+/// The orders service on `store` (a [`CountsUsage`]) under `budget`, each request inside
+/// [`REQUEST`].
+async fn serve_counted<S: Store>(store: Arc<CountsUsage<S>>, budget: ClientBudget) -> TestServer {
+    let idem = Idem::builder(store, identity::header("x-client-id"))
+        .client_budget(budget)
+        .build();
+    let router = Router::new()
+        .route("/orders", post(create_order))
+        .with_state(Counter::default())
+        .layer(idem.layer())
+        .layer(axum::middleware::from_fn(in_request));
+    TestServer::start(router).await
+}
+
+/// 16 new keys of one client at once, none counted before, under the default budget
+/// (625 keys a count): the store counts the client once, and the other 15 wait for that
+/// count instead of scanning the client's records each.
+async fn a_client_is_counted_once_at_a_time(store: impl Store) {
+    let counts = Counter::default();
+    let store = Arc::new(CountsUsage {
+        delay: Duration::from_millis(100),
+        ..CountsUsage::new(store, &counts)
+    });
+    let server = serve_counted(Arc::clone(&store), ClientBudget::DEFAULT).await;
+    let serving = &server;
+    let orders =
+        (0..16).map(|key| async move { order(serving, "client-a", &format!("k-{key}")).await });
+    for answer in futures_util::future::join_all(orders).await {
+        assert_eq!(answer.status, 201, "{answer:?}");
+    }
+    assert_eq!(counts.get(), 1, "one count for 16 keys in flight");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn memory_a_client_is_counted_once_at_a_time() {
+    a_client_is_counted_once_at_a_time(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn postgres_a_client_is_counted_once_at_a_time() {
+    let Some(url) = scratch_url("one count at a time on PostgreSQL").await else {
+        return;
+    };
+    a_client_is_counted_once_at_a_time(PostgresStore::connect(&url).await.unwrap()).await;
+}
+
+/// 60 new keys of one client, one after another, under a budget of 256 records (16 keys
+/// a count, counted again with 4 left): only the first request counts; every later count
+/// runs in the background while the client's requests spend what is left.
+async fn the_count_comes_ahead_of_the_allowances_end(store: impl Store) {
+    let counts = Counter::default();
+    let store = Arc::new(CountsUsage::new(store, &counts));
+    let server = serve_counted(Arc::clone(&store), ClientBudget::new(256, 1 << 30)).await;
+    for key in 0..60 {
+        let answer = order(&server, "client-a", &format!("k-{key}")).await;
+        assert_eq!(answer.status, 201, "k-{key}: {answer:?}");
+        // A count begun in the background ends before the next key is sent.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while store.finished.get() < store.counts.get() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("the count in the background ends");
+    }
+    assert_eq!(
+        store.by_requests.get(),
+        1,
+        "only the first key waited for a count"
+    );
+    assert!(
+        counts.get() >= 4,
+        "counted again as keys were spent: {}",
+        counts.get()
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn memory_the_count_comes_ahead_of_the_allowances_end() {
+    the_count_comes_ahead_of_the_allowances_end(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn sqlite_the_count_comes_ahead_of_the_allowances_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("idem.db")).await.unwrap();
+    the_count_comes_ahead_of_the_allowances_end(store).await;
 }

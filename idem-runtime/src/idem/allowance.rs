@@ -6,7 +6,19 @@
 //! the handle does not count for every new key. It counts once
 //! ([`RecordStore::client_usage`](crate::store::RecordStore::client_usage)) and grants the
 //! client an allowance of new keys and of bytes that certainly fit, registered counting
-//! only ([`ClientBudget::COUNT_ONLY`]); it counts again when the allowance is spent.
+//! only ([`ClientBudget::COUNT_ONLY`]).
+//!
+//! It counts again before the allowance is spent: when an eighth to three eighths of the
+//! keys granted are left, or the allowance is half to three quarters of [`KEEP_MS`] old
+//! (the point spread by the allowance's number, so that clients counted together are not
+//! counted again together), a task counts in the background ([`Allowances::due`]) while
+//! the client's requests spend what is left, and what they spend meanwhile is taken off
+//! the new allowance. A client is counted once at
+//! a time ([`Count`]): requests that find the allowance spent (or none yet) while a count
+//! is in flight wait for that count and share its outcome instead of counting
+//! themselves, so that a client with many requests in flight does not have its records
+//! scanned once for each of them.
+//!
 //! Near the budget the allowance is zero and each new key is registered under the budget
 //! itself, so the store decides exactly; at the budget, the refusal is remembered for a
 //! second (or until the oldest record expires), and a key is then refused without a count
@@ -35,11 +47,15 @@
 //! `n × budget.records / 16` records (and the bytes of as many results), plus the
 //! requests in flight.
 
+use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+use tokio::sync::OnceCell;
 
-use crate::store::{ClientBudget, ClientUsage, OverBudget, UnixMillis};
+use crate::store::{ClientBudget, ClientUsage, OverBudget, StoreError, UnixMillis};
 
 /// The share of a budget one count may grant at most: a sixteenth.
 const MOST_OF_BUDGET: u64 = 16;
@@ -54,6 +70,9 @@ const MAX_CLIENTS: usize = 100_000;
 /// How long an allowance is kept before it is counted again, in milliseconds.
 const KEEP_MS: UnixMillis = 60_000;
 
+/// The steps of the spread of the point where a client is counted ahead ([`ahead`]).
+const SPREAD: u64 = 1024;
+
 /// What a new registration of a client may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Admission {
@@ -64,7 +83,7 @@ pub(crate) enum Admission {
     Check,
     /// The client is at its budget: only a key it already holds may go on.
     Over(OverBudget),
-    /// Count first ([`Allowances::counted`]).
+    /// Count first ([`Allowances::join`], then [`Allowances::after_count`]).
     Unknown,
 }
 
@@ -83,18 +102,22 @@ pub(crate) struct Reservation {
 #[derive(Debug, Default)]
 pub(crate) struct Allowances {
     clients: DashMap<Box<str>, Allowance>,
+    /// The counts in flight, one a client at most.
+    counts: DashMap<Box<str>, Arc<Count>>,
     /// The last allowance granted, numbered across clients.
     generations: AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug)]
 enum Allowance {
-    /// `left` more new keys fit, and `bytes` more bytes of results; counted at `at`.
+    /// `left` more new keys fit, and `bytes` more bytes of results; counted at `at`; to
+    /// be counted again ahead of its end from `ahead` on ([`ahead`]).
     Keys {
         left: u64,
         bytes: u64,
         at: UnixMillis,
         generation: u64,
+        ahead: Ahead,
     },
     /// At the budget until `until`.
     Over { over: OverBudget, until: UnixMillis },
@@ -114,12 +137,14 @@ impl Allowances {
                 bytes,
                 at,
                 generation,
+                ahead,
             } if left > 0 && bytes >= per_key && now < at.saturating_add(KEEP_MS) => {
                 *entry = Allowance::Keys {
                     left: left - 1,
                     bytes: bytes - per_key,
                     at,
                     generation,
+                    ahead,
                 };
                 Admission::Count(Reservation {
                     generation,
@@ -167,6 +192,7 @@ impl Allowances {
                 bytes: left_bytes,
                 at,
                 generation: current,
+                ahead,
             } = *entry
             && current == generation
         {
@@ -175,41 +201,120 @@ impl Allowances {
                 bytes: left_bytes.saturating_add(bytes),
                 at,
                 generation,
+                ahead,
             };
         }
     }
 
-    /// Records what a count of `client` found, under `budget`, and says what its key may
-    /// do. `per_key` is the most bytes one key's result can add.
-    pub(crate) fn counted(
+    /// A count of `client` to begin ahead of its allowance's end, if one is due at `now`
+    /// ([`ahead`]) and none is in flight. The caller runs it ([`Count::run`]) in the
+    /// background.
+    pub(crate) fn due(&self, client: &str, now: UnixMillis) -> Option<Arc<Count>> {
+        let due = match self.clients.get(client).as_deref() {
+            Some(Allowance::Keys { left, ahead, .. }) => *left <= ahead.left || now >= ahead.at,
+            _ => false,
+        };
+        if !due {
+            return None;
+        }
+        let count = Arc::new(self.count_from(client));
+        match self.counts.entry(client.into()) {
+            Entry::Occupied(_) => None,
+            Entry::Vacant(vacant) => Some(Arc::clone(vacant.insert(count).value())),
+        }
+    }
+
+    /// The count of `client` in flight, or a new one: a request that found no allowance
+    /// to take a key from waits for it ([`Count::run`]) instead of counting itself.
+    pub(crate) fn join(&self, client: &str) -> Arc<Count> {
+        if let Some(flying) = self.counts.get(client) {
+            return Arc::clone(flying.value());
+        }
+        let count = Arc::new(self.count_from(client));
+        Arc::clone(self.counts.entry(client.into()).or_insert(count).value())
+    }
+
+    /// A count that replaces `client`'s allowance as it stands now.
+    fn count_from(&self, client: &str) -> Count {
+        let from = match self.clients.get(client).as_deref() {
+            Some(&Allowance::Keys {
+                left,
+                bytes,
+                generation,
+                ..
+            }) => Some(Spent {
+                generation,
+                left,
+                bytes,
+            }),
+            _ => None,
+        };
+        Count {
+            from,
+            done: OnceCell::new(),
+        }
+    }
+
+    /// What a key of `client` may do at `now` once a count is in: a key of the new
+    /// allowance; the refusal the count found; or, when the requests that waited with it
+    /// have spent the allowance already, registration under the budget itself.
+    pub(crate) fn after_count(&self, client: &str, per_key: u64, now: UnixMillis) -> Admission {
+        if let Some(&Allowance::Over { over, .. }) = self.clients.get(client).as_deref() {
+            return Admission::Over(over);
+        }
+        match self.take(client, per_key, now) {
+            Admission::Count(reservation) => Admission::Count(reservation),
+            Admission::Over(over) => Admission::Over(over),
+            Admission::Check | Admission::Unknown => Admission::Check,
+        }
+    }
+
+    /// Records what a count of `client` begun from `from` found at `now`, under
+    /// `budget`: a refusal, or an allowance less what the requests spent of the one it
+    /// replaces while it counted (those keys may be missing from the count). A refusal
+    /// remembered meanwhile stands.
+    fn install(
         &self,
         client: &str,
         budget: &ClientBudget,
         counted: &ClientUsage,
-        per_key: u64,
+        from: Option<Spent>,
         now: UnixMillis,
-    ) -> Admission {
+    ) {
         if !budget.admits(&counted.usage) {
             let over = OverBudget {
                 usage: counted.usage,
                 retry_at: counted.oldest_expiry.unwrap_or(now),
             };
             self.refused(client, &over, now);
-            return Admission::Over(over);
+            return;
         }
-        let (left, bytes) = grant(budget, counted);
+        let spent = match (self.clients.get(client).as_deref(), from) {
+            (Some(&Allowance::Over { until, .. }), _) if now < until => return,
+            (
+                Some(&Allowance::Keys {
+                    left,
+                    bytes,
+                    generation,
+                    ..
+                }),
+                Some(from),
+            ) if generation == from.generation => (
+                from.left.saturating_sub(left),
+                from.bytes.saturating_sub(bytes),
+            ),
+            _ => (0, 0),
+        };
+        let (granted, bytes) = grant(budget, counted);
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         let allowance = Allowance::Keys {
-            left,
-            bytes,
+            left: granted.saturating_sub(spent.0),
+            bytes: bytes.saturating_sub(spent.1),
             at: now,
             generation,
+            ahead: ahead(granted, now, generation),
         };
         self.remember(client, allowance, now);
-        match self.take(client, per_key, now) {
-            Admission::Count(reservation) => Admission::Count(reservation),
-            _ => Admission::Check,
-        }
     }
 
     /// Records that the store refused `client` a new key under its budget.
@@ -226,6 +331,85 @@ impl Allowances {
             });
         }
         self.clients.insert(client.into(), allowance);
+    }
+}
+
+/// When an allowance is counted again ahead of its end: with `left` keys or fewer left,
+/// or from `at` on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Ahead {
+    left: u64,
+    at: UnixMillis,
+}
+
+/// When the allowance numbered `generation`, `granted` keys counted at `at`, is counted
+/// again ahead of its end: with an eighth to three eighths of its keys left, or half to
+/// three quarters of [`KEEP_MS`] after `at`, the point within each range spread by the
+/// generation (a multiplicative hash of it, in [`SPREAD`] steps).
+fn ahead(granted: u64, at: UnixMillis, generation: u64) -> Ahead {
+    let spread = generation.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54;
+    let share = |whole: u64| {
+        let part = u128::from(whole / 4) * u128::from(spread) / u128::from(SPREAD);
+        u64::try_from(part).unwrap_or(u64::MAX)
+    };
+    Ahead {
+        left: granted / 8 + share(granted),
+        at: at.saturating_add(KEEP_MS / 2 + share(KEEP_MS)),
+    }
+}
+
+/// The allowance a count replaces, as it stood when the count began.
+#[derive(Clone, Copy, Debug)]
+struct Spent {
+    generation: u64,
+    left: u64,
+    bytes: u64,
+}
+
+/// One count of a client's usage in flight: the request or the task that runs it first
+/// counts; every other that [joins](Allowances::join) it waits and shares the outcome.
+/// If the one counting is dropped midway, the next waiter counts instead.
+#[derive(Debug)]
+pub(crate) struct Count {
+    from: Option<Spent>,
+    done: OnceCell<Result<(), Arc<StoreError>>>,
+}
+
+impl Count {
+    /// Counts `client` with `count` (the store's
+    /// [`client_usage`](crate::store::RecordStore::client_usage) at `now`) unless it is
+    /// counted or being counted already, and records what it found in `allowances`
+    /// under `budget`; the count is then no longer in flight. `count` is not polled when
+    /// another caller counts.
+    ///
+    /// # Errors
+    ///
+    /// The store's error, shared by every caller that waited for the count.
+    pub(crate) async fn run(
+        self: &Arc<Self>,
+        allowances: &Allowances,
+        client: &str,
+        budget: &ClientBudget,
+        now: UnixMillis,
+        count: impl Future<Output = Result<ClientUsage, StoreError>>,
+    ) -> Result<(), Arc<StoreError>> {
+        let outcome = self
+            .done
+            .get_or_init(|| async {
+                let outcome = match count.await {
+                    Ok(counted) => {
+                        allowances.install(client, budget, &counted, self.from, now);
+                        Ok(())
+                    }
+                    Err(error) => Err(Arc::new(error)),
+                };
+                allowances
+                    .counts
+                    .remove_if(client, |_, flying| Arc::ptr_eq(flying, self));
+                outcome
+            })
+            .await;
+        outcome.clone()
     }
 }
 
@@ -246,6 +430,22 @@ mod tests {
         ClientUsage {
             usage: Usage { records, bytes },
             oldest_expiry: Some(5_000),
+        }
+    }
+
+    impl Allowances {
+        /// What a key that waited for a count finding `counted` at `now` may do.
+        fn counted(
+            &self,
+            client: &str,
+            budget: &ClientBudget,
+            counted: &ClientUsage,
+            per_key: u64,
+            now: UnixMillis,
+        ) -> Admission {
+            let from = self.count_from(client).from;
+            self.install(client, budget, counted, from, now);
+            self.after_count(client, per_key, now)
         }
     }
 
@@ -378,5 +578,110 @@ mod tests {
             allowances.counted("a", &budget, &usage(1, 0), 1, 2_000),
             Admission::Check
         );
+    }
+
+    #[test]
+    fn the_point_of_a_count_ahead_is_spread() {
+        let points: Vec<Ahead> = (1..=64)
+            .map(|generation| ahead(625, 0, generation))
+            .collect();
+        for point in &points {
+            assert!((78..=78 + 156).contains(&point.left), "{point:?}");
+            assert!(
+                (KEEP_MS / 2..=KEEP_MS / 4 * 3).contains(&point.at),
+                "{point:?}"
+            );
+        }
+        let lefts: std::collections::BTreeSet<u64> = points.iter().map(|p| p.left).collect();
+        assert!(lefts.len() > 32, "64 allowances, spread: {lefts:?}");
+        assert_eq!(ahead(u64::MAX, u64::MAX, 3).at, u64::MAX, "no overflow");
+    }
+
+    #[test]
+    fn a_count_is_due_ahead_of_the_allowances_end() {
+        let allowances = Allowances::default();
+        let budget = ClientBudget::new(10_000, 1 << 30);
+        reserved(allowances.counted("a", &budget, &usage(0, 0), 1, 0));
+        let point = ahead(625, 0, 1);
+        // 625 granted, one taken.
+        for _ in 0..(624 - point.left - 1) {
+            reserved(allowances.take("a", 1, 1));
+            assert!(allowances.due("a", 1).is_none(), "more left than its point");
+        }
+        reserved(allowances.take("a", 1, 1));
+        let ahead = allowances.due("a", 1).expect("at its point: due");
+        assert!(
+            allowances.due("a", 1).is_none(),
+            "one count a client in flight"
+        );
+        assert!(
+            Arc::ptr_eq(&allowances.join("a"), &ahead),
+            "a waiter joins it"
+        );
+        assert!(
+            allowances.due("b", 1).is_none(),
+            "no allowance: nothing ahead"
+        );
+
+        let fresh = Allowances::default();
+        reserved(fresh.counted("a", &budget, &usage(0, 0), 1, 0));
+        assert!(fresh.due("a", point.at - 1).is_none());
+        assert!(fresh.due("a", point.at).is_some(), "old: due");
+    }
+
+    #[tokio::test]
+    async fn keys_spent_while_counting_come_off_the_new_allowance() {
+        let allowances = Allowances::default();
+        let budget = ClientBudget::new(10_000, 1 << 30);
+        reserved(allowances.counted("a", &budget, &usage(0, 0), 1, 0));
+        while allowances.due("a", 1).is_none() {
+            reserved(allowances.take("a", 1, 1));
+        }
+        let ahead = allowances.join("a");
+        for _ in 0..50 {
+            reserved(allowances.take("a", 1, 2));
+        }
+        let counted = async { Ok(usage(100, 0)) };
+        ahead
+            .run(&allowances, "a", &budget, 3, counted)
+            .await
+            .unwrap();
+        assert!(allowances.counts.is_empty(), "no longer in flight");
+        let mut left = 0;
+        while let Admission::Count(_) = allowances.take("a", 1, 4) {
+            left += 1;
+        }
+        assert_eq!(
+            left,
+            625 - 50,
+            "the new grant less the 50 keys spent meanwhile"
+        );
+    }
+
+    #[tokio::test]
+    async fn waiters_share_one_count_and_its_error() {
+        let allowances = Allowances::default();
+        let budget = ClientBudget::new(10_000, 1 << 30);
+        let (first, second) = (allowances.join("a"), allowances.join("a"));
+        assert!(Arc::ptr_eq(&first, &second));
+        let (gate, opened) = tokio::sync::oneshot::channel::<()>();
+        let failing = async {
+            opened.await.ok();
+            Err(StoreError::Unavailable("down".into()))
+        };
+        let counting = first.run(&allowances, "a", &budget, 0, failing);
+        let waiting = second.run(&allowances, "a", &budget, 0, async {
+            panic!("a waiter does not count while another does")
+        });
+        let ((), outcomes) = tokio::join!(async { gate.send(()).unwrap() }, async {
+            tokio::join!(counting, waiting)
+        });
+        assert!(outcomes.0.is_err() && outcomes.1.is_err(), "{outcomes:?}");
+        assert!(allowances.counts.is_empty(), "a failed count is not kept");
+        assert!(
+            !Arc::ptr_eq(&allowances.join("a"), &first),
+            "the next one counts anew"
+        );
+        assert_eq!(allowances.take("a", 1, 1), Admission::Unknown);
     }
 }

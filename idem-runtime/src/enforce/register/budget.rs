@@ -1,8 +1,10 @@
 //! The client's budget before a new key is claimed: the handle's allowance
-//! ([`crate::idem::allowance`]), a count of the client's usage when it is spent, and the
-//! refusal of a client at its budget.
+//! ([`crate::idem::allowance`]), a count of the client's usage ahead of its end (in the
+//! background) or, when it is spent, one count the client's requests wait for together,
+//! and the refusal of a client at its budget.
 
 use super::Registration;
+use crate::Idem;
 use crate::answer;
 use crate::enforce::Rejection;
 use crate::idem::allowance::{Admission, Reservation};
@@ -36,13 +38,12 @@ impl Registration<'_> {
             .saturating_add(HEADERS_PER_KEY);
         let admission = match allowances.take(client, per_key, now) {
             Admission::Unknown => {
-                let counted = self
-                    .idem
-                    .store()
-                    .client_usage(client, budget.records, now)
+                let usage = self.idem.store().client_usage(client, budget.records, now);
+                (allowances.join(client))
+                    .run(allowances, client, &budget, now, usage)
                     .await
                     .map_err(|error| self.unavailable(self.last_id, &error))?;
-                allowances.counted(client, &budget, &counted, per_key, now)
+                allowances.after_count(client, per_key, now)
             }
             known => known,
         };
@@ -52,6 +53,16 @@ impl Registration<'_> {
             }
             Admission::Check | Admission::Unknown => Ok((Some(budget), None)),
             Admission::Over(over) => Ok((self.held_or_refused(&over, now).await?, None)),
+        }
+    }
+
+    /// After a key is registered at `now`: the client is counted again in the background
+    /// if its allowance is near its end ([`count_ahead`]). Not before: a registration that
+    /// finds a record gives its key back ([`Registration::refund`]), and must not bring
+    /// on a count.
+    pub(super) fn count_ahead(&self, now: UnixMillis) {
+        if let Some(budget) = self.idem.client_budget() {
+            count_ahead(self.idem, &self.key.client, budget, now);
         }
     }
 
@@ -87,4 +98,31 @@ impl Registration<'_> {
             Err(error) => Err(self.unavailable(self.last_id, &error)),
         }
     }
+}
+
+/// Counts `client` under `budget` in a task of its own when its allowance is due to be
+/// counted again at `now` ([`Allowances::due`](crate::idem::allowance::Allowances::due)),
+/// so that no request waits for the count. Nothing outside a tokio runtime: the client
+/// is then counted when its allowance is spent. A failed count is logged; the next one
+/// comes when the allowance is spent, and a request waits for it.
+fn count_ahead(idem: &Idem, client: &str, budget: ClientBudget, now: UnixMillis) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let Some(count) = idem.allowances().due(client, now) else {
+        return;
+    };
+    let (idem, client) = (idem.clone(), Box::<str>::from(client));
+    runtime.spawn(async move {
+        let now = idem.now().await;
+        let usage = idem.store().client_usage(&client, budget.records, now);
+        let counted = count.run(idem.allowances(), &client, &budget, now, usage);
+        if let Err(error) = counted.await {
+            tracing::debug!(
+                error = %error,
+                "idem: counting a client ahead of its allowance's end failed; it is counted \
+                 when the allowance is spent"
+            );
+        }
+    });
 }

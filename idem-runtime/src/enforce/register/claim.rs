@@ -86,12 +86,9 @@ impl Registration<'_> {
             attempt = record.attempt,
             "idem: key registered"
         );
-        Ok(Claimed::Held(self.held(
-            &record,
-            &new,
-            reservation,
-            started,
-        )))
+        let held = self.held(&record, &new, reservation, started);
+        self.count_ahead(now);
+        Ok(Claimed::Held(held))
     }
 
     /// The claim of the transactional mode's one commit: the attempt's transaction begins
@@ -138,6 +135,7 @@ impl Registration<'_> {
             Err(error) => return Err(self.unavailable(self.last_id, &error)),
         };
         let mut held = self.held(&record, new, reservation, started);
+        self.count_ahead(now);
         held.registered_as = Some(Box::new(new.clone()));
         held.attach(tx.clone());
         Ok(Claimed::Held(held))
