@@ -9,7 +9,7 @@ use idem_codegen::contracts::{self, Sourced};
 use idem_codegen::openapi::{self, Document};
 use serde_json::json;
 
-use common::{fixture, schema_errors};
+use common::{fixture, schema_errors_each};
 
 fn charge_contract(target: &str) -> Vec<Sourced> {
     let text = std::fs::read_to_string(fixture("stripe.contracts.json")).unwrap();
@@ -454,11 +454,12 @@ fn the_key_schema_accepts_what_the_server_accepts() {
         let param = idem_codegen::extension::key_parameter(&contract).unwrap();
         let mut schema = param["schema"].clone();
         schema["$schema"] = "https://json-schema.org/draft/2020-12/schema".into();
-        for value in &values {
+        let instances: Vec<serde_json::Value> = values.iter().map(|v| json!(v)).collect();
+        let Some(each) = schema_errors_each(&schema, &instances) else {
+            return;
+        };
+        for (value, errors) in values.iter().zip(each) {
             let accepted = scope.header_key(value.as_bytes()).is_ok();
-            let Some(errors) = schema_errors(&schema, &json!(value)) else {
-                return;
-            };
             assert_eq!(
                 errors.is_empty(),
                 accepted,

@@ -109,27 +109,37 @@ pub fn read_with_pyyaml(path: &Path) -> Option<serde_json::Value> {
 /// wrong with `instance` under the JSON Schema (draft 2020-12) `schema`: `Some("")` when
 /// nothing, `None` when it is not installed (as [`validator_available`] decides).
 pub fn schema_errors(schema: &serde_json::Value, instance: &serde_json::Value) -> Option<String> {
+    schema_errors_each(schema, std::slice::from_ref(instance)).map(|mut each| each.remove(0))
+}
+
+/// [`schema_errors`] of each of `instances`, in their order, from one run of Python.
+pub fn schema_errors_each(
+    schema: &serde_json::Value,
+    instances: &[serde_json::Value],
+) -> Option<Vec<String>> {
     if !validator_available() {
         return None;
     }
     let dir = tempfile::tempdir().unwrap();
     let (s, i) = (
         dir.path().join("schema.json"),
-        dir.path().join("instance.json"),
+        dir.path().join("instances.json"),
     );
     std::fs::write(&s, schema.to_string()).unwrap();
-    std::fs::write(&i, instance.to_string()).unwrap();
+    std::fs::write(&i, serde_json::Value::from(instances.to_vec()).to_string()).unwrap();
     let out = Command::new("python3")
         .args([
             "-c",
-            "import json, sys, jsonschema\nschema = json.load(open(sys.argv[1]))\njsonschema.Draft202012Validator.check_schema(schema)\nerrors = [e.message for e in jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).iter_errors(json.load(open(sys.argv[2])))]\nprint('\\n'.join(errors))",
+            "import json, sys, jsonschema\nschema = json.load(open(sys.argv[1]))\njsonschema.Draft202012Validator.check_schema(schema)\nvalidator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())\nprint(json.dumps(['\\n'.join(e.message for e in validator.iter_errors(i)) for i in json.load(open(sys.argv[2]))]))",
         ])
         .arg(&s)
         .arg(&i)
         .output()
         .unwrap();
     assert!(out.status.success(), "jsonschema failed: {}", stderr(&out));
-    Some(stdout(&out).trim().to_owned())
+    let each: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(each.len(), instances.len(), "one answer an instance");
+    Some(each)
 }
 
 /// Checks that `instance` is valid under `schema` ([`schema_errors`]).
