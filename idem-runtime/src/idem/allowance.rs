@@ -219,19 +219,35 @@ impl Allowances {
         }
         let count = Arc::new(self.count_from(client));
         match self.counts.entry(client.into()) {
-            Entry::Occupied(_) => None,
+            Entry::Occupied(flying) if !abandoned(flying.get()) => None,
+            Entry::Occupied(mut stale) => {
+                stale.insert(Arc::clone(&count));
+                Some(count)
+            }
             Entry::Vacant(vacant) => Some(Arc::clone(vacant.insert(count).value())),
         }
     }
 
     /// The count of `client` in flight, or a new one: a request that found no allowance
     /// to take a key from waits for it ([`Count::run`]) instead of counting itself.
+    ///
+    /// A count whose every caller was dropped before it ended (cancelled midway, with no
+    /// one waiting) is replaced by a new one, begun from the allowance as it now stands.
     pub(crate) fn join(&self, client: &str) -> Arc<Count> {
-        if let Some(flying) = self.counts.get(client) {
+        if let Some(flying) = self.counts.get(client)
+            && !abandoned(flying.value())
+        {
             return Arc::clone(flying.value());
         }
         let count = Arc::new(self.count_from(client));
-        Arc::clone(self.counts.entry(client.into()).or_insert(count).value())
+        match self.counts.entry(client.into()) {
+            Entry::Occupied(flying) if !abandoned(flying.get()) => Arc::clone(flying.get()),
+            Entry::Occupied(mut stale) => {
+                stale.insert(Arc::clone(&count));
+                count
+            }
+            Entry::Vacant(vacant) => Arc::clone(vacant.insert(count).value()),
+        }
     }
 
     /// A count that replaces `client`'s allowance as it stands now.
@@ -368,7 +384,8 @@ struct Spent {
 
 /// One count of a client's usage in flight: the request or the task that runs it first
 /// counts; every other that [joins](Allowances::join) it waits and shares the outcome.
-/// If the one counting is dropped midway, the next waiter counts instead.
+/// If the one counting is dropped midway, the next waiter counts instead; with no one
+/// waiting, the next to join or to count ahead begins a new count ([`abandoned`]).
 #[derive(Debug)]
 pub(crate) struct Count {
     from: Option<Spent>,
@@ -411,6 +428,14 @@ impl Count {
             .await;
         outcome.clone()
     }
+}
+
+/// Whether `count`, in [`Allowances::counts`], is held there only: whoever counted was
+/// dropped midway (a request cancelled, a task dropped with its runtime) and no one waits
+/// for it, so no one will ever end it. It cannot be joined meanwhile: joining takes the
+/// map's lock, which the caller holds.
+fn abandoned(count: &Arc<Count>) -> bool {
+    Arc::strong_count(count) == 1
 }
 
 /// The new keys and the bytes of results that certainly fit `budget` after `counted`
@@ -656,6 +681,73 @@ mod tests {
             625 - 50,
             "the new grant less the 50 keys spent meanwhile"
         );
+    }
+
+    /// Polls `run` once (it is pending: its count has not answered) and drops it: the
+    /// request counting is cancelled midway (its client disconnected).
+    async fn cancel_midway(run: impl Future<Output = Result<(), Arc<StoreError>>>) {
+        let mut run = std::pin::pin!(run);
+        tokio::select! {
+            biased;
+            outcome = &mut run => panic!("the count has not answered: {outcome:?}"),
+            () = async {} => {}
+        }
+    }
+
+    #[tokio::test]
+    async fn a_waiter_counts_when_the_one_counting_is_cancelled() {
+        let allowances = Allowances::default();
+        let budget = ClientBudget::new(10_000, 1 << 30);
+        let (first, second) = (allowances.join("a"), allowances.join("a"));
+        let mut waiting =
+            std::pin::pin!(second.run(&allowances, "a", &budget, 1, async { Ok(usage(0, 0)) }));
+        // The waiter is polled while the other one counts, then that one is cancelled.
+        let mut counting =
+            Box::pin(first.run(&allowances, "a", &budget, 1, std::future::pending()));
+        tokio::select! {
+            biased;
+            _ = &mut counting => panic!("the count never answers"),
+            _ = &mut waiting => panic!("a waiter does not count while another does"),
+            () = async {} => {}
+        }
+        drop(counting);
+        waiting.await.expect("the waiter counts instead");
+        assert!(allowances.counts.is_empty(), "no longer in flight");
+        reserved(allowances.after_count("a", 1, 2));
+    }
+
+    /// A request that counts and is cancelled (its client disconnected) with no other
+    /// waiting leaves no count in flight behind: the client is still counted ahead of its
+    /// allowance's end, and the count after it starts from the allowance as it then is.
+    #[tokio::test]
+    async fn a_count_cancelled_with_no_waiter_is_not_left_in_flight() {
+        let allowances = Allowances::default();
+        let budget = ClientBudget::new(10_000, 1 << 30);
+        reserved(allowances.counted("a", &budget, &usage(0, 0), 1, 0));
+        let counting = allowances.join("a");
+        cancel_midway(counting.run(&allowances, "a", &budget, 1, std::future::pending())).await;
+        drop(counting);
+        let mut spent = 1;
+        while allowances.due("a", 1).is_none() {
+            reserved(allowances.take("a", 1, 1));
+            spent += 1;
+            assert!(spent < 625, "spent without a count ahead: none was due");
+        }
+        // Spent to its end, then counted: the keys spent before the count began are in
+        // what it counts, and do not come off the new allowance again.
+        while let Admission::Count(_) = allowances.take("a", 1, 2) {
+            spent += 1;
+        }
+        let counted = async { Ok(usage(625, 0)) };
+        (allowances.join("a"))
+            .run(&allowances, "a", &budget, 3, counted)
+            .await
+            .unwrap();
+        let mut left = 0;
+        while let Admission::Count(_) = allowances.take("a", 1, 4) {
+            left += 1;
+        }
+        assert_eq!((spent, left), (625, 625), "a whole new allowance");
     }
 
     #[tokio::test]
