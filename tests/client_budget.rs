@@ -23,7 +23,9 @@ use serde_json::json;
 
 use common::answer::{Answer, send};
 use common::counter::Counter;
+use common::faults::{Call, FaultyStore};
 use common::orders::{create_order, order_status};
+use common::process::wait_until;
 use common::server::TestServer;
 
 async fn order(server: &TestServer, client: &str, key: &str) -> Answer {
@@ -349,4 +351,35 @@ async fn sqlite_the_count_comes_ahead_of_the_allowances_end() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("idem.db")).await.unwrap();
     the_count_comes_ahead_of_the_allowances_end(store).await;
+}
+
+/// While the store fails to count (`client_usage` only), a client's counts ahead fail in
+/// the background and its requests still spend what is left of the allowance, and only
+/// then are answered 503 `store-unavailable`, each time: a failed count is not kept, nor
+/// shared with a later request. Once the store counts again, so does the client.
+#[tokio::test]
+async fn memory_a_failed_count_is_not_kept() {
+    let store = FaultyStore::memory();
+    // 16 keys a count, counted again ahead with 2 to 6 left.
+    let (server, runs) = serve(store.clone(), ClientBudget::new(256, 1 << 30)).await;
+    assert_eq!(order(&server, "client-a", "k-0").await.status, 201);
+    store.fail(Call::ClientUsage);
+    for key in 1..16 {
+        let answer = order(&server, "client-a", &format!("k-{key}")).await;
+        assert_eq!(answer.status, 201, "k-{key}, of the allowance: {answer:?}");
+    }
+    // The count ahead, begun at the allowance's point (2 to 6 keys left), has failed.
+    wait_until(|| store.calls(Call::ClientUsage) > 1).await;
+    assert!(store.calls(Call::ClientUsage) > 1, "counted ahead");
+    for key in 16..19 {
+        let answer = order(&server, "client-a", &format!("k-{key}")).await;
+        answer.problem(503, "store-unavailable");
+    }
+    store.heal(Call::ClientUsage);
+    for key in 16..19 {
+        let answer = order(&server, "client-a", &format!("k-{key}")).await;
+        assert_eq!(answer.status, 201, "k-{key}, counted again: {answer:?}");
+    }
+    assert_eq!(runs.get(), 19);
+    server.stop().await;
 }
