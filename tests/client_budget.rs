@@ -383,3 +383,48 @@ async fn memory_a_failed_count_is_not_kept() {
     assert_eq!(runs.get(), 19);
     server.stop().await;
 }
+
+/// 200 new keys of one client at once under a budget of 20 records (2 keys a count at
+/// first): every request that found the allowance spent used to count the client itself
+/// and install an allowance of its own, and 132 (PostgreSQL) to 168 (SQLite) records were
+/// created. Counted once at a time, what passes the budget is the store's own overshoot by
+/// the requests in flight and the last allowance's keys (1–8 seen): at most 40 here.
+async fn many_keys_at_once_stay_near_the_budget(store: impl Store) {
+    let (server, runs) = serve(store, ClientBudget::new(20, 1 << 30)).await;
+    let serving = &server;
+    let orders =
+        (0..200).map(|key| async move { order(serving, "client-a", &format!("k-{key}")).await });
+    let mut created = 0;
+    for answer in futures_util::future::join_all(orders).await {
+        match answer.status {
+            201 => created += 1,
+            _ => drop(answer.problem(429, "client-budget-exhausted")),
+        }
+    }
+    assert!(
+        (20..=40).contains(&created),
+        "{created} records under a budget of 20"
+    );
+    assert_eq!(runs.get(), created);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_many_keys_at_once_stay_near_the_budget() {
+    many_keys_at_once_stay_near_the_budget(MemoryStore::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_many_keys_at_once_stay_near_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("idem.db")).await.unwrap();
+    many_keys_at_once_stay_near_the_budget(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_many_keys_at_once_stay_near_the_budget() {
+    let Some(url) = scratch_url("many keys at once under a budget on PostgreSQL").await else {
+        return;
+    };
+    many_keys_at_once_stay_near_the_budget(PostgresStore::connect(&url).await.unwrap()).await;
+}
