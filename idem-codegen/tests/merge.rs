@@ -343,22 +343,8 @@ fn the_status_lookup_and_the_client_identity_are_published() {
         );
     }
     // The document declares `X-Client-Id` through a `$ref`: it is not declared twice.
-    let names = |op: &serde_json::Value| -> Vec<String> {
-        op["parameters"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| {
-                p.get("name")
-                    .or(p.get("$ref"))
-                    .and_then(|v| v.as_str())
-                    .unwrap()
-                    .to_owned()
-            })
-            .collect()
-    };
     assert_eq!(
-        names(op),
+        parameter_names(op),
         [
             "#/components/parameters/ClientId",
             "X-Trace",
@@ -384,7 +370,37 @@ fn the_status_lookup_and_the_client_identity_are_published() {
             .unwrap()
             .contains("504 is retryable under this operation's contract")
     );
+    assert_lookup_published(&doc);
 
+    let once = doc.render();
+    openapi::merge_with(&mut doc, &orders_contract(|_| {}), &options).unwrap();
+    assert_eq!(doc.render(), once, "a second merge changes nothing");
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("orders.yaml");
+    doc.save(&path).unwrap();
+    common::validate(&path);
+}
+
+/// The names of `op`'s parameters, or the `$ref` of those declared by reference.
+fn parameter_names(op: &serde_json::Value) -> Vec<String> {
+    op["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            p.get("name")
+                .or(p.get("$ref"))
+                .and_then(|v| v.as_str())
+                .unwrap()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// The orders document's status lookup, as the merge published it: its own 200 with the
+/// operation's state, idem's answers (400, 401, 404, 503), the client identity by `$ref`.
+fn assert_lookup_published(doc: &Document) {
     let lookup = &doc.root["paths"]["/orders/operations/{id}"]["get"];
     let statuses: Vec<&String> = lookup["responses"].as_object().unwrap().keys().collect();
     assert_eq!(statuses, ["200", "400", "401", "404", "503"]);
@@ -407,16 +423,10 @@ fn the_status_lookup_and_the_client_identity_are_published() {
     assert!(lookup["responses"]["404"]["content"]["application/problem+json"]["examples"]["operation-not-found"].is_object());
     assert!(lookup["responses"]["503"]["headers"]["Retry-After"].is_object());
     assert!(lookup["responses"]["400"]["content"]["application/problem+json"]["examples"]["key-missing"].is_null());
-    assert_eq!(names(lookup), ["#/components/parameters/ClientId", "id"]);
-
-    let once = doc.render();
-    openapi::merge_with(&mut doc, &orders_contract(|_| {}), &options).unwrap();
-    assert_eq!(doc.render(), once, "a second merge changes nothing");
-
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("orders.yaml");
-    doc.save(&path).unwrap();
-    common::validate(&path);
+    assert_eq!(
+        parameter_names(lookup),
+        ["#/components/parameters/ClientId", "id"]
+    );
 }
 
 /// The key header's schema accepts exactly the values the server reads as a key: bare,
