@@ -200,6 +200,15 @@ impl Settings {
     fn runs(&self, part: &str) -> bool {
         self.only.as_deref().is_none_or(|only| only == part)
     }
+
+    /// These settings for `part` alone (`memory` or `pg`), if they run it.
+    #[must_use]
+    pub fn part(&self, part: &str) -> Option<Settings> {
+        self.runs(part).then(|| Settings {
+            only: Some(part.to_owned()),
+            ..self.clone()
+        })
+    }
 }
 
 /// What a run measured.
@@ -212,6 +221,14 @@ pub struct Report {
 }
 
 impl Report {
+    /// The lines of `self`, then those of `other`, and the errors of both.
+    #[must_use]
+    pub fn and(mut self, other: Report) -> Report {
+        self.lines.extend(other.lines);
+        self.errors += other.errors;
+        self
+    }
+
     /// The markdown table.
     pub fn print(&self) {
         println!("| variant | records in the store | requests/s | p99 | ratio |");
