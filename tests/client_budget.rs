@@ -46,14 +46,16 @@ async fn serve(store: impl Store, budget: ClientBudget) -> (TestServer, Counter)
     serve_with(&idem).await
 }
 
-/// The orders service under `idem`, and the count of its handler's runs.
+/// The orders service under `idem`, each request inside [`REQUEST`], and the count of its
+/// handler's runs.
 async fn serve_with(idem: &Idem) -> (TestServer, Counter) {
     let runs = Counter::default();
     let router = Router::new()
         .route("/orders", post(create_order))
         .route("/orders/operations/{key}", get(order_status))
         .with_state(runs.clone())
-        .layer(idem.layer());
+        .layer(idem.layer())
+        .layer(axum::middleware::from_fn(in_request));
     (TestServer::start(router).await, runs)
 }
 
@@ -262,20 +264,6 @@ async fn redis_small_results_give_their_bytes_back() {
     small_results_give_their_bytes_back(scratch_store(&url).await).await;
 }
 
-/// The orders service on `store` (a [`CountsUsage`]) under `budget`, each request inside
-/// [`REQUEST`].
-async fn serve_counted<S: Store>(store: Arc<CountsUsage<S>>, budget: ClientBudget) -> TestServer {
-    let idem = Idem::builder(store, identity::header("x-client-id"))
-        .client_budget(budget)
-        .build();
-    let router = Router::new()
-        .route("/orders", post(create_order))
-        .with_state(Counter::default())
-        .layer(idem.layer())
-        .layer(axum::middleware::from_fn(in_request));
-    TestServer::start(router).await
-}
-
 /// 16 new keys of one client at once, none counted before, under the default budget
 /// (625 keys a count): the store counts the client once, and the other 15 wait for that
 /// count instead of scanning the client's records each.
@@ -285,7 +273,7 @@ async fn a_client_is_counted_once_at_a_time(store: impl Store) {
         delay: Duration::from_millis(100),
         ..CountsUsage::new(store, &counts)
     });
-    let server = serve_counted(Arc::clone(&store), ClientBudget::DEFAULT).await;
+    let server = serve(Arc::clone(&store), ClientBudget::DEFAULT).await.0;
     let serving = &server;
     let orders =
         (0..16).map(|key| async move { order(serving, "client-a", &format!("k-{key}")).await });
@@ -315,7 +303,9 @@ async fn postgres_a_client_is_counted_once_at_a_time() {
 async fn the_count_comes_ahead_of_the_allowances_end(store: impl Store) {
     let counts = Counter::default();
     let store = Arc::new(CountsUsage::new(store, &counts));
-    let server = serve_counted(Arc::clone(&store), ClientBudget::new(256, 1 << 30)).await;
+    let server = serve(Arc::clone(&store), ClientBudget::new(256, 1 << 30))
+        .await
+        .0;
     for key in 0..60 {
         let answer = order(&server, "client-a", &format!("k-{key}")).await;
         assert_eq!(answer.status, 201, "k-{key}: {answer:?}");

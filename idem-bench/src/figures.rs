@@ -302,11 +302,14 @@ pub fn run(scale: &Scale) -> Figures {
     eprintln!("figures: the stores ({} runs)", STORE_RUNS.len());
     figures.stores(&stores::run(&scale.stores));
     let pg = grown_part("pg");
-    let empty = flat::Report {
+    let none = flat::Report {
         lines: Vec::new(),
         errors: 0,
     };
-    let grown = memory.unwrap_or(empty.clone()).and(pg.unwrap_or(empty));
+    let grown = [memory, pg]
+        .into_iter()
+        .flatten()
+        .fold(none, flat::Report::and);
     figures.errors = grown.errors;
     figures.flat(&grown);
     // The table keeps its order: the stores, the growth, then the build.
