@@ -35,19 +35,19 @@
 //! A record is counted until the expiry it was registered with (`now` plus the TTL, or
 //! the end of its first lease if later); a lease that later holds it past that time is
 //! not counted for the extra time (at most one lease). A store may count it, and give it
-//! as the oldest expiry, up to [`COUNT_SLACK_MS`] longer: the Redis store counts by
-//! expiry bucket of that width, so that a new key costs it the same whatever the client
-//! holds.
+//! as the oldest expiry, up to [`COUNT_SLACK_MS`] longer: the memory and Redis stores
+//! count by expiry bucket of that width, so that a new key costs them the same whatever
+//! the client holds; the SQL stores count their rows exactly.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeMap;
 
 use dashmap::DashMap;
 
 use super::UnixMillis;
 
 /// How long past its registered expiry a store may still count a record, and report it as
-/// the client's oldest, in milliseconds: the width of the Redis store's expiry buckets.
-/// The memory and SQL stores count exactly.
+/// the client's oldest, in milliseconds: the width of the memory and Redis stores' expiry
+/// buckets. The SQL stores count exactly.
 pub const COUNT_SLACK_MS: UnixMillis = 10_000;
 
 /// How much one client may keep in a store: its live records and the bytes of their
@@ -155,83 +155,81 @@ pub(crate) struct Tallies {
     clients: DashMap<Box<str>, Tally>,
 }
 
-/// One client's records, by the expiry each was registered with, and their results'
-/// bytes. A record is named by a 64-bit hash of its operation and key ([`member_of`]): no
-/// allocation per new key; two of one client's records that collide (about one chance
-/// in 2^32 for 65,536 records) are counted as one.
+/// One client's records and their results' bytes, by **expiry bucket** as the Redis
+/// store counts them: a record counts in the bucket of its registered expiry,
+/// [`bucket_of`], until the bucket's end (at most [`COUNT_SLACK_MS`] after the record's
+/// expiry). A new key costs the same whatever the client holds (one bucket's count, not
+/// one entry per record in an ordered set and a map), and the tally takes memory by the
+/// bucket: a day's TTL is at most 8,640 buckets however many records fill them.
 #[derive(Debug, Default)]
 struct Tally {
-    by_expiry: BTreeSet<(UnixMillis, u64)>,
-    members: HashMap<u64, (UnixMillis, u64)>,
-    bytes: u64,
+    /// Records and bytes by bucket number; only buckets that have not ended.
+    buckets: BTreeMap<u32, Usage>,
+    /// The sums over `buckets`.
+    total: Usage,
 }
 
-/// The name of `key`'s record among its client's records ([`Tallies`]): a hash of its
-/// operation and key, the same in every call of a process.
-pub(crate) fn member_of(key: &super::RecordKey) -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> =
-        std::sync::OnceLock::new();
-    let mut hasher = KEYS.get_or_init(Default::default).build_hasher();
-    hasher.write(key.operation.as_bytes());
-    hasher.write_u8(0xff);
-    hasher.write(key.key.as_bytes());
-    hasher.finish()
+/// The bucket of a record registered to expire at `expires_at` (unix milliseconds): its
+/// number, `ceil(expires_at / COUNT_SLACK_MS)`, at least 1 (0 means "not counted" in a
+/// record that keeps its bucket). 32 bits, so that a record keeps it in 4 bytes: an
+/// expiry past the year 3331 counts in the last bucket, which ends then.
+pub(crate) fn bucket_of(expires_at: UnixMillis) -> u32 {
+    u32::try_from(expires_at.div_ceil(COUNT_SLACK_MS))
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
+
+/// When bucket `bucket` ends, unix milliseconds: its records stop counting then.
+fn bucket_end(bucket: u32) -> UnixMillis {
+    u64::from(bucket) * COUNT_SLACK_MS
 }
 
 impl Tally {
-    /// Forgets the records whose TTL has passed at `now`.
+    /// Forgets the buckets that have ended at `now`.
     fn trim(&mut self, now: UnixMillis) {
-        while let Some(first) = self.by_expiry.first() {
-            if first.0 > now {
+        while let Some(entry) = self.buckets.first_entry() {
+            if bucket_end(*entry.key()) > now {
                 break;
             }
-            let (_, member) = self.by_expiry.pop_first().unwrap_or_default();
-            if let Some((_, bytes)) = self.members.remove(&member) {
-                self.bytes = self.bytes.saturating_sub(bytes);
-            }
+            let gone = entry.remove();
+            self.total.records = self.total.records.saturating_sub(gone.records);
+            self.total.bytes = self.total.bytes.saturating_sub(gone.bytes);
         }
     }
 
-    fn usage(&self) -> Usage {
-        Usage {
-            records: self.by_expiry.len() as u64,
-            bytes: self.bytes,
-        }
+    /// The end of the oldest bucket that has not ended.
+    fn oldest_end(&self) -> Option<UnixMillis> {
+        self.buckets.first_key_value().map(|(b, _)| bucket_end(*b))
     }
 }
 
 impl Tallies {
-    /// Counts a new record `member` of `client`, expiring at `expires_at`, if `budget`
-    /// admits it at `now`; otherwise counts nothing and says why.
+    /// Counts a new record of `client`, expiring at `expires_at`, if `budget` admits it
+    /// at `now`: returns the bucket it is counted in, for [`Tallies::stored`]. Otherwise
+    /// counts nothing and says why.
     pub(crate) fn admit(
         &self,
         client: &str,
-        member: u64,
         expires_at: UnixMillis,
         budget: &ClientBudget,
         now: UnixMillis,
-    ) -> Result<(), OverBudget> {
+    ) -> Result<u32, OverBudget> {
         // The client's name is copied only for its first record.
         let mut tally = match self.clients.get_mut(client) {
             Some(tally) => tally,
             None => self.clients.entry(client.into()).or_default(),
         };
         tally.trim(now);
-        if !budget.admits(&tally.usage()) {
-            let retry_at = tally.by_expiry.first().map_or(now, |first| first.0);
+        if !budget.admits(&tally.total) {
             return Err(OverBudget {
-                usage: tally.usage(),
-                retry_at,
+                usage: tally.total,
+                retry_at: tally.oldest_end().unwrap_or(now),
             });
         }
-        if let Some((old, bytes)) = tally.members.remove(&member) {
-            tally.by_expiry.remove(&(old, member));
-            tally.bytes = tally.bytes.saturating_sub(bytes);
-        }
-        tally.by_expiry.insert((expires_at, member));
-        tally.members.insert(member, (expires_at, 0));
-        Ok(())
+        let bucket = bucket_of(expires_at);
+        tally.buckets.entry(bucket).or_default().records += 1;
+        tally.total.records += 1;
+        Ok(bucket)
     }
 
     /// The usage of `client` at `now`.
@@ -240,21 +238,26 @@ impl Tallies {
             Some(mut tally) => {
                 tally.trim(now);
                 ClientUsage {
-                    usage: tally.usage(),
-                    oldest_expiry: tally.by_expiry.first().map(|first| first.0),
+                    usage: tally.total,
+                    oldest_expiry: tally.oldest_end(),
                 }
             }
             None => ClientUsage::default(),
         }
     }
 
-    /// Counts `bytes` of a stored result for `member` of `client`, if it is counted.
-    pub(crate) fn stored(&self, client: &str, member: u64, bytes: u64) {
+    /// Counts `bytes` of a stored result of a record of `client` counted in `bucket`
+    /// (what [`Tallies::admit`] returned; 0, a record not counted, counts nothing), unless
+    /// the bucket has ended.
+    pub(crate) fn stored(&self, client: &str, bucket: u32, bytes: u64) {
+        if bucket == 0 {
+            return;
+        }
         if let Some(mut tally) = self.clients.get_mut(client) {
             let tally = &mut *tally;
-            if let Some((_, counted)) = tally.members.get_mut(&member) {
-                tally.bytes = tally.bytes.saturating_sub(*counted).saturating_add(bytes);
-                *counted = bytes;
+            if let Some(counted) = tally.buckets.get_mut(&bucket) {
+                counted.bytes = counted.bytes.saturating_add(bytes);
+                tally.total.bytes = tally.total.bytes.saturating_add(bytes);
             }
         }
     }
@@ -263,14 +266,85 @@ impl Tallies {
     pub(crate) fn purge(&self, now: UnixMillis) {
         self.clients.retain(|_, tally| {
             tally.trim(now);
-            !tally.by_expiry.is_empty()
+            !tally.buckets.is_empty()
         });
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{ClientBudget, OverBudget, Usage};
+    use super::{COUNT_SLACK_MS, ClientBudget, OverBudget, Tallies, Usage, bucket_of};
+
+    #[test]
+    fn a_record_counts_until_the_end_of_its_expiry_bucket() {
+        let tallies = Tallies::default();
+        // Expiring at 25 s: bucket 3, which ends at 30 s.
+        let bucket = tallies.admit("c", 25_000, &ClientBudget::COUNT_ONLY, 0);
+        assert_eq!(bucket, Ok(3));
+        for now in [0, 24_999, 25_000, 29_999] {
+            let usage = tallies.usage("c", now);
+            assert_eq!(usage.usage.records, 1, "at {now}");
+            assert_eq!(usage.oldest_expiry, Some(30_000));
+        }
+        assert_eq!(tallies.usage("c", 30_000).usage, Usage::default());
+        assert_eq!(tallies.usage("c", 30_000).oldest_expiry, None);
+        assert_eq!(tallies.usage("another", 0).usage, Usage::default());
+    }
+
+    #[test]
+    fn a_results_bytes_count_in_its_records_bucket_and_go_with_it() {
+        let tallies = Tallies::default();
+        let budget = ClientBudget::COUNT_ONLY;
+        let early = tallies.admit("c", 5_000, &budget, 0).unwrap();
+        let late = tallies.admit("c", 45_000, &budget, 0).unwrap();
+        tallies.stored("c", early, 100);
+        tallies.stored("c", late, 20);
+        // Not counted (bucket 0), or another client's: nothing.
+        tallies.stored("c", 0, 1_000);
+        tallies.stored("d", late, 1_000);
+        let usage = tallies.usage("c", 0).usage;
+        assert_eq!((usage.records, usage.bytes), (2, 120));
+        let usage = tallies.usage("c", 10_000);
+        assert_eq!((usage.usage.records, usage.usage.bytes), (1, 20));
+        assert_eq!(usage.oldest_expiry, Some(50_000));
+        // An ended bucket takes no bytes.
+        tallies.stored("c", early, 100);
+        assert_eq!(tallies.usage("c", 10_000).usage.bytes, 20);
+        tallies.purge(50_000);
+        assert_eq!(tallies.usage("c", 0).usage, Usage::default());
+    }
+
+    #[test]
+    fn a_full_budget_refuses_until_the_oldest_bucket_ends() {
+        let tallies = Tallies::default();
+        let budget = ClientBudget::new(2, u64::MAX);
+        for expires_at in [12_000, 21_000] {
+            assert!(tallies.admit("c", expires_at, &budget, 0).is_ok());
+        }
+        let refused = tallies.admit("c", 90_000, &budget, 1_000);
+        assert_eq!(
+            refused,
+            Err(OverBudget {
+                usage: Usage {
+                    records: 2,
+                    bytes: 0
+                },
+                retry_at: 20_000,
+            })
+        );
+        // 20 s: the end of the oldest record's bucket, at most the slack (10 s) after
+        // its own expiry (12 s).
+        assert_eq!(tallies.admit("c", 90_000, &budget, 20_000), Ok(9));
+    }
+
+    #[test]
+    fn buckets_are_numbered_from_one_and_saturate() {
+        assert_eq!(bucket_of(0), 1);
+        assert_eq!(bucket_of(1), 1);
+        assert_eq!(bucket_of(COUNT_SLACK_MS), 1);
+        assert_eq!(bucket_of(COUNT_SLACK_MS + 1), 2);
+        assert_eq!(bucket_of(u64::MAX), u32::MAX);
+    }
 
     #[test]
     fn a_budget_admits_below_both_limits_only() {

@@ -18,7 +18,7 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use http::{HeaderName, HeaderValue};
 
-use super::budget::{ClientUsage, OverBudget, Tallies, member_of};
+use super::budget::{ClientUsage, OverBudget, Tallies};
 use super::ops::{self, Event};
 use super::{
     Begin, DEFAULT_MAX_RESULT, Delivery, Due, Inspection, Lease, ListQuery, Listed, NewRecord,
@@ -39,8 +39,9 @@ pub const SHARDS: usize = 256;
 /// results after a restart. Expired records stay in memory until
 /// [`OperatorStore::purge_expired`] (or [`crate::Idem::spawn_purger`]) removes them.
 ///
-/// A record's slot is at most 120 bytes, beside one allocation for the client and the key
-/// and one for a completed result (its status, headers and body, exactly sized).
+/// A record's slot is at most 128 bytes, beside one allocation for the client and the key
+/// and one for a completed result (its status, headers and body, exactly sized); a
+/// client's budget is counted by expiry bucket (`super::budget`), not by record.
 #[derive(Debug)]
 pub struct MemoryStore {
     /// One table per operation, by the operation's name.
@@ -158,19 +159,20 @@ impl MemoryStore {
     }
 
     /// Counts `record`, a new operation of `key`'s client, if its budget
-    /// ([`NewRecord::budget`]) admits it; with no budget, counts nothing.
+    /// ([`NewRecord::budget`]) admits it: the bucket it is counted in
+    /// ([`Slot::counted`]); with no budget, counts nothing (bucket 0).
     fn admit(
         &self,
         key: &RecordKey,
         new: &NewRecord,
         record: &Record,
         now: UnixMillis,
-    ) -> Result<(), OverBudget> {
+    ) -> Result<u32, OverBudget> {
         let Some(budget) = &new.budget else {
-            return Ok(());
+            return Ok(0);
         };
         self.tallies
-            .admit(&key.client, member_of(key), record.expires_at, budget, now)
+            .admit(&key.client, record.expires_at, budget, now)
     }
 }
 
@@ -191,23 +193,29 @@ impl RecordStore for MemoryStore {
         Ok(match table.entry(compact_key(key)) {
             Entry::Vacant(vacant) => {
                 let record = Record::started(new, now);
-                if let Err(over) = self.admit(key, new, &record, now) {
-                    return Ok(Begin::OverBudget(over));
-                }
-                vacant.insert(Slot::from_record(&record));
+                let counted = match self.admit(key, new, &record, now) {
+                    Ok(counted) => counted,
+                    Err(over) => return Ok(Begin::OverBudget(over)),
+                };
+                vacant.insert(Slot::from_record(&record, counted));
                 Begin::Started(record)
             }
             Entry::Occupied(mut occupied) => {
                 let current = occupied.get().to_record()?;
                 match current.begin_over(new, now) {
                     Some(record) => {
-                        if current.is_expired(now)
-                            && let Err(over) = self.admit(key, new, &record, now)
-                        {
-                            return Ok(Begin::OverBudget(over));
-                        }
+                        // A new operation is counted anew; a reclaimed one stays where
+                        // it was counted.
+                        let counted = if current.is_expired(now) {
+                            match self.admit(key, new, &record, now) {
+                                Ok(counted) => counted,
+                                Err(over) => return Ok(Begin::OverBudget(over)),
+                            }
+                        } else {
+                            occupied.get().counted
+                        };
                         self.note_begin(key, &current, &record, now);
-                        occupied.insert(Slot::from_record(&record));
+                        occupied.insert(Slot::from_record(&record, counted));
                         Begin::Started(record)
                     }
                     None => Begin::Exists(current),
@@ -241,7 +249,7 @@ impl RecordStore for MemoryStore {
             }
             slot.state = SlotState::Completed(encoded);
             let size = u64::try_from(response.size()).unwrap_or(u64::MAX);
-            self.tallies.stored(&key.client, member_of(key), size);
+            self.tallies.stored(&key.client, slot.counted, size);
             Ok(())
         })
     }
@@ -272,7 +280,7 @@ impl RecordStore for MemoryStore {
             if slot.lease().is_none_or(|l| l.token != token) {
                 return Err(StoreError::LeaseLost);
             }
-            *slot = Slot::from_record(&slot.to_record()?.renewed(until));
+            *slot = Slot::from_record(&slot.to_record()?.renewed(until), slot.counted);
             Ok(())
         })
     }
@@ -311,7 +319,7 @@ impl RecordStore for MemoryStore {
             let record = current.leased(new_lease);
             let ended_at = current.lease().map_or(now, |l| l.until);
             self.note(key, Event::taken_over(record.attempt, now, ended_at));
-            *slot = Slot::from_record(&record);
+            *slot = Slot::from_record(&record, slot.counted);
             Ok(record)
         })
     }
@@ -680,6 +688,9 @@ struct Slot {
     fingerprint: Digest,
     attempt: u32,
     transactional: bool,
+    /// The expiry bucket the client's tally counts the record in (`budget::bucket_of`),
+    /// where its result's bytes are added; 0 when it is not counted.
+    counted: u32,
     state: SlotState,
 }
 
@@ -705,7 +716,8 @@ enum SlotState {
 }
 
 impl Slot {
-    fn from_record(record: &Record) -> Slot {
+    /// The slot of `record`, counted in bucket `counted` (0: not counted).
+    fn from_record(record: &Record, counted: u32) -> Slot {
         let state = match &record.state {
             RecordState::Processing { lease } => {
                 let token = lease.token.as_u128();
@@ -731,6 +743,7 @@ impl Slot {
             fingerprint: Digest::of(&record.fingerprint),
             attempt: record.attempt,
             transactional: record.transactional,
+            counted,
             state,
         }
     }
@@ -988,7 +1001,7 @@ mod tests {
     fn a_slot_is_small() {
         // The table holds the key's box (16 bytes) and the slot inline: keep both small.
         assert!(
-            std::mem::size_of::<Slot>() <= 120,
+            std::mem::size_of::<Slot>() <= 128,
             "{}",
             std::mem::size_of::<Slot>()
         );

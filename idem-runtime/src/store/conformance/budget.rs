@@ -184,6 +184,44 @@ pub async fn the_budget_counts_stored_bytes(store: Arc<dyn Store>) {
     .await;
 }
 
+/// A result stored after its lease was renewed, or after its key was released and
+/// reclaimed, counts its bytes as the first attempt's would: the record is counted once,
+/// where it was registered, and keeps its count through every later lease.
+pub async fn a_reclaimed_or_renewed_record_counts_its_result(store: Arc<dyn Store>) {
+    let client = "kept-count";
+    let k = key_of("op", client, "r1");
+    let count_only = |now| budgeted("sha256:a", now, ClientBudget::COUNT_ONLY);
+    let first = started(&*store, &k, &count_only(T0), T0).await;
+    let token = |r: &crate::store::Record| r.lease().expect("processing").token;
+    store
+        .renew(&k, token(&first), T0 + 60_000, T0 + 1)
+        .await
+        .expect("renew");
+    store
+        .release(&k, token(&first), T0 + 2)
+        .await
+        .expect("release");
+    let second = started(&*store, &k, &count_only(T0 + 3), T0 + 3).await;
+    assert_eq!(second.attempt, 2);
+    store
+        .renew(&k, token(&second), T0 + 70_000, T0 + 4)
+        .await
+        .expect("renew");
+    store
+        .complete(&k, token(&second), &result_of(150), T0 + 5)
+        .await
+        .expect("complete");
+    let usage = store
+        .client_usage(client, 100, T0 + 6)
+        .await
+        .expect("usage");
+    assert_eq!(usage.usage.records, 1, "counted once: {usage:?}");
+    assert!(
+        usage.usage.bytes >= 150,
+        "the reclaimed record's result counts: {usage:?}"
+    );
+}
+
 /// `client_usage` counts what `begin` and `complete` counted: the client's live records
 /// registered under any budget — [`ClientBudget::COUNT_ONLY`] included, which refuses
 /// nothing — their results' bytes, and the oldest one's expiry; another client's are not

@@ -43,8 +43,8 @@ pub mod journal;
 pub mod ops;
 
 pub use budget::{
-    client_usage_counts_what_the_budget_counts, the_budget_counts_stored_bytes,
-    the_budget_never_refuses_a_key_the_client_holds,
+    a_reclaimed_or_renewed_record_counts_its_result, client_usage_counts_what_the_budget_counts,
+    the_budget_counts_stored_bytes, the_budget_never_refuses_a_key_the_client_holds,
     the_budget_refuses_a_new_key_at_its_record_limit,
 };
 pub use clock::{the_clock_is_the_servers, the_clock_reads_the_stores_time};
@@ -146,6 +146,9 @@ pub const CHECKS: &[Check] = &[
     }),
     ("the_budget_counts_stored_bytes", |s| {
         Box::pin(the_budget_counts_stored_bytes(s))
+    }),
+    ("a_reclaimed_or_renewed_record_counts_its_result", |s| {
+        Box::pin(a_reclaimed_or_renewed_record_counts_its_result(s))
     }),
     ("client_usage_counts_what_the_budget_counts", |s| {
         Box::pin(client_usage_counts_what_the_budget_counts(s))
