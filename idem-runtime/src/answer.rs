@@ -35,6 +35,7 @@ pub(crate) fn with_fresh_id(response: Response) -> Response {
 static NO_HANDLE_LOGGED: AtomicBool = AtomicBool::new(false);
 
 /// Whether the first `Tx` without a transactional store has been logged (once per process).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 static NO_TRANSACTIONAL_STORE_LOGGED: AtomicBool = AtomicBool::new(false);
 
 /// 500 `not-configured`: the request has no idem handle (the router has no idem layer).
@@ -58,6 +59,7 @@ pub(crate) fn not_configured(parts: &Parts) -> Problem {
 /// 500 `not-configured`: the handler takes the transaction of `database`, and the handle
 /// has no transactional store of it (it was made with `Idem::new`, or over another
 /// database). The first one in the process logs an error that names the fix.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn no_transactional_store(parts: &Parts, database: &str) -> Problem {
     let fix = format!(
         "build the handle with `Idem::transactional(store, ..)` over the {database} store that holds the business data (`Idem::check_handlers` finds this at start-up)"

@@ -322,6 +322,7 @@ pub(crate) fn found_record(attempts: u32) {
 /// this one registered the key under an operation id of its own, which was never kept
 /// (its transaction rolled back when it lost its record), and its answer is that
 /// operation's, replayed.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn answered_for(operation_id: OperationId, attempts: u32) {
     let span = Span::current();
     if span.is_disabled() {

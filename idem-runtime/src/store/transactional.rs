@@ -45,7 +45,9 @@ impl Reservation {
         self
     }
 
-    /// The key's mark this reservation holds ([`Reservation::marked`]), taken out.
+    /// The key's mark this reservation holds ([`Reservation::marked`]), taken out (SQLite's
+    /// one commit: PostgreSQL's key has no mark in this process).
+    #[cfg(feature = "sqlite")]
     pub(crate) fn take_mark(&mut self) -> Option<KeyMark> {
         self.mark.take()
     }
