@@ -171,16 +171,21 @@ struct Tally {
 
 /// The bucket of a record registered to expire at `expires_at` (unix milliseconds): its
 /// number, `ceil(expires_at / COUNT_SLACK_MS)`, at least 1 (0 means "not counted" in a
-/// record that keeps its bucket). 32 bits, so that a record keeps it in 4 bytes: an
-/// expiry past the year 3331 counts in the last bucket, which ends then.
+/// record that keeps its bucket). 32 bits, so that a record keeps it in 4 bytes: every
+/// expiry past the year 3331 counts in the last bucket, [`u32::MAX`], which never ends
+/// (such a record is counted longer than it lives, never shorter).
 pub(crate) fn bucket_of(expires_at: UnixMillis) -> u32 {
     u32::try_from(expires_at.div_ceil(COUNT_SLACK_MS))
         .unwrap_or(u32::MAX)
         .max(1)
 }
 
-/// When bucket `bucket` ends, unix milliseconds: its records stop counting then.
+/// When bucket `bucket` ends, unix milliseconds: its records stop counting then. The last
+/// bucket never ends ([`bucket_of`]).
 fn bucket_end(bucket: u32) -> UnixMillis {
+    if bucket == u32::MAX {
+        return UnixMillis::MAX;
+    }
     u64::from(bucket) * COUNT_SLACK_MS
 }
 
@@ -335,6 +340,29 @@ mod tests {
         // 20 s: the end of the oldest record's bucket, at most the slack (10 s) after
         // its own expiry (12 s).
         assert_eq!(tallies.admit("c", 90_000, &budget, 20_000), Ok(9));
+    }
+
+    /// An expiry past the last bucket's start (the year 3331) is counted until it passes,
+    /// and a new key registered then is still counted: the last bucket never ends.
+    #[test]
+    fn the_last_bucket_never_ends() {
+        let tallies = Tallies::default();
+        let budget = ClientBudget::new(1, u64::MAX);
+        let last_start = u64::from(u32::MAX - 1) * COUNT_SLACK_MS;
+        assert_eq!(tallies.admit("c", u64::MAX, &budget, 0), Ok(u32::MAX));
+        let usage = tallies.usage("c", last_start + 1);
+        assert_eq!(usage.usage.records, 1);
+        assert_eq!(usage.oldest_expiry, Some(u64::MAX));
+        // Past where the last bucket would end were it like the others.
+        let past = u64::from(u32::MAX) * COUNT_SLACK_MS + 1;
+        let later = tallies.admit("d", past + 86_400_000, &budget, past);
+        assert_eq!(later, Ok(u32::MAX));
+        assert!(
+            tallies
+                .admit("d", past + 86_400_000, &budget, past + 1)
+                .is_err(),
+            "the budget still refuses past the year 3331"
+        );
     }
 
     #[test]
