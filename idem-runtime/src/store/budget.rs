@@ -33,11 +33,13 @@
 //!   check lets a client below its budget register, and that result may take it over.
 //!
 //! A record is counted until the expiry it was registered with (`now` plus the TTL, or
-//! the end of its first lease if later); a lease that later holds it past that time is
-//! not counted for the extra time (at most one lease). A store may count it, and give it
-//! as the oldest expiry, up to [`COUNT_SLACK_MS`] longer: the memory and Redis stores
-//! count by expiry bucket of that width, so that a new key costs them the same whatever
-//! the client holds; the SQL stores count their rows exactly.
+//! the end of its first lease if later). Leases that later hold it past that time (an
+//! attempt renewed by its heartbeat, a takeover) extend it: the SQL stores, which count
+//! their rows by their expiry, count it for the extra time; the memory and Redis stores
+//! do not. A store may count it, and give it as the oldest expiry, up to
+//! [`COUNT_SLACK_MS`] longer: the memory and Redis stores count by expiry bucket of that
+//! width, so that a new key costs them the same whatever the client holds; the SQL
+//! stores count their rows exactly.
 
 use std::collections::BTreeMap;
 
