@@ -15,6 +15,7 @@
 //! | memory and Redis | memory new keys; Redis new keys | the minimum | ≥ 0.90; ≥ 0.80 | [`crate::stores`] |
 //! | replay | a completed key replayed, memory and Redis | the bare handler | ≥ 1.0 | [`crate::stores`] |
 //! | (none) | a completed key replayed, PostgreSQL: what the new keys' one read costs it | the bare handler | – | [`crate::stores`] |
+//! | (none) | PostgreSQL and Redis new keys, the store's calls alone (no HTTP, no enforcement): the ceiling of the two rows above, what the statements themselves cost | the minimum's statements alone | – | [`crate::alone`] |
 //! | flat | PostgreSQL new keys with 10 M records; the memory store's one scope with 4 M | the same traffic on an empty store | ≥ 0.90 | [`crate::flat`] |
 //! | purge | PostgreSQL new keys while 1 M expired records are purged | the same traffic just before | ≥ 0.90 | [`crate::flat`] |
 //! | build | 100 contracted handlers: wall time, binary size; debug and release | the same handlers bare | ≤ 1.3 | [`crate::build`] |
@@ -41,6 +42,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::alone;
 use crate::build::{Comparison, Generated, Profile};
 use crate::flat::{self, LineKind, Purge};
 use crate::stores::{self, Form};
@@ -52,6 +54,8 @@ pub struct Scale {
     pub quick: bool,
     /// The stores part.
     pub stores: stores::Settings,
+    /// The stores' calls without the service.
+    pub alone: alone::Settings,
     /// The growth and purge part.
     pub flat: flat::Settings,
     /// Handlers in each generated crate.
@@ -92,6 +96,11 @@ impl Scale {
                 only: Some(STORE_RUNS.iter().map(|&r| r.to_owned()).collect()),
                 replay_keys: 1000,
             },
+            alone: alone::Settings {
+                rounds: 3,
+                seconds: 3,
+                tasks: 32,
+            },
             flat: flat::Settings {
                 rounds: 3,
                 seconds: 3,
@@ -118,6 +127,11 @@ impl Scale {
                 seconds: 1,
                 replay_keys: 50,
                 ..full.stores
+            },
+            alone: alone::Settings {
+                rounds: 1,
+                seconds: 1,
+                ..full.alone
             },
             flat: flat::Settings {
                 rounds: 1,
@@ -205,7 +219,8 @@ pub enum Target {
     /// The ratio must stay under this (a cost: less is better).
     AtMost(f64),
     /// No goal: the figure is shown so that what a change costs it is seen (a
-    /// PostgreSQL replay, which pays for the new keys' one read).
+    /// PostgreSQL replay, which pays for the new keys' one read), or what bounds a goal's
+    /// figure (a store's calls without the service).
     NoGoal,
 }
 
@@ -301,6 +316,8 @@ pub fn run(scale: &Scale) -> Figures {
     let memory = grown_part("memory");
     eprintln!("figures: the stores ({} runs)", STORE_RUNS.len());
     figures.stores(&stores::run(&scale.stores));
+    eprintln!("figures: the stores' calls alone");
+    figures.alone(&alone::run(&scale.alone));
     let pg = grown_part("pg");
     let none = flat::Report {
         lines: Vec::new(),
@@ -380,6 +397,41 @@ impl Figures {
             target: Target::AtMost(1.1),
             cpu: None,
         });
+    }
+
+    /// The rows of the stores' calls without the service: what the statements cost, the
+    /// ceiling of the loopback rows of the same store.
+    fn alone(&mut self, report: &alone::Report) {
+        let rows = [
+            (
+                "pg",
+                "PostgreSQL, new keys, the store's calls alone (no HTTP), of the minimum's",
+            ),
+            (
+                "redis",
+                "Redis, new keys, the store's calls alone (no HTTP), of the minimum's",
+            ),
+        ];
+        for (store, what) in rows {
+            let (Some(idem), Some(base)) = (
+                report.rate(store, Form::Idem),
+                report.rate(store, Form::Min),
+            ) else {
+                self.missing
+                    .push(format!("{what}: the {store} calls did not run"));
+                continue;
+            };
+            self.rows.push(Figure {
+                what: what.to_owned(),
+                idem: format!("{idem:.0} keys/s"),
+                baseline: format!("{base:.0} keys/s"),
+                ratio: idem / base,
+                p99_ms: None,
+                size: "500 warm-up keys, growing".to_owned(),
+                target: Target::NoGoal,
+                cpu: None,
+            });
+        }
     }
 
     /// The rows of the growth and purge part.

@@ -324,11 +324,7 @@ pub fn run(settings: &Settings) -> Report {
         runs: 0,
         errors: 0,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let runtime = crate::serve::runtime();
     eprintln!("load average at the start: {}", load());
     let mut lines = Vec::new();
     if settings.runs("memory") {

@@ -8,6 +8,7 @@
 //! | `overhead` | idem's cost against the same handler bare and behind `axum-idempotent`, memory included (below) |
 //! | `paths` | the request path in process, no sockets (`benches/paths.rs`) |
 //! | `stores` | each store under idem against the hand-written minimum on the same store ([`stores`]) |
+//! | `alone` | the same new keys' store calls without the service: what the statements cost ([`alone`]) |
 //! | `flat` | new keys as the store grows to millions of records, and during a purge ([`flat`]) |
 //! | `budget` | the client budget's cost on a new key (`benches/budget.rs`) |
 //! | `cluster` | the Redis store on a Redis Cluster against one server (`benches/cluster.rs`) |
@@ -93,6 +94,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod alone;
 pub mod build;
 pub mod children;
 pub mod cpu;

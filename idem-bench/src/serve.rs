@@ -99,6 +99,21 @@ pub fn rss_kb() -> u64 {
         .unwrap_or(0)
 }
 
+/// A multi-threaded tokio runtime of 2 workers, as every server and driver of these
+/// benchmarks runs on (one a core of the 2-core machines they are measured on).
+///
+/// # Panics
+///
+/// When the runtime cannot be built (no threads left).
+#[must_use]
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime with 2 workers")
+}
+
 /// The child's entry point: serves `variant` on a 2-worker runtime until stdin closes.
 pub fn run(variant: Variant) {
     // The parent holds our stdin: its end (even a SIGKILL) is our end.
@@ -106,11 +121,7 @@ pub fn run(variant: Variant) {
         let _ = std::io::stdin().read_to_end(&mut Vec::new());
         std::process::exit(0);
     });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime with 2 workers");
+    let runtime = runtime();
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

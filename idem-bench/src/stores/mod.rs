@@ -122,7 +122,7 @@ async fn memory_min(
 
 const KEYS: &str = "CREATE TABLE IF NOT EXISTS idempotency_keys (client TEXT NOT NULL, key TEXT NOT NULL, order_id TEXT NOT NULL, created_at BIGINT NOT NULL, PRIMARY KEY (client, key))";
 const SQLITE_KEY: &str = "INSERT OR IGNORE INTO idempotency_keys (client, key, order_id, created_at) VALUES (?, ?, ?, ?)";
-const PG_KEY: &str = "INSERT INTO idempotency_keys (client, key, order_id, created_at) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING";
+pub(crate) const PG_KEY: &str = "INSERT INTO idempotency_keys (client, key, order_id, created_at) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING";
 
 async fn sqlite_bare(
     State(pool): State<sqlx::SqlitePool>,
@@ -226,7 +226,7 @@ async fn pg_min(
 // ---- Redis --------------------------------------------------------------------------
 
 /// How long the hand-written minimum keeps a key: the contracts' `ttl`.
-const KEY_TTL_MS: u64 = 86_400_000;
+pub(crate) const KEY_TTL_MS: u64 = 86_400_000;
 
 async fn redis_bare(State(redis): State<RedisState>, Json(order): Json<CreateOrder>) -> Response {
     let id = new_id();
@@ -326,7 +326,7 @@ async fn sqlite_file(dir: &Path, name: &str) -> idem::SqliteStore {
     store
 }
 
-async fn pg_schema() -> Option<sqlx::PgPool> {
+pub(crate) async fn pg_schema() -> Option<sqlx::PgPool> {
     let pool = idem_runtime::store::conformance::postgres::scratch_pool("the pg variants").await?;
     for table in [ORDERS, KEYS] {
         sqlx::query(table).execute(&pool).await.unwrap();
@@ -541,11 +541,7 @@ pub fn cpu_ratio(base: &Measured, run: &Measured) -> Option<f64> {
 /// store cannot be set up (its server answered, then failed).
 #[must_use]
 pub fn run(settings: &Settings) -> Report {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let runtime = crate::serve::runtime();
     let dir = tempfile::tempdir().expect("a temporary directory");
     let served = runtime.block_on(Served::start(dir.path(), settings.replay_keys.max(1)));
     let report = served.measure(settings, dir.path(), &runtime);

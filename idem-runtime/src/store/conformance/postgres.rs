@@ -145,3 +145,58 @@ async fn drop_stale_schemas(admin: &PgPool, now: u64) {
         }
     }
 }
+
+/// A business write for [`one_commit_new_key`]: given the attempt's transaction and its
+/// operation id, it writes on that transaction (a `fn` item, so that it can borrow both).
+pub type Effect = for<'t> fn(
+    &'t mut sqlx::Transaction<'static, sqlx::Postgres>,
+    &'t str,
+) -> std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<(), sqlx::Error>> + Send + 't>,
+>;
+
+/// One new key through `store`'s one-commit path as the runtime takes it on
+/// PostgreSQL, without the service around it: the key registered inside a transaction
+/// (`TransactionalStore::begin_registered`: the advisory lock and the key's read in one
+/// statement), `effect` run on that transaction with the operation id (the business
+/// write), the record written completed with `response`
+/// (`TransactionalStore::complete_in`) and the transaction committed. What a benchmark
+/// compares with the hand-written minimum's statements to tell the store's cost from the
+/// service's (`idem-bench`'s `alone`).
+///
+/// # Errors
+///
+/// [`StoreError::Corrupt`](crate::store::StoreError::Corrupt), naming what was found, when
+/// the key is not new (a record, an attempt in flight, a budget that refuses);
+/// [`StoreError::Unavailable`](crate::store::StoreError::Unavailable) when `effect` or the
+/// commit fails; the store's own errors as they come.
+pub async fn one_commit_new_key(
+    store: &crate::store::PostgresStore,
+    key: &crate::store::RecordKey,
+    new: &crate::store::NewRecord,
+    response: &crate::store::StoredResponse,
+    now: crate::store::UnixMillis,
+    effect: Effect,
+) -> Result<(), crate::store::StoreError> {
+    use crate::store::{Registered, Reservation, StoreError, TransactionalStore};
+    let within = Duration::from_secs(30);
+    let registered = store
+        .begin_registered(Reservation::default(), key, new, now, within)
+        .await?;
+    let mut open = match registered {
+        Registered::Started(_, open) => open,
+        other => {
+            return Err(StoreError::Corrupt(format!(
+                "the key was not new: {other:?}"
+            )));
+        }
+    };
+    let id = new.operation_id.to_string();
+    effect(&mut open.tx, &id)
+        .await
+        .map_err(StoreError::unavailable)?;
+    store
+        .complete_in(&mut open, key, new.lease.token, response, now)
+        .await?;
+    open.tx.commit().await.map_err(StoreError::unavailable)
+}
