@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! apt-get install wrk                       # the load generator
-//! cargo bench -p idem-bench                 # the figures (about 8 minutes)
+//! cargo bench -p idem-bench                 # the figures (about 9 minutes)
 //! cargo bench -p idem-bench -- --quick      # the harness end to end at a tiny scale
 //! ```
 //!
@@ -28,8 +28,8 @@
 //! the baseline's, and the baseline's over idem's ([`crate::cpu`]): the same ratio read
 //! from what each request costs rather than from the rate, which moves less.
 //!
-//! **Scale.** The full run: `wrk -t2 -c32`, 3 interleaved rounds of 3 s for the stores,
-//! 3 s windows for the growth and the purge, the records above, 2 timed builds of each
+//! **Scale.** The full run: `wrk -t2 -c32`, 3 interleaved rounds of 3 s for the stores
+//! (and for their calls alone), 3 s windows for the growth and the purge, the records above, 2 timed builds of each
 //! crate in each profile. `--quick` (and `cargo test`, which runs this benchmark without
 //! `--bench`) runs every part for a second, with 20,000 records, 2 handlers, one debug
 //! build: it checks that the harness runs end to end, not the figures, and its table
