@@ -29,8 +29,8 @@
 //! from what each request costs rather than from the rate, which moves less.
 //!
 //! **Scale.** The full run: `wrk -t2 -c32`, 3 interleaved rounds of 3 s for the stores
-//! (and for their calls alone), 3 s windows for the growth and the purge, the records above, 2 timed builds of each
-//! crate in each profile. `--quick` (and `cargo test`, which runs this benchmark without
+//! (and for their calls alone), 3 s windows for the growth and the purge, the records
+//! above, 2 timed builds of each crate in each profile. `--quick` (and `cargo test`, which runs this benchmark without
 //! `--bench`) runs every part for a second, with 20,000 records, 2 handlers, one debug
 //! build: it checks that the harness runs end to end, not the figures, and its table
 //! says so. The knobs of the parts (`IDEM_BENCH_ROUNDS`, `IDEM_BENCH_SECONDS`,
