@@ -11,6 +11,7 @@
 //!
 //! | store | min (the minimum's statements) | idem (the store's own calls, as the runtime makes them) |
 //! |---|---|---|
+//! | sqlite | `BEGIN`, the key row's `INSERT OR IGNORE`, the order's `INSERT`, `COMMIT` (`sqlite min`), on a file opened as `SqliteStore::open` opens one | the one-commit path of `SqliteStore` ([`one_commit_new_key`]): the key marked in this process and its record read, the writer's turn, the call that begins and marks the transaction, the order's `INSERT`, the call that writes the record and commits |
 //! | pg | `BEGIN`, the key row's `INSERT … ON CONFLICT DO NOTHING`, the order's `INSERT`, `COMMIT` ([`crate::stores`]' `pg min`) | the one-commit path of `PostgresStore` ([`one_commit_new_key`]): `BEGIN` and the statement that takes the key's advisory lock and reads its record, the order's `INSERT`, the record's `INSERT`, completed, `COMMIT` |
 //! | redis | `SET <key> <id> NX PX`, then the order's `PSETEX` (`redis min`) | `RedisStore`'s registration script, the order's `PSETEX`, the completion script |
 //!
@@ -19,8 +20,8 @@
 //! When the loopback ratio is close to it, the service adds little and the statements
 //! are the gap; when it is well below, the service is.
 //!
-//! Each form runs on a scratch schema or key prefix of its own (the conformance suite's),
-//! `tasks` tasks (32, as `wrk -c32`) over the pool of 8 connections or one multiplexed
+//! Each form runs on a file, a scratch schema or a key prefix of its own (the conformance
+//! suite's), `tasks` tasks (32, as `wrk -c32`) over the store's pool or one multiplexed
 //! Redis connection, on a 2-worker tokio runtime; 500 keys each first, then the
 //! PostgreSQL schemas analyzed (as autovacuum would be, [`crate::stores`]); then rounds
 //! of `seconds`, the forms interleaved, and the median of each form's rates. Every key is
@@ -43,12 +44,13 @@ use idem::store::{
 };
 use idem_runtime::OperationId;
 use idem_runtime::store::Lease;
-use idem_runtime::store::conformance::postgres::one_commit_new_key;
+use idem_runtime::store::conformance::one_commit::one_commit_new_key;
 use redis::aio::ConnectionManager;
 
 use crate::stores::Form;
 use crate::stores::handlers::{
-    CreateOrder, PG_INSERT, RedisState, env_or, new_id, now_ms, order_json, redis_clean,
+    CreateOrder, PG_INSERT, RedisState, SQLITE_INSERT, env_or, new_id, now_ms, order_json,
+    redis_clean,
 };
 use crate::wrk::median;
 
@@ -79,7 +81,7 @@ impl Settings {
 /// One form's rates, a round each.
 #[derive(Clone, Debug)]
 pub struct Line {
-    /// `pg` or `redis`.
+    /// `sqlite`, `pg` or `redis`.
     pub store: &'static str,
     /// [`Form::Min`] or [`Form::Idem`].
     pub form: Form,
@@ -174,6 +176,8 @@ pub fn run(settings: &Settings) -> Report {
 async fn run_on(settings: &Settings) -> Report {
     let mut forms: Vec<(&'static str, Form, Call)> = Vec::new();
     let mut missing = Vec::new();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    forms.extend(sqlite(dir.path()).await);
     match pg().await {
         Some(pg) => forms.extend(pg),
         None => missing.push("pg: PostgreSQL is not reachable".to_owned()),
@@ -323,6 +327,77 @@ fn insert_order<'t>(
     })
 }
 
+/// The order's insert on SQLite's attempt transaction, likewise.
+fn insert_order_sqlite<'t>(
+    tx: &'t mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    operation_id: &'t str,
+) -> Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 't>> {
+    Box::pin(async move {
+        let order = order();
+        sqlx::query(SQLITE_INSERT)
+            .bind(new_id())
+            .bind(operation_id)
+            .bind(order.customer_id)
+            .bind(order.amount_minor)
+            .bind(now_ms())
+            .execute(&mut **tx)
+            .await
+            .map(drop)
+    })
+}
+
+/// SQLite's two forms, each on a file of its own in `dir`, opened as `SqliteStore::open`
+/// opens one (WAL, `synchronous = FULL`).
+async fn sqlite(dir: &std::path::Path) -> Vec<(&'static str, Form, Call)> {
+    let min = crate::stores::sqlite_file(dir, "alone-min").await;
+    let store = Arc::new(crate::stores::sqlite_file(dir, "alone-idem").await);
+    let pool = min.pool().clone();
+    let min_call: Call = Arc::new(move |n| {
+        let pool = pool.clone();
+        Box::pin(async move { sqlite_min(&pool, n).await.map_err(|e| e.to_string()) })
+    });
+    let idem_call: Call = Arc::new(move |n| {
+        let store = Arc::clone(&store);
+        Box::pin(async move {
+            let (key, now) = (key(n), unix_now());
+            let new = new_record(now, true);
+            let response = response(&new_id());
+            one_commit_new_key(&*store, &key, &new, &response, now, insert_order_sqlite)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    });
+    vec![
+        ("sqlite", Form::Min, min_call),
+        ("sqlite", Form::Idem, idem_call),
+    ]
+}
+
+/// The minimum's new key on SQLite: its key row and the order, one transaction.
+async fn sqlite_min(pool: &sqlx::SqlitePool, n: u64) -> Result<(), sqlx::Error> {
+    let (key, id, order) = (key(n), new_id(), order());
+    let mut tx = pool.begin().await?;
+    let claimed = sqlx::query(crate::stores::SQLITE_KEY)
+        .bind(&key.client)
+        .bind(&key.key)
+        .bind(&id)
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await?;
+    if claimed.rows_affected() != 1 {
+        return Err(sqlx::Error::Protocol(format!("key {n} was taken")));
+    }
+    sqlx::query(SQLITE_INSERT)
+        .bind(&id)
+        .bind(&id)
+        .bind(order.customer_id)
+        .bind(order.amount_minor)
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
 /// PostgreSQL's two forms on scratch schemas of their own; none when it does not answer.
 async fn pg() -> Option<Vec<(&'static str, Form, Call)>> {
     let min = crate::stores::pg_schema().await?;
@@ -341,7 +416,7 @@ async fn pg() -> Option<Vec<(&'static str, Form, Call)>> {
             let (key, now) = (key(n), unix_now());
             let new = new_record(now, true);
             let response = response(&new_id());
-            one_commit_new_key(&store, &key, &new, &response, now, insert_order)
+            one_commit_new_key(&*store, &key, &new, &response, now, insert_order)
                 .await
                 .map_err(|e| e.to_string())
         })

@@ -15,7 +15,7 @@
 //! | memory and Redis | memory new keys; Redis new keys | the minimum | ≥ 0.90; ≥ 0.80 | [`crate::stores`] |
 //! | replay | a completed key replayed, memory and Redis | the bare handler | ≥ 1.0 | [`crate::stores`] |
 //! | (none) | a completed key replayed, PostgreSQL: what the new keys' one read costs it | the bare handler | – | [`crate::stores`] |
-//! | (none) | PostgreSQL and Redis new keys, the store's calls alone (no HTTP, no enforcement): the ceiling of the two rows above, what the statements themselves cost | the minimum's statements alone | – | [`crate::alone`] |
+//! | (none) | SQLite, PostgreSQL and Redis new keys, the store's calls alone (no HTTP, no enforcement): the ceiling of the two rows above, what the statements themselves cost | the minimum's statements alone | – | [`crate::alone`] |
 //! | flat | PostgreSQL new keys with 10 M records; the memory store's one scope with 4 M | the same traffic on an empty store | ≥ 0.90 | [`crate::flat`] |
 //! | purge | PostgreSQL new keys while 1 M expired records are purged | the same traffic just before | ≥ 0.90 | [`crate::flat`] |
 //! | build | 100 contracted handlers: wall time, binary size; debug and release | the same handlers bare | ≤ 1.3 | [`crate::build`] |
@@ -403,6 +403,10 @@ impl Figures {
     /// ceiling of the loopback rows of the same store.
     fn alone(&mut self, report: &alone::Report) {
         let rows = [
+            (
+                "sqlite",
+                "SQLite, new keys, the store's calls alone (no HTTP), of the minimum's",
+            ),
             (
                 "pg",
                 "PostgreSQL, new keys, the store's calls alone (no HTTP), of the minimum's",

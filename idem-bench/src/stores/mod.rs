@@ -121,7 +121,7 @@ async fn memory_min(
 // ---- SQLite and PostgreSQL ----------------------------------------------------------
 
 const KEYS: &str = "CREATE TABLE IF NOT EXISTS idempotency_keys (client TEXT NOT NULL, key TEXT NOT NULL, order_id TEXT NOT NULL, created_at BIGINT NOT NULL, PRIMARY KEY (client, key))";
-const SQLITE_KEY: &str = "INSERT OR IGNORE INTO idempotency_keys (client, key, order_id, created_at) VALUES (?, ?, ?, ?)";
+pub(crate) const SQLITE_KEY: &str = "INSERT OR IGNORE INTO idempotency_keys (client, key, order_id, created_at) VALUES (?, ?, ?, ?)";
 pub(crate) const PG_KEY: &str = "INSERT INTO idempotency_keys (client, key, order_id, created_at) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING";
 
 async fn sqlite_bare(
@@ -316,7 +316,7 @@ async fn forms(store: &'static str, bare: Router, min: Router, idem: Router) -> 
 }
 
 /// A SQLite file opened as `SqliteStore::open` opens it, with the business tables.
-async fn sqlite_file(dir: &Path, name: &str) -> idem::SqliteStore {
+pub(crate) async fn sqlite_file(dir: &Path, name: &str) -> idem::SqliteStore {
     let store = idem::SqliteStore::open(dir.join(format!("{name}.db")))
         .await
         .unwrap();

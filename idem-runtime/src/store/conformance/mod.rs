@@ -40,6 +40,8 @@ use crate::OperationId;
 mod budget;
 mod clock;
 pub mod journal;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod one_commit;
 pub mod ops;
 
 pub use budget::{
