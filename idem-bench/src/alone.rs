@@ -32,6 +32,7 @@
 //! | `IDEM_BENCH_ROUNDS` | 3 | interleaved rounds |
 //! | `IDEM_BENCH_SECONDS` | 3 | length of one form's run in a round |
 //! | `IDEM_BENCH_TASKS` | 32 | tasks making calls at once |
+//! | `IDEM_BENCH_ONLY` | all | comma-separated forms to run (`sqlite idem`, `pg min`, …), e.g. one for a profile; ratios need both of a store's |
 
 use std::future::Future;
 use std::pin::Pin;
@@ -63,18 +64,29 @@ pub struct Settings {
     pub seconds: u64,
     /// Tasks making calls at once.
     pub tasks: usize,
+    /// The forms to run (`"sqlite idem"`, `"pg min"`, …); all when `None`.
+    pub only: Option<Vec<String>>,
 }
 
 impl Settings {
-    /// The settings from `IDEM_BENCH_ROUNDS`, `IDEM_BENCH_SECONDS` and
-    /// `IDEM_BENCH_TASKS` (3, 3, 32).
+    /// The settings from `IDEM_BENCH_ROUNDS`, `IDEM_BENCH_SECONDS`, `IDEM_BENCH_TASKS`
+    /// (3, 3, 32) and `IDEM_BENCH_ONLY` (comma-separated forms, all when unset).
     #[must_use]
     pub fn from_env() -> Settings {
         Settings {
             rounds: env_or("IDEM_BENCH_ROUNDS", 3),
             seconds: env_or("IDEM_BENCH_SECONDS", 3),
             tasks: env_or("IDEM_BENCH_TASKS", 32),
+            only: std::env::var("IDEM_BENCH_ONLY")
+                .ok()
+                .map(|only| only.split(',').map(|s| s.trim().to_owned()).collect()),
         }
+    }
+
+    /// Whether the form `store`, `form` runs.
+    fn runs(&self, store: &str, form: Form) -> bool {
+        let name = format!("{store} {}", form_name(form));
+        self.only.as_ref().is_none_or(|only| only.contains(&name))
     }
 }
 
@@ -187,6 +199,7 @@ async fn run_on(settings: &Settings) -> Report {
         Some((calls, _)) => forms.extend(calls.iter().cloned()),
         None => missing.push("redis: Redis is not reachable".to_owned()),
     }
+    forms.retain(|(store, form, _)| settings.runs(store, *form));
     let counter = Arc::new(AtomicU64::new(0));
     for (store, form, call) in &forms {
         warm_up(call, &counter, 500)

@@ -100,6 +100,7 @@ impl Scale {
                 rounds: 3,
                 seconds: 3,
                 tasks: 32,
+                only: None,
             },
             flat: flat::Settings {
                 rounds: 3,
