@@ -64,6 +64,9 @@ pub struct Settings {
     pub seconds: u64,
     /// Tasks making calls at once.
     pub tasks: usize,
+    /// Keys each form makes one after another before the rounds (and before the
+    /// PostgreSQL schemas are analyzed).
+    pub warm_up: u64,
     /// The forms to run (`"sqlite idem"`, `"pg min"`, …); all when `None`.
     pub only: Option<Vec<String>>,
 }
@@ -77,6 +80,7 @@ impl Settings {
             rounds: env_or("IDEM_BENCH_ROUNDS", 3),
             seconds: env_or("IDEM_BENCH_SECONDS", 3),
             tasks: env_or("IDEM_BENCH_TASKS", 32),
+            warm_up: 500,
             only: std::env::var("IDEM_BENCH_ONLY")
                 .ok()
                 .map(|only| only.split(',').map(|s| s.trim().to_owned()).collect()),
@@ -190,8 +194,12 @@ async fn run_on(settings: &Settings) -> Report {
     let mut missing = Vec::new();
     let dir = tempfile::tempdir().expect("a temporary directory");
     forms.extend(sqlite(dir.path()).await);
+    let mut schemas = Vec::new();
     match pg().await {
-        Some(pg) => forms.extend(pg),
+        Some((pg, pools)) => {
+            forms.extend(pg);
+            schemas.extend(pools);
+        }
         None => missing.push("pg: PostgreSQL is not reachable".to_owned()),
     }
     let redis = redis().await;
@@ -202,9 +210,12 @@ async fn run_on(settings: &Settings) -> Report {
     forms.retain(|(store, form, _)| settings.runs(store, *form));
     let counter = Arc::new(AtomicU64::new(0));
     for (store, form, call) in &forms {
-        warm_up(call, &counter, 500)
+        warm_up(call, &counter, settings.warm_up)
             .await
             .unwrap_or_else(|e| panic!("{store} {}: {e}", form_name(*form)));
+    }
+    for pool in &schemas {
+        crate::stores::analyze(pool).await;
     }
     let mut lines: Vec<Line> = forms
         .iter()
@@ -412,9 +423,11 @@ async fn sqlite_min(pool: &sqlx::SqlitePool, n: u64) -> Result<(), sqlx::Error> 
 }
 
 /// PostgreSQL's two forms on scratch schemas of their own; none when it does not answer.
-async fn pg() -> Option<Vec<(&'static str, Form, Call)>> {
+/// The two schemas' pools come with them, to be analyzed after the warm-up.
+async fn pg() -> Option<(Vec<(&'static str, Form, Call)>, [sqlx::PgPool; 2])> {
     let min = crate::stores::pg_schema().await?;
     let pool = crate::stores::pg_schema().await?;
+    let schemas = [min.clone(), pool.clone()];
     let store = idem::PostgresStore::from_pool(pool.clone())
         .await
         .expect("the store's tables");
@@ -434,10 +447,8 @@ async fn pg() -> Option<Vec<(&'static str, Form, Call)>> {
                 .map_err(|e| e.to_string())
         })
     });
-    Some(vec![
-        ("pg", Form::Min, min_call),
-        ("pg", Form::Idem, idem_call),
-    ])
+    let forms = vec![("pg", Form::Min, min_call), ("pg", Form::Idem, idem_call)];
+    Some((forms, schemas))
 }
 
 /// The minimum's new key on PostgreSQL: its key row and the order, one transaction.

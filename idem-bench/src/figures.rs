@@ -100,6 +100,7 @@ impl Scale {
                 rounds: 3,
                 seconds: 3,
                 tasks: 32,
+                warm_up: 500,
                 only: None,
             },
             flat: flat::Settings {
@@ -132,6 +133,7 @@ impl Scale {
             alone: alone::Settings {
                 rounds: 1,
                 seconds: 1,
+                warm_up: 50,
                 ..full.alone
             },
             flat: flat::Settings {
@@ -432,7 +434,7 @@ impl Figures {
                 baseline: format!("{base:.0} keys/s"),
                 ratio: idem / base,
                 p99_ms: None,
-                size: "500 warm-up keys, growing".to_owned(),
+                size: format!("{} warm-up keys, growing", self.scale.alone.warm_up),
                 target: Target::NoGoal,
                 cpu: None,
             });

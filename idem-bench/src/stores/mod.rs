@@ -854,7 +854,7 @@ async fn pg() -> Vec<Variant> {
 /// keeps the generic plan made for an empty table (which may read the client budget's
 /// index for a key's record) until the table is, and a run of a few seconds on a fresh
 /// schema would measure that first minute rather than a store in use.
-async fn analyze(pool: &sqlx::PgPool) {
+pub(crate) async fn analyze(pool: &sqlx::PgPool) {
     let tables: Vec<String> = sqlx::query_scalar(
         "SELECT format('ANALYZE %I.%I', schemaname, tablename) FROM pg_tables
         WHERE schemaname = current_schema()",
