@@ -22,8 +22,8 @@
 //!
 //! Each form runs on a file, a scratch schema or a key prefix of its own (the conformance
 //! suite's), `tasks` tasks (32, as `wrk -c32`) over the store's pool or one multiplexed
-//! Redis connection, on a 2-worker tokio runtime; 500 keys each first, then the
-//! PostgreSQL schemas analyzed (as autovacuum would be, [`crate::stores`]); then rounds
+//! Redis connection, on a 2-worker tokio runtime; `warm_up` keys each first (500; 50 in
+//! the figures' quick form), then the PostgreSQL schemas analyzed (as autovacuum would be, [`crate::stores`]); then rounds
 //! of `seconds`, the forms interleaved, and the median of each form's rates. Every key is
 //! new: a call that finds one taken fails the run.
 //!
