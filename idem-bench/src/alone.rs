@@ -331,95 +331,138 @@ fn unix_now() -> UnixMillis {
     UnixMillis::try_from(now_ms()).unwrap_or(0)
 }
 
-/// The order's insert on the attempt's transaction: the business write of
-/// [`one_commit_new_key`].
-fn insert_order<'t>(
-    tx: &'t mut sqlx::Transaction<'static, sqlx::Postgres>,
-    operation_id: &'t str,
-) -> Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 't>> {
-    Box::pin(async move {
-        let order = order();
-        sqlx::query(PG_INSERT)
-            .bind(new_id())
-            .bind(operation_id)
-            .bind(order.customer_id)
-            .bind(order.amount_minor)
-            .bind(now_ms())
-            .execute(&mut **tx)
-            .await
-            .map(drop)
-    })
+/// What the two SQL databases' forms differ in: the minimum's key row and the order's
+/// insert, as the stores part writes them.
+trait Sql: sqlx::Database {
+    /// The minimum's key row (client, key, order id, creation time).
+    const KEY: &'static str;
+    /// The order's insert (id, operation id, customer, amount, creation time).
+    const ORDER: &'static str;
+
+    /// The rows a statement wrote.
+    fn rows(done: &Self::QueryResult) -> u64;
 }
 
-/// The order's insert on SQLite's attempt transaction, likewise.
-fn insert_order_sqlite<'t>(
-    tx: &'t mut sqlx::Transaction<'static, sqlx::Sqlite>,
+impl Sql for sqlx::Sqlite {
+    const KEY: &'static str = crate::stores::SQLITE_KEY;
+    const ORDER: &'static str = SQLITE_INSERT;
+
+    fn rows(done: &sqlx::sqlite::SqliteQueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
+impl Sql for sqlx::Postgres {
+    const KEY: &'static str = crate::stores::PG_KEY;
+    const ORDER: &'static str = PG_INSERT;
+
+    fn rows(done: &sqlx::postgres::PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
+/// The order's insert for operation `operation_id` on `conn` (a transaction's).
+async fn write_order<DB: Sql>(
+    conn: &mut DB::Connection,
+    id: &str,
+    operation_id: &str,
+) -> Result<(), sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let order = order();
+    sqlx::query::<DB>(DB::ORDER)
+        .bind(id.to_owned())
+        .bind(operation_id.to_owned())
+        .bind(order.customer_id)
+        .bind(order.amount_minor)
+        .bind(now_ms())
+        .execute(conn)
+        .await
+        .map(drop)
+}
+
+/// The order's insert on the attempt's transaction: the business write of
+/// [`one_commit_new_key`].
+fn insert_order<'t, DB: Sql>(
+    tx: &'t mut sqlx::Transaction<'static, DB>,
     operation_id: &'t str,
-) -> Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 't>> {
-    Box::pin(async move {
-        let order = order();
-        sqlx::query(SQLITE_INSERT)
-            .bind(new_id())
-            .bind(operation_id)
-            .bind(order.customer_id)
-            .bind(order.amount_minor)
-            .bind(now_ms())
-            .execute(&mut **tx)
-            .await
-            .map(drop)
-    })
+) -> Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + 't>>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    Box::pin(async move { write_order::<DB>(&mut **tx, &new_id(), operation_id).await })
+}
+
+/// The minimum's new key: its key row and the order, one transaction.
+async fn sql_min<DB: Sql>(pool: &sqlx::Pool<DB>, n: u64) -> Result<(), sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let (key, id) = (key(n), new_id());
+    let mut tx = pool.begin().await?;
+    let claimed = sqlx::query::<DB>(DB::KEY)
+        .bind(key.client)
+        .bind(key.key)
+        .bind(id.clone())
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await?;
+    if DB::rows(&claimed) != 1 {
+        return Err(sqlx::Error::Protocol(format!("key {n} was taken")));
+    }
+    write_order::<DB>(&mut tx, &id, &id).await?;
+    tx.commit().await
+}
+
+/// A SQL store's two forms: the minimum on `pool`, idem's one-commit path on `store`.
+fn sql_forms<DB, S>(
+    store: &'static str,
+    pool: sqlx::Pool<DB>,
+    idem: S,
+) -> Vec<(&'static str, Form, Call)>
+where
+    DB: Sql,
+    S: idem_runtime::store::TransactionalStore<Database = DB> + 'static,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let min_call: Call = Arc::new(move |n| {
+        let pool = pool.clone();
+        Box::pin(async move { sql_min(&pool, n).await.map_err(|e| e.to_string()) })
+    });
+    let idem = Arc::new(idem);
+    let idem_call: Call = Arc::new(move |n| {
+        let store = Arc::clone(&idem);
+        Box::pin(async move {
+            let (key, now) = (key(n), unix_now());
+            let new = new_record(now, true);
+            let response = response(&new_id());
+            one_commit_new_key(&*store, &key, &new, &response, now, insert_order::<DB>)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    });
+    vec![(store, Form::Min, min_call), (store, Form::Idem, idem_call)]
 }
 
 /// SQLite's two forms, each on a file of its own in `dir`, opened as `SqliteStore::open`
 /// opens one (WAL, `synchronous = FULL`).
 async fn sqlite(dir: &std::path::Path) -> Vec<(&'static str, Form, Call)> {
     let min = crate::stores::sqlite_file(dir, "alone-min").await;
-    let store = Arc::new(crate::stores::sqlite_file(dir, "alone-idem").await);
-    let pool = min.pool().clone();
-    let min_call: Call = Arc::new(move |n| {
-        let pool = pool.clone();
-        Box::pin(async move { sqlite_min(&pool, n).await.map_err(|e| e.to_string()) })
-    });
-    let idem_call: Call = Arc::new(move |n| {
-        let store = Arc::clone(&store);
-        Box::pin(async move {
-            let (key, now) = (key(n), unix_now());
-            let new = new_record(now, true);
-            let response = response(&new_id());
-            one_commit_new_key(&*store, &key, &new, &response, now, insert_order_sqlite)
-                .await
-                .map_err(|e| e.to_string())
-        })
-    });
-    vec![
-        ("sqlite", Form::Min, min_call),
-        ("sqlite", Form::Idem, idem_call),
-    ]
-}
-
-/// The minimum's new key on SQLite: its key row and the order, one transaction.
-async fn sqlite_min(pool: &sqlx::SqlitePool, n: u64) -> Result<(), sqlx::Error> {
-    let (key, id, order) = (key(n), new_id(), order());
-    let mut tx = pool.begin().await?;
-    let claimed = sqlx::query(crate::stores::SQLITE_KEY)
-        .bind(&key.client)
-        .bind(&key.key)
-        .bind(&id)
-        .bind(now_ms())
-        .execute(&mut *tx)
-        .await?;
-    if claimed.rows_affected() != 1 {
-        return Err(sqlx::Error::Protocol(format!("key {n} was taken")));
-    }
-    sqlx::query(SQLITE_INSERT)
-        .bind(&id)
-        .bind(&id)
-        .bind(order.customer_id)
-        .bind(order.amount_minor)
-        .bind(now_ms())
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await
+    let store = crate::stores::sqlite_file(dir, "alone-idem").await;
+    sql_forms("sqlite", min.pool().clone(), store)
 }
 
 /// PostgreSQL's two forms on scratch schemas of their own; none when it does not answer.
@@ -428,52 +471,10 @@ async fn pg() -> Option<(Vec<(&'static str, Form, Call)>, [sqlx::PgPool; 2])> {
     let min = crate::stores::pg_schema().await?;
     let pool = crate::stores::pg_schema().await?;
     let schemas = [min.clone(), pool.clone()];
-    let store = idem::PostgresStore::from_pool(pool.clone())
+    let store = idem::PostgresStore::from_pool(pool)
         .await
         .expect("the store's tables");
-    let min_call: Call = Arc::new(move |n| {
-        let pool = min.clone();
-        Box::pin(async move { pg_min(&pool, n).await.map_err(|e| e.to_string()) })
-    });
-    let store = Arc::new(store);
-    let idem_call: Call = Arc::new(move |n| {
-        let store = Arc::clone(&store);
-        Box::pin(async move {
-            let (key, now) = (key(n), unix_now());
-            let new = new_record(now, true);
-            let response = response(&new_id());
-            one_commit_new_key(&*store, &key, &new, &response, now, insert_order)
-                .await
-                .map_err(|e| e.to_string())
-        })
-    });
-    let forms = vec![("pg", Form::Min, min_call), ("pg", Form::Idem, idem_call)];
-    Some((forms, schemas))
-}
-
-/// The minimum's new key on PostgreSQL: its key row and the order, one transaction.
-async fn pg_min(pool: &sqlx::PgPool, n: u64) -> Result<(), sqlx::Error> {
-    let (key, id, order) = (key(n), new_id(), order());
-    let mut tx = pool.begin().await?;
-    let claimed = sqlx::query(crate::stores::PG_KEY)
-        .bind(&key.client)
-        .bind(&key.key)
-        .bind(&id)
-        .bind(now_ms())
-        .execute(&mut *tx)
-        .await?;
-    if claimed.rows_affected() != 1 {
-        return Err(sqlx::Error::Protocol(format!("key {n} was taken")));
-    }
-    sqlx::query(PG_INSERT)
-        .bind(&id)
-        .bind(&id)
-        .bind(order.customer_id)
-        .bind(order.amount_minor)
-        .bind(now_ms())
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await
+    Some((sql_forms("pg", min, store), schemas))
 }
 
 /// Redis's two forms under one scratch prefix, and a connection and the prefix to delete
