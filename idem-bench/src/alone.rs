@@ -32,7 +32,7 @@
 //! | `IDEM_BENCH_ROUNDS` | 3 | interleaved rounds |
 //! | `IDEM_BENCH_SECONDS` | 3 | length of one form's run in a round |
 //! | `IDEM_BENCH_TASKS` | 32 | tasks making calls at once |
-//! | `IDEM_BENCH_ONLY` | all | comma-separated forms to run (`sqlite idem`, `pg min`, …), e.g. one for a profile; ratios need both of a store's |
+//! | `IDEM_BENCH_ONLY` | all | comma-separated forms to run (`sqlite idem`, `pg min`, …), e.g. one for a profile (only their stores are set up; a name that is no form is reported); ratios need both of a store's |
 
 use std::future::Future;
 use std::pin::Pin;
@@ -91,6 +91,26 @@ impl Settings {
     fn runs(&self, store: &str, form: Form) -> bool {
         let name = format!("{store} {}", form_name(form));
         self.only.as_ref().is_none_or(|only| only.contains(&name))
+    }
+
+    /// What `only` names that is no form, each said so (a misspelt form would otherwise
+    /// leave the run empty without a word).
+    fn unknown_forms(&self) -> Vec<String> {
+        let known = ["sqlite", "pg", "redis"]
+            .into_iter()
+            .flat_map(|store| [Form::Min, Form::Idem].map(|f| format!("{store} {}", form_name(f))))
+            .collect::<Vec<_>>();
+        self.only
+            .iter()
+            .flatten()
+            .filter(|name| !known.contains(name))
+            .map(|name| {
+                format!(
+                    "IDEM_BENCH_ONLY names {name:?}, which is no form (the forms: {})",
+                    known.join(", ")
+                )
+            })
+            .collect()
     }
 }
 
@@ -191,21 +211,28 @@ pub fn run(settings: &Settings) -> Report {
 
 async fn run_on(settings: &Settings) -> Report {
     let mut forms: Vec<(&'static str, Form, Call)> = Vec::new();
-    let mut missing = Vec::new();
+    let mut missing = settings.unknown_forms();
+    // A store is set up only when one of its forms runs.
+    let wanted = |store| settings.runs(store, Form::Min) || settings.runs(store, Form::Idem);
     let dir = tempfile::tempdir().expect("a temporary directory");
-    forms.extend(sqlite(dir.path()).await);
-    let mut schemas = Vec::new();
-    match pg().await {
-        Some((pg, pools)) => {
-            forms.extend(pg);
-            schemas.extend(pools);
-        }
-        None => missing.push("pg: PostgreSQL is not reachable".to_owned()),
+    if wanted("sqlite") {
+        forms.extend(sqlite(dir.path()).await);
     }
-    let redis = redis().await;
+    let mut schemas = Vec::new();
+    if wanted("pg") {
+        match pg().await {
+            Some((pg, pools)) => {
+                forms.extend(pg);
+                schemas.extend(pools);
+            }
+            None => missing.push("pg: PostgreSQL is not reachable".to_owned()),
+        }
+    }
+    let redis = if wanted("redis") { redis().await } else { None };
     match &redis {
         Some((calls, _)) => forms.extend(calls.iter().cloned()),
-        None => missing.push("redis: Redis is not reachable".to_owned()),
+        None if wanted("redis") => missing.push("redis: Redis is not reachable".to_owned()),
+        None => {}
     }
     forms.retain(|(store, form, _)| settings.runs(store, *form));
     let counter = Arc::new(AtomicU64::new(0));
@@ -557,4 +584,48 @@ async fn redis_idem(store: &idem::RedisStore, orders: &RedisState, n: u64) -> Re
         .complete(&key, new.lease.token, &response(&id), now)
         .await
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Form, Settings};
+
+    fn only(names: &[&str]) -> Settings {
+        Settings {
+            rounds: 1,
+            seconds: 1,
+            tasks: 1,
+            warm_up: 1,
+            only: Some(names.iter().map(|&n| n.to_owned()).collect()),
+        }
+    }
+
+    #[test]
+    fn only_keeps_the_forms_it_names() {
+        let settings = only(&["sqlite idem", "pg min"]);
+        assert!(settings.runs("sqlite", Form::Idem));
+        assert!(settings.runs("pg", Form::Min));
+        assert!(!settings.runs("sqlite", Form::Min));
+        assert!(!settings.runs("redis", Form::Idem));
+        assert!(settings.unknown_forms().is_empty());
+        let all = Settings {
+            only: None,
+            ..settings
+        };
+        assert!(all.runs("redis", Form::Min));
+    }
+
+    #[test]
+    fn a_name_that_is_no_form_is_said() {
+        let unknown = only(&["sqlite idem", "postgres idem", "", "pg  min"]).unknown_forms();
+        assert_eq!(unknown.len(), 3, "{unknown:?}");
+        assert!(
+            unknown[0].starts_with("IDEM_BENCH_ONLY names \"postgres idem\", which is no form")
+        );
+        assert!(
+            unknown[0].contains("pg idem"),
+            "the forms are listed: {}",
+            unknown[0]
+        );
+    }
 }
